@@ -1,0 +1,100 @@
+//! The metric catalog: every metric the core emits, with its unit in the name and bounded
+//! label values (tier name, operation, result; never a key or file name).
+
+/// Help text and type of one metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricDef {
+    /// Metric name, unit suffixed.
+    pub name: &'static str,
+    /// Prometheus type: `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Help text.
+    pub help: &'static str,
+    /// Label names.
+    pub labels: &'static [&'static str],
+}
+
+/// Bytes moved by tier operations.
+pub const TIER_BYTES_TOTAL: &str = "ringtier_tier_bytes_total";
+/// Tier operations by result.
+pub const TIER_OPS_TOTAL: &str = "ringtier_tier_operations_total";
+/// Latency of tier operations.
+pub const TIER_OP_DURATION_SECONDS: &str = "ringtier_tier_operation_duration_seconds";
+/// Time requests spent waiting in the throttled layer.
+pub const THROTTLE_WAIT_SECONDS: &str = "ringtier_throttle_wait_seconds";
+/// Faults injected by the fault-injecting layer.
+pub const FAULTS_INJECTED_TOTAL: &str = "ringtier_faults_injected_total";
+/// Files read with buffered I/O because direct I/O was not possible (policy `auto`).
+pub const DIRECT_IO_FALLBACKS_TOTAL: &str = "ringtier_direct_io_fallbacks_total";
+/// Requests in flight on io_uring rings.
+pub const URING_IN_FLIGHT: &str = "ringtier_uring_in_flight";
+/// Submission queue entries per `io_uring_enter`.
+pub const URING_SUBMIT_BATCH: &str = "ringtier_uring_submit_batch_entries";
+/// Registered-buffer fallbacks (memlock too low, registration refused).
+pub const URING_REGISTER_FALLBACKS_TOTAL: &str = "ringtier_uring_register_fallbacks_total";
+
+/// Every metric above, with its type, help and labels.
+pub const CATALOG: &[MetricDef] = &[
+    MetricDef {
+        name: TIER_BYTES_TOTAL,
+        kind: "counter",
+        help: "Bytes moved by tier operations.",
+        labels: &["tier", "op"],
+    },
+    MetricDef {
+        name: TIER_OPS_TOTAL,
+        kind: "counter",
+        help: "Tier operations completed, by result.",
+        labels: &["tier", "op", "result"],
+    },
+    MetricDef {
+        name: TIER_OP_DURATION_SECONDS,
+        kind: "histogram",
+        help: "Latency of tier operations in seconds.",
+        labels: &["tier", "op"],
+    },
+    MetricDef {
+        name: THROTTLE_WAIT_SECONDS,
+        kind: "histogram",
+        help: "Seconds requests waited in the throttled layer.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: FAULTS_INJECTED_TOTAL,
+        kind: "counter",
+        help: "Faults injected by the fault-injecting layer.",
+        labels: &["tier", "fault"],
+    },
+    MetricDef {
+        name: DIRECT_IO_FALLBACKS_TOTAL,
+        kind: "counter",
+        help: "Files read with buffered I/O because direct I/O was not possible.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: URING_IN_FLIGHT,
+        kind: "gauge",
+        help: "Requests in flight on the io_uring rings.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: URING_SUBMIT_BATCH,
+        kind: "histogram",
+        help: "Submission queue entries handed to the kernel per io_uring_enter.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: URING_REGISTER_FALLBACKS_TOTAL,
+        kind: "counter",
+        help: "Times registered buffers or files could not be used and plain ones were.",
+        labels: &["tier", "what"],
+    },
+];
+
+/// Operation label values.
+pub const OPS: &[&str] = &[
+    "stat", "list", "delete", "read", "write", "create", "commit", "abort",
+];
+
+/// Result label values.
+pub const RESULTS: &[&str] = &["ok", "error"];

@@ -1,0 +1,505 @@
+//! The conformance suite every tier and layer runs (feature `conformance`).
+//!
+//! Each check takes a fresh, empty tier and panics with a message naming the tier on any
+//! deviation from the [`Tier`] contract. [`conformance_tests!`](crate::conformance_tests)
+//! expands to one `#[tokio::test]` per check for a tier factory.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::buf::{direct_span, AlignedBuf};
+use crate::error::ErrorKind;
+use crate::ops;
+use crate::tier::{ReadBatch, Tier};
+
+/// A tier under test plus whatever must live as long as it (a temp dir).
+pub struct Fixture {
+    /// The tier under test.
+    pub tier: Arc<dyn Tier>,
+    /// Dropped after the test (temp dirs, servers).
+    pub guard: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture").field("tier", &self.tier).finish()
+    }
+}
+
+impl Fixture {
+    /// A fixture with nothing to keep alive.
+    pub fn new(tier: Arc<dyn Tier>) -> Self {
+        Fixture {
+            tier,
+            guard: Box::new(()),
+        }
+    }
+
+    /// A fixture keeping `guard` alive.
+    pub fn with_guard(tier: Arc<dyn Tier>, guard: impl Any + Send) -> Self {
+        Fixture {
+            tier,
+            guard: Box::new(guard),
+        }
+    }
+}
+
+/// Deterministic test bytes: `len` bytes from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// A buffer big enough for a read of `len` bytes at `offset` on `tier`.
+pub fn buffer_for(tier: &dyn Tier, offset: u64, len: usize) -> AlignedBuf {
+    let align = tier.capabilities().alignment.max(1) as u64;
+    let (_, span, _) = direct_span(offset, len.max(1), align);
+    AlignedBuf::new(span, align as usize).expect("buffer allocation")
+}
+
+async fn put(tier: &dyn Tier, key: &str, data: &[u8]) {
+    ops::put(tier, key, data, 64 * 1024)
+        .await
+        .unwrap_or_else(|e| panic!("[{}] put {key} ({} bytes): {e}", tier.name(), data.len()));
+}
+
+async fn read(tier: &dyn Tier, key: &str, offset: u64, len: usize) -> Vec<u8> {
+    let (res, buf) = tier
+        .read_at(key, offset, len, buffer_for(tier, offset, len))
+        .await;
+    let n = res.unwrap_or_else(|e| panic!("[{}] read {key}@{offset}+{len}: {e}", tier.name()));
+    assert_eq!(
+        n,
+        buf.len(),
+        "[{}] returned count and buffer window disagree",
+        tier.name()
+    );
+    buf.as_slice().to_vec()
+}
+
+/// Objects of many sizes, including empty, sub-block and unaligned ones, read back intact.
+pub async fn round_trip(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    for (i, size) in [
+        0usize,
+        1,
+        100,
+        511,
+        512,
+        513,
+        4095,
+        4096,
+        4097,
+        65_536 + 7,
+        (1 << 20) + 3,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("rt/obj-{i}");
+        let data = pattern(i as u64, size);
+        put(t, &key, &data).await;
+        let meta = t
+            .stat(&key)
+            .await
+            .unwrap_or_else(|e| panic!("[{}] stat {key}: {e}", t.name()));
+        assert_eq!(meta.size, size as u64, "[{}] size of {key}", t.name());
+        let got = ops::get(t, &key)
+            .await
+            .unwrap_or_else(|e| panic!("[{}] get {key}: {e}", t.name()));
+        assert!(
+            got == data,
+            "[{}] {key}: {} bytes read back differ",
+            t.name(),
+            size
+        );
+        assert_eq!(
+            read(t, &key, 0, size).await,
+            data,
+            "[{}] read_at of whole {key}",
+            t.name()
+        );
+    }
+}
+
+/// Reads that run past the end return what is there; at the end 0; past it an error.
+pub async fn short_read_at_eof(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let data = pattern(7, 10_000);
+    put(t, "eof/x", &data).await;
+    assert_eq!(
+        read(t, "eof/x", 9_000, 4_096).await,
+        &data[9_000..],
+        "[{}] tail read",
+        t.name()
+    );
+    assert_eq!(
+        read(t, "eof/x", 10_000, 100).await,
+        b"",
+        "[{}] read at end",
+        t.name()
+    );
+    let (res, _) = t
+        .read_at("eof/x", 10_001, 10, buffer_for(t, 10_001, 10))
+        .await;
+    let err = res.expect_err("read past the end must fail");
+    assert_eq!(err.kind(), ErrorKind::OutOfRange, "[{}] {err}", t.name());
+}
+
+/// Reads at offsets and lengths that are not multiples of any alignment.
+pub async fn unaligned_ranges(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let data = pattern(11, 300_000);
+    put(t, "ua/x", &data).await;
+    for (off, len) in [
+        (0usize, 1usize),
+        (1, 1),
+        (7, 3_000),
+        (511, 2),
+        (4_095, 4_097),
+        (123_457, 65_536),
+        (299_999, 1),
+    ] {
+        assert_eq!(
+            read(t, "ua/x", off as u64, len).await,
+            &data[off..off + len],
+            "[{}] {off}+{len}",
+            t.name()
+        );
+    }
+}
+
+/// Objects smaller than one alignment block, read whole and in part.
+pub async fn sub_block_objects(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    for size in [1usize, 17, 200] {
+        let key = format!("small/{size}");
+        let data = pattern(size as u64, size);
+        put(t, &key, &data).await;
+        assert_eq!(
+            read(t, &key, 0, 4096).await,
+            data,
+            "[{}] whole {key} with a larger ask",
+            t.name()
+        );
+        assert_eq!(
+            read(t, &key, 1, size - 1).await,
+            &data[1..],
+            "[{}] part of {key}",
+            t.name()
+        );
+    }
+}
+
+/// Many readers at once on overlapping ranges.
+pub async fn concurrent_readers(tier: Arc<dyn Tier>) {
+    let data = Arc::new(pattern(3, 1 << 20));
+    put(tier.as_ref(), "cc/x", &data).await;
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let tier = Arc::clone(&tier);
+        let data = Arc::clone(&data);
+        tasks.push(tokio::spawn(async move {
+            for j in 0..8u64 {
+                let off = ((i * 7919 + j * 104_729) % (1 << 20)) as usize;
+                let len = (1 << 20) - off;
+                let len = len.min(50_000 + (j as usize) * 1000);
+                let got = read(tier.as_ref(), "cc/x", off as u64, len).await;
+                assert!(
+                    got == data[off..off + len],
+                    "[{}] concurrent read {off}+{len}",
+                    tier.name()
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("reader task panicked");
+    }
+}
+
+/// Listing by prefix, sorted, and deletion.
+pub async fn list_and_delete(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    for key in ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"] {
+        put(t, key, key.as_bytes()).await;
+    }
+    let keys = |v: Vec<crate::tier::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    let all = keys(t.list("").await.expect("list all"));
+    assert_eq!(
+        all,
+        ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"],
+        "[{}] list all",
+        t.name()
+    );
+    assert_eq!(
+        keys(t.list("ls/a/").await.expect("list")),
+        ["ls/a/1", "ls/a/2"],
+        "[{}] list ls/a/",
+        t.name()
+    );
+    assert_eq!(
+        keys(t.list("ls/a").await.expect("list")),
+        ["ls/a/1", "ls/a/2", "ls/ab"],
+        "[{}] list ls/a",
+        t.name()
+    );
+    assert!(
+        t.list("nothing/").await.expect("list").is_empty(),
+        "[{}] empty prefix",
+        t.name()
+    );
+    let sizes: Vec<u64> = t
+        .list("ls/b")
+        .await
+        .expect("list")
+        .iter()
+        .map(|m| m.size)
+        .collect();
+    assert_eq!(sizes, [6], "[{}] listed size", t.name());
+    t.delete("ls/a/1")
+        .await
+        .unwrap_or_else(|e| panic!("[{}] delete: {e}", t.name()));
+    assert_eq!(
+        t.stat("ls/a/1").await.expect_err("deleted").kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        t.delete("ls/a/1").await.expect_err("deleted twice").kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        keys(t.list("ls/a/").await.expect("list")),
+        ["ls/a/2"],
+        "[{}] after delete",
+        t.name()
+    );
+    let (res, _) = t.read_at("ls/a/1", 0, 1, buffer_for(t, 0, 1)).await;
+    assert_eq!(
+        res.expect_err("read deleted").kind(),
+        ErrorKind::NotFound,
+        "[{}]",
+        t.name()
+    );
+}
+
+/// Bad keys are rejected by every operation, and nothing outside the tier is touched.
+pub async fn bad_keys(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    for key in [
+        "../x",
+        "/etc/passwd",
+        "a/../../etc/passwd",
+        "a\0b",
+        "",
+        "a//b",
+        "./a",
+        ".ringtier-staging/x",
+    ] {
+        let want = ErrorKind::InvalidKey;
+        let e = t.stat(key).await.expect_err("stat of bad key");
+        assert_eq!(e.kind(), want, "[{}] stat {key:?}: {e}", t.name());
+        let (res, _) = t.read_at(key, 0, 10, buffer_for(t, 0, 10)).await;
+        assert_eq!(
+            res.expect_err("read of bad key").kind(),
+            want,
+            "[{}] read {key:?}",
+            t.name()
+        );
+        assert_eq!(
+            t.create(key).await.expect_err("create of bad key").kind(),
+            want,
+            "[{}] create {key:?}",
+            t.name()
+        );
+        assert_eq!(
+            t.delete(key).await.expect_err("delete of bad key").kind(),
+            want,
+            "[{}] delete {key:?}",
+            t.name()
+        );
+    }
+    assert_eq!(
+        t.list("../").await.expect_err("list ../").kind(),
+        ErrorKind::InvalidKey
+    );
+}
+
+/// A staged object is invisible until commit, gone after abort, and a commit replaces.
+pub async fn commit_visibility(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let align = t.capabilities().alignment.max(1);
+    let data = pattern(5, 8192);
+    let mut w = t.create("vis/x").await.expect("create");
+    let mut buf = AlignedBuf::new(8192, align).expect("buf");
+    buf.fill_from(&data).expect("fill");
+    let (res, _buf) = w.write_at(0, buf).await;
+    res.unwrap_or_else(|e| panic!("[{}] write: {e}", t.name()));
+    assert_eq!(
+        t.stat("vis/x").await.expect_err("uncommitted").kind(),
+        ErrorKind::NotFound,
+        "[{}]",
+        t.name()
+    );
+    assert!(
+        t.list("").await.expect("list").is_empty(),
+        "[{}] uncommitted object listed",
+        t.name()
+    );
+    let meta = w
+        .commit()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] commit: {e}", t.name()));
+    assert_eq!(meta.size, 8192);
+    assert_eq!(ops::get(t, "vis/x").await.expect("get"), data);
+
+    // Aborted: nothing visible, the old object untouched.
+    let mut w = t.create("vis/x").await.expect("create");
+    let mut buf = AlignedBuf::new(4096, align).expect("buf");
+    buf.fill_from(&[1u8; 4096]).expect("fill");
+    let (res, _buf) = w.write_at(0, buf).await;
+    res.expect("write");
+    w.abort()
+        .await
+        .unwrap_or_else(|e| panic!("[{}] abort: {e}", t.name()));
+    assert_eq!(
+        ops::get(t, "vis/x").await.expect("get"),
+        data,
+        "[{}] abort changed the object",
+        t.name()
+    );
+    assert_eq!(
+        t.list("").await.expect("list").len(),
+        1,
+        "[{}] abort left something listed",
+        t.name()
+    );
+
+    // Replaced atomically by a shorter object.
+    put(t, "vis/x", b"short").await;
+    assert_eq!(
+        ops::get(t, "vis/x").await.expect("get"),
+        b"short",
+        "[{}] replace",
+        t.name()
+    );
+
+    // Dropped without commit: not visible.
+    {
+        let mut w = t.create("vis/dropped").await.expect("create");
+        let mut buf = AlignedBuf::new(4096, align).expect("buf");
+        buf.fill_from(&[2u8; 100]).expect("fill");
+        let (res, _buf) = w.write_at(0, buf).await;
+        res.expect("write");
+    }
+    assert_eq!(
+        t.stat("vis/dropped")
+            .await
+            .expect_err("dropped writer")
+            .kind(),
+        ErrorKind::NotFound
+    );
+}
+
+/// A batch with good, missing, bad-key and end-of-object requests reports each on its own.
+pub async fn batch_reads(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let mut objects = Vec::new();
+    for i in 0..40u64 {
+        let data = pattern(100 + i, 1000 + (i as usize) * 3777);
+        put(t, &format!("batch/{i:03}"), &data).await;
+        objects.push(data);
+    }
+    let mut batch = ReadBatch::with_capacity(64, 1024);
+    for (i, data) in objects.iter().enumerate() {
+        let off = (i * 13) % data.len();
+        let len = (data.len() - off).min(9000);
+        batch.push(
+            &format!("batch/{i:03}"),
+            off as u64,
+            len,
+            buffer_for(t, off as u64, len),
+        );
+    }
+    batch.push("batch/missing", 0, 10, buffer_for(t, 0, 10));
+    batch.push("../escape", 0, 10, buffer_for(t, 0, 10));
+    batch.push("batch/000", 1000, 10, buffer_for(t, 1000, 10));
+    batch.push("batch/001", 5000, 10, buffer_for(t, 5000, 10));
+    let batch = t.read_batch(batch).await;
+    let mut n = 0;
+    for (i, (key, entry)) in batch.iter().enumerate() {
+        let res = entry
+            .result()
+            .unwrap_or_else(|| panic!("[{}] request {i} ({key}) not executed", t.name()));
+        match i {
+            0..=39 => {
+                let data = &objects[i];
+                let off = (i * 13) % data.len();
+                let len = (data.len() - off).min(9000);
+                let got = res
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("[{}] batch {key}: {e}", t.name()));
+                assert_eq!(*got, len);
+                assert!(
+                    entry.buf().map(|b| b.as_slice()) == Some(&data[off..off + len]),
+                    "[{}] batch data of {key}",
+                    t.name()
+                );
+            }
+            40 => assert_eq!(
+                res.as_ref().expect_err("missing").kind(),
+                ErrorKind::NotFound,
+                "[{}]",
+                t.name()
+            ),
+            41 => assert_eq!(
+                res.as_ref().expect_err("bad key").kind(),
+                ErrorKind::InvalidKey,
+                "[{}]",
+                t.name()
+            ),
+            42 => assert_eq!(
+                *res.as_ref().expect("at end"),
+                0,
+                "[{}] batch read at end",
+                t.name()
+            ),
+            _ => assert_eq!(
+                res.as_ref().expect_err("past end").kind(),
+                ErrorKind::OutOfRange,
+                "[{}]",
+                t.name()
+            ),
+        }
+        n += 1;
+    }
+    assert_eq!(n, 44);
+}
+
+/// Expands to one `#[tokio::test]` per conformance check, each on a fresh fixture from
+/// `$factory` (an expression of type `fn() -> Fixture`).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@each $factory;
+            round_trip, short_read_at_eof, unaligned_ranges, sub_block_objects, concurrent_readers,
+            list_and_delete, bad_keys, commit_visibility, batch_reads);
+    };
+    (@each $factory:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fixture: $crate::conformance::Fixture = ($factory)();
+                $crate::conformance::$name(::std::sync::Arc::clone(&fixture.tier)).await;
+                drop(fixture);
+            }
+        )*
+    };
+}

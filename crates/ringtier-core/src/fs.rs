@@ -1,0 +1,397 @@
+//! Blocking filesystem helpers shared by the file tiers (posix and io_uring).
+//!
+//! [`FsRoot`] maps validated keys to files under one root directory. Files are opened with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's descriptor, so
+//! neither a `..` nor a symlink can reach outside the root. Staged (uncommitted) objects live
+//! in `ROOT/.ringtier-staging/`, which listing skips, and become visible only through
+//! [`FsRoot::commit_staged`]: data fsync, atomic rename, directory fsync.
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
+use crate::tier::ObjectMeta;
+
+/// Name of the staging directory inside a file tier's root.
+pub const STAGING_DIR: &str = ".ringtier-staging";
+
+static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The root directory of a file tier.
+#[derive(Debug)]
+pub struct FsRoot {
+    root: PathBuf,
+    root_fd: OwnedFd,
+    staging: PathBuf,
+}
+
+/// `open_how` for `openat2` confined beneath the directory descriptor.
+pub fn open_how_beneath(flags: i32, mode: u32) -> libc::open_how {
+    // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & libc::O_CREAT != 0 {
+        mode as u64
+    } else {
+        0
+    };
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how
+}
+
+fn cstring(s: &[u8]) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::new(ErrorKind::InvalidKey, "path contains NUL"))
+}
+
+/// `fsync` of a directory, making renames and new entries in it durable.
+pub fn fsync_dir(path: &Path) -> Result<()> {
+    let dir = File::open(path).map_err(|e| Error::from(e).with_key(path.display().to_string()))?;
+    dir.sync_all()
+        .map_err(|e| Error::from(e).with_key(path.display().to_string()))
+}
+
+impl FsRoot {
+    /// Opens `root`, creating it (and the staging directory) when `create` is set.
+    pub fn open(root: impl AsRef<Path>, create: bool) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        let ctx = |e: io::Error| {
+            Error::from(e)
+                .with_operation(Operation::Open)
+                .with_key(root.display().to_string())
+        };
+        if create {
+            fs::create_dir_all(&root).map_err(ctx)?;
+        }
+        let meta = fs::metadata(&root).map_err(ctx)?;
+        if !meta.is_dir() {
+            return Err(
+                Error::new(ErrorKind::InvalidInput, "tier root is not a directory")
+                    .with_operation(Operation::Open)
+                    .with_key(root.display().to_string()),
+            );
+        }
+        let c = cstring(root.as_os_str().as_bytes())?;
+        // SAFETY: c is a valid NUL-terminated path; the flags open a directory read-only.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(ctx(io::Error::last_os_error()));
+        }
+        // SAFETY: fd is a freshly opened descriptor that nothing else owns.
+        let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let staging = root.join(STAGING_DIR);
+        Ok(FsRoot {
+            root,
+            root_fd,
+            staging,
+        })
+    }
+
+    /// The root directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Descriptor of the root directory (for `openat2` relative to it, e.g. from io_uring).
+    pub fn root_fd(&self) -> RawFd {
+        self.root_fd.as_raw_fd()
+    }
+
+    /// The file path of a key. The key must already be validated.
+    pub fn path_of(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    /// Opens `key` relative to the root with `openat2(RESOLVE_BENEATH)`.
+    pub fn open_beneath(&self, key: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
+        validate_key(key)?;
+        let c = cstring(key.as_bytes())?;
+        let how = open_how_beneath(flags, mode);
+        // SAFETY: root_fd is open, c is NUL-terminated and how is a valid open_how of the size
+        // passed.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                self.root_fd.as_raw_fd(),
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd < 0 {
+            return Err(Error::from(io::Error::last_os_error())
+                .with_operation(Operation::Open)
+                .with_key(key));
+        }
+        // SAFETY: fd is a freshly opened descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Metadata of a committed object (a regular file under the root).
+    pub fn stat(&self, key: &str) -> Result<ObjectMeta> {
+        validate_key(key)?;
+        let meta = fs::symlink_metadata(self.path_of(key))
+            .map_err(|e| Error::from(e).with_operation(Operation::Stat).with_key(key))?;
+        if !meta.is_file() {
+            return Err(Error::new(ErrorKind::NotFound, "not a regular file")
+                .with_operation(Operation::Stat)
+                .with_key(key));
+        }
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+
+    /// Committed objects whose key starts with `prefix`, sorted.
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        validate_prefix(prefix)?;
+        // Start at the deepest directory the prefix names completely.
+        let dir_part = match prefix.rfind('/') {
+            Some(i) => &prefix[..i],
+            None => "",
+        };
+        let start = if dir_part.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(dir_part)
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![(start, dir_part.to_string())];
+        while let Some((dir, rel)) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && dir != self.root => continue,
+                Err(e) => {
+                    return Err(Error::from(e)
+                        .with_operation(Operation::List)
+                        .with_key(prefix))
+                }
+            };
+            for ent in rd {
+                let ent = ent.map_err(|e| {
+                    Error::from(e)
+                        .with_operation(Operation::List)
+                        .with_key(prefix)
+                })?;
+                let name = ent.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with(RESERVED_PREFIX) {
+                    continue;
+                }
+                let key = if rel.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{rel}/{name}")
+                };
+                let ft = match ent.file_type() {
+                    Ok(ft) => ft,
+                    Err(_) => continue,
+                };
+                if ft.is_dir() {
+                    // Descend only where keys below can still match the prefix.
+                    if prefix.starts_with(&format!("{key}/"))
+                        || key.starts_with(prefix)
+                        || format!("{key}/").starts_with(prefix)
+                    {
+                        stack.push((ent.path(), key));
+                    }
+                } else if ft.is_file() && key.starts_with(prefix) {
+                    match ent.metadata() {
+                        Ok(m) => out.push(ObjectMeta {
+                            key,
+                            size: m.len(),
+                            modified: m.modified().ok(),
+                        }),
+                        // Deleted between readdir and stat: not listed.
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(Error::from(e)
+                                .with_operation(Operation::List)
+                                .with_key(key))
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Removes a committed object and makes the removal durable.
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let meta = self
+            .stat(key)
+            .map_err(|e| e.with_operation(Operation::Delete))?;
+        let path = self.path_of(&meta.key);
+        fs::remove_file(&path).map_err(|e| {
+            Error::from(e)
+                .with_operation(Operation::Delete)
+                .with_key(key)
+        })?;
+        if let Some(parent) = path.parent() {
+            fsync_dir(parent).map_err(|e| e.with_operation(Operation::Delete))?;
+        }
+        Ok(())
+    }
+
+    /// A fresh path in the staging directory (created on first use).
+    pub fn new_staging_path(&self) -> Result<PathBuf> {
+        if !self.staging.is_dir() {
+            fs::create_dir_all(&self.staging).map_err(|e| {
+                Error::from(e)
+                    .with_operation(Operation::Create)
+                    .with_key(STAGING_DIR)
+            })?;
+        }
+        let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
+        Ok(self.staging.join(format!("{}-{seq}", std::process::id())))
+    }
+
+    /// Makes a staged file durable and visible under `key`: fsync the data, create missing
+    /// parent directories, rename atomically, fsync every directory that changed.
+    pub fn commit_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+        let ctx = |e: io::Error| {
+            Error::from(e)
+                .with_operation(Operation::Commit)
+                .with_key(key)
+        };
+        validate_key(key)?;
+        file.sync_data().map_err(ctx)?;
+        let dest = self.path_of(key);
+        let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
+        // Create missing parents one level at a time so each new entry can be fsynced.
+        let mut missing = Vec::new();
+        let mut p = parent.as_path();
+        while p != self.root && !p.is_dir() {
+            missing.push(p.to_path_buf());
+            p = match p.parent() {
+                Some(pp) => pp,
+                None => break,
+            };
+        }
+        for dir in missing.iter().rev() {
+            match fs::create_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(ctx(e)),
+            }
+            if let Some(pp) = dir.parent() {
+                fsync_dir(pp).map_err(|e| e.with_operation(Operation::Commit))?;
+            }
+        }
+        if dest.is_dir() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                "a directory exists under this key",
+            )
+            .with_operation(Operation::Commit)
+            .with_key(key));
+        }
+        fs::rename(staged, &dest).map_err(ctx)?;
+        fsync_dir(&parent).map_err(|e| e.with_operation(Operation::Commit))?;
+        let meta = file.metadata().map_err(ctx)?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+
+    /// Removes staged files left by processes that are no longer running (best effort).
+    /// Returns how many were removed.
+    pub fn remove_stale_staging(&self) -> Result<usize> {
+        let rd = match fs::read_dir(&self.staging) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => {
+                return Err(Error::from(e)
+                    .with_operation(Operation::Open)
+                    .with_key(STAGING_DIR))
+            }
+        };
+        let mut removed = 0;
+        for ent in rd.flatten() {
+            let name = ent.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.split('-').next())
+                .and_then(|p| p.parse::<i32>().ok());
+            let alive = match pid {
+                Some(pid) => {
+                    // SAFETY: kill with signal 0 only checks whether the process exists.
+                    let rc = unsafe { libc::kill(pid, 0) };
+                    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+                }
+                None => true,
+            };
+            if !alive && fs::remove_file(ent.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Reads `statx(STATX_DIOALIGN)` of an open file: `(mem_align, offset_align)`, both 0 when the
+/// file does not support direct I/O.
+pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {
+    // SAFETY: statx is a plain C struct; all-zero is valid.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let empty = c"";
+    // SAFETY: fd is open, the empty path with AT_EMPTY_PATH refers to fd itself, stx is
+    // writable and of the right type.
+    let rc = unsafe {
+        libc::statx(
+            fd,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::from(io::Error::last_os_error()).with_operation(Operation::Stat));
+    }
+    if stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return Ok((0, 0));
+    }
+    Ok((stx.stx_dio_mem_align, stx.stx_dio_offset_align))
+}
+
+/// Filesystem type name of the filesystem holding `path` (ext4, tmpfs, xfs, ...), for
+/// messages; "unknown" when it cannot be told.
+pub fn fs_type_name(path: &Path) -> &'static str {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return "unknown";
+    };
+    // SAFETY: statfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and st is writable.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "unknown";
+    }
+    match st.f_type {
+        0xEF53 => "ext4",
+        0x0102_1994 => "tmpfs",
+        0x5846_5342 => "xfs",
+        0x9123_683E => "btrfs",
+        0x6969 => "nfs",
+        0x794c_7630 => "overlayfs",
+        0x0BD0_0BD0 => "lustre",
+        0x6573_5546 => "fuse",
+        0x0102_1997 => "9p",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+
+pub mod blocking;
+pub mod buf;
+pub mod catalog;
+pub mod error;
+pub mod fs;
+pub mod key;
+pub mod layers;
+pub mod memory;
+pub mod ops;
+pub mod posix;
+pub mod tier;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use buf::{AlignedBuf, BufferPool, PoolConfig};
+pub use error::{Error, ErrorKind, Operation, Result};
+pub use key::ObjectKey;
+pub use memory::MemoryTier;
+pub use posix::{PosixConfig, PosixTier};
+pub use tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, ReadEntry, Tier};

@@ -1,0 +1,368 @@
+//! The posix tier: buffered `pread`/`pwrite` through the page cache, run on a thread pool.
+//!
+//! This is the honest baseline: tf.data's parallel map and PyTorch's DataLoader workers amount
+//! to N threads doing buffered reads. `read_batch` spreads a batch over the pool's threads.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::blocking::BlockingPool;
+use crate::buf::AlignedBuf;
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::fs::FsRoot;
+use crate::key::validate_key;
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier};
+
+/// Configuration of a [`PosixTier`].
+#[derive(Debug, Clone)]
+pub struct PosixConfig {
+    /// Root directory of the tier.
+    pub root: PathBuf,
+    /// Create the root when it is missing. Default false: a missing dataset is an error.
+    pub create: bool,
+    /// Threads doing blocking I/O. Default 8.
+    pub threads: usize,
+    /// Name used in errors and metric labels. Default `posix`.
+    pub name: String,
+}
+
+impl PosixConfig {
+    /// Defaults for `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        PosixConfig {
+            root: root.into(),
+            create: false,
+            threads: 8,
+            name: "posix".into(),
+        }
+    }
+}
+
+struct Inner {
+    name: String,
+    root: FsRoot,
+    pool: BlockingPool,
+}
+
+/// Files under a root directory, read and written with buffered positional I/O from a pool.
+#[derive(Clone)]
+pub struct PosixTier {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PosixTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PosixTier")
+            .field("name", &self.inner.name)
+            .field("root", &self.inner.root.path())
+            .field("threads", &self.inner.pool.threads())
+            .finish()
+    }
+}
+
+/// Reads `[offset, offset+len)` of `file`, looping over short reads and EINTR, clipped at EOF.
+pub fn pread_full(file: &File, offset: u64, len: usize, buf: &mut AlignedBuf) -> Result<usize> {
+    let size = file.metadata()?.len();
+    if offset > size {
+        return Err(Error::new(
+            ErrorKind::OutOfRange,
+            format!("offset {offset} is past the end ({size} bytes)"),
+        ));
+    }
+    if len > buf.capacity() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "buffer of {} bytes is too small for a {len}-byte read",
+                buf.capacity()
+            ),
+        ));
+    }
+    let want = len.min((size - offset) as usize);
+    let dst = &mut buf.capacity_mut()[..want];
+    let mut done = 0;
+    while done < want {
+        match file.read_at(&mut dst[done..], offset + done as u64) {
+            Ok(0) => break, // shrank under us: report what is there
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.set_window(0, done)?;
+    Ok(done)
+}
+
+impl PosixTier {
+    /// Opens the tier and starts its threads.
+    pub fn new(config: PosixConfig) -> Result<Self> {
+        let root =
+            FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?;
+        let pool = BlockingPool::new("ringtier-posix", config.threads)?;
+        Ok(PosixTier {
+            inner: Arc::new(Inner {
+                name: config.name,
+                root,
+                pool,
+            }),
+        })
+    }
+
+    /// Root directory.
+    pub fn root(&self) -> &Path {
+        self.inner.root.path()
+    }
+
+    fn read_blocking(
+        inner: &Inner,
+        key: &str,
+        offset: u64,
+        len: usize,
+        buf: &mut AlignedBuf,
+    ) -> Result<usize> {
+        let fd = inner.root.open_beneath(key, libc::O_RDONLY, 0)?;
+        let file = File::from(fd);
+        pread_full(&file, offset, len, buf)
+    }
+}
+
+#[async_trait]
+impl Tier for PosixTier {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            durable: true,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn stat(&self, key: &str) -> Result<ObjectMeta> {
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        self.inner
+            .pool
+            .run(move || inner.root.stat(&k))
+            .await
+            .map_err(|e| e.context(Operation::Stat, key, self.name()))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let inner = Arc::clone(&self.inner);
+        let p = prefix.to_string();
+        self.inner
+            .pool
+            .run(move || inner.root.list(&p))
+            .await
+            .map_err(|e| e.context(Operation::List, prefix, self.name()))
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        self.inner
+            .pool
+            .run(move || inner.root.delete(&k))
+            .await
+            .map_err(|e| e.context(Operation::Delete, key, self.name()))
+    }
+
+    async fn read_at(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+    ) -> (Result<usize>, AlignedBuf) {
+        if let Err(e) = validate_key(key) {
+            return (Err(e.context(Operation::Read, key, self.name())), buf);
+        }
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        let slot = Arc::new(std::sync::Mutex::new(Some(buf)));
+        let slot2 = Arc::clone(&slot);
+        let res = self
+            .inner
+            .pool
+            .run(move || {
+                let mut guard = slot2.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_mut() {
+                    Some(buf) => Self::read_blocking(&inner, &k, offset, len, buf),
+                    None => Err(Error::new(ErrorKind::Shutdown, "buffer lost")),
+                }
+            })
+            .await;
+        let buf = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match buf {
+            Some(buf) => (
+                res.map_err(|e| e.context(Operation::Read, key, self.name())),
+                buf,
+            ),
+            // The pool thread owns the buffer only while the job runs; run() returned, so the
+            // job is finished or was never started and the buffer is still in the slot.
+            None => unreachable!("buffer slot emptied by a finished job"),
+        }
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
+        validate_key(key).map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        let inner = Arc::clone(&self.inner);
+        let (file, staged) = self
+            .inner
+            .pool
+            .run(move || {
+                let staged = inner.root.new_staging_path()?;
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .read(true)
+                    .open(&staged)?;
+                Ok((file, staged))
+            })
+            .await
+            .map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        Ok(Box::new(PosixWriter {
+            tier: self.clone(),
+            key: key.to_string(),
+            file: Some(Arc::new(file)),
+            staged,
+        }))
+    }
+
+    async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
+        // Hand every pending request to the pool at once, then collect in order.
+        let mut pending = Vec::with_capacity(batch.len());
+        {
+            let (keys, entries) = batch.parts_mut();
+            for (i, entry) in entries.iter_mut().enumerate() {
+                if entry.is_done() {
+                    continue;
+                }
+                let Some(mut buf) = entry.take_buf() else {
+                    continue;
+                };
+                let inner = Arc::clone(&self.inner);
+                let key = entry.key(keys).to_string();
+                let (offset, len) = (entry.offset(), entry.len());
+                let fut = self.inner.pool.run(move || {
+                    let res = Self::read_blocking(&inner, &key, offset, len, &mut buf);
+                    Ok((res, buf))
+                });
+                pending.push((i, fut));
+            }
+        }
+        let name = self.inner.name.clone();
+        let (keys, entries) = batch.parts_mut();
+        for (i, fut) in pending {
+            match fut.await {
+                Ok((res, buf)) => {
+                    let key = entries[i].key(keys);
+                    entries[i].finish(res.map_err(|e| e.context(Operation::Read, key, &name)), buf)
+                }
+                Err(e) => entries[i].set_result(Err(e.with_tier(&name))),
+            }
+        }
+        batch
+    }
+}
+
+struct PosixWriter {
+    tier: PosixTier,
+    key: String,
+    file: Option<Arc<File>>,
+    staged: PathBuf,
+}
+
+impl fmt::Debug for PosixWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PosixWriter")
+            .field("key", &self.key)
+            .field("staged", &self.staged)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for PosixWriter {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        let Some(file) = self.file.clone() else {
+            return (
+                Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    "writer already finished",
+                )),
+                buf,
+            );
+        };
+        let slot = Arc::new(std::sync::Mutex::new(Some(buf)));
+        let slot2 = Arc::clone(&slot);
+        let res = self
+            .tier
+            .inner
+            .pool
+            .run(move || {
+                let guard = slot2.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_ref() {
+                    Some(buf) => file
+                        .write_all_at(buf.as_slice(), offset)
+                        .map_err(Error::from),
+                    None => Err(Error::new(ErrorKind::Shutdown, "buffer lost")),
+                }
+            })
+            .await
+            .map_err(|e| e.context(Operation::Write, &self.key, self.tier.name()));
+        let buf = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match buf {
+            Some(buf) => (res, buf),
+            None => unreachable!("buffer slot emptied by a finished job"),
+        }
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
+        let Some(file) = self.file.take() else {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "writer already finished",
+            ));
+        };
+        let inner = Arc::clone(&self.tier.inner);
+        let staged = self.staged.clone();
+        let key = self.key.clone();
+        let res = self
+            .tier
+            .inner
+            .pool
+            .run(move || inner.root.commit_staged(&file, &staged, &key))
+            .await;
+        if res.is_err() {
+            let _ = std::fs::remove_file(&self.staged);
+        }
+        res.map_err(|e| e.context(Operation::Commit, &self.key, self.tier.name()))
+    }
+
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        self.file.take();
+        std::fs::remove_file(&self.staged)
+            .map_err(|e| Error::from(e).context(Operation::Abort, &self.key, self.tier.name()))
+    }
+}
+
+impl Drop for PosixWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.staged);
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The [`Tier`] trait: a flat namespace of named objects with positional, owned-buffer I/O.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+
+use crate::buf::AlignedBuf;
+use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::key::validate_key;
+
+/// What a tier can do, as plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Reads and writes bypass the page cache (O_DIRECT).
+    pub direct_io: bool,
+    /// Alignment, in bytes, that buffer addresses, offsets and lengths of direct I/O need on
+    /// this tier (the root's `statx` DIO alignment for file tiers; 1 when there is none).
+    /// Individual files may differ; file tiers decide per file.
+    pub alignment: usize,
+    /// A committed object survives a crash of the process and of the machine.
+    pub durable: bool,
+    /// Upper bound of bytes the tier may hold, when it has one.
+    pub capacity_bytes: Option<u64>,
+    /// `read_batch` submits the whole batch at once rather than one request at a time.
+    pub native_batch: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            direct_io: false,
+            alignment: 1,
+            durable: false,
+            capacity_bytes: None,
+            native_batch: false,
+        }
+    }
+}
+
+/// Metadata of one committed object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The object's key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last modification time, where the tier keeps one.
+    pub modified: Option<SystemTime>,
+}
+
+/// A staged object being written. Nothing is visible under its key until [`commit`].
+///
+/// Dropping a writer without committing discards the staged data (best effort).
+///
+/// [`commit`]: ObjectWriter::commit
+#[async_trait]
+pub trait ObjectWriter: Send + fmt::Debug {
+    /// The key the object will have once committed.
+    fn key(&self) -> &str;
+
+    /// Writes all of `buf.as_slice()` at `offset`, handing the buffer back.
+    ///
+    /// On tiers with direct I/O, `offset` must be a multiple of the tier's alignment; a length
+    /// that is not is allowed (the tail is padded and trimmed at commit).
+    async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf);
+
+    /// Makes the object durable (where the tier is durable) and visible, atomically replacing
+    /// any object under the same key. File tiers: data fsync, atomic rename, directory fsync.
+    async fn commit(self: Box<Self>) -> Result<ObjectMeta>;
+
+    /// Discards the staged object.
+    async fn abort(self: Box<Self>) -> Result<()>;
+}
+
+/// A storage tier: memory, a local filesystem through threads or io_uring, a remote store.
+///
+/// Keys are validated by every method (see [`crate::key`]); a bad key is an
+/// [`ErrorKind::InvalidKey`] error, never a path outside the tier.
+#[async_trait]
+pub trait Tier: Send + Sync + fmt::Debug + 'static {
+    /// The tier's name, used in errors and as a metric label value (keep it short and fixed).
+    fn name(&self) -> &str;
+
+    /// What the tier can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Metadata of one committed object.
+    async fn stat(&self, key: &str) -> Result<ObjectMeta>;
+
+    /// Committed objects whose key starts with `prefix` (a plain string prefix), sorted by key.
+    /// Staged, uncommitted objects are never listed.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
+
+    /// Removes a committed object. Deleting a missing object is a `NotFound` error.
+    async fn delete(&self, key: &str) -> Result<()>;
+
+    /// Reads up to `len` bytes at `offset` into `buf` and hands it back with the byte count.
+    ///
+    /// The data lands in `buf.as_slice()` (its window is set; on direct-I/O tiers it may start
+    /// past the beginning of the memory). Fewer than `len` bytes are returned only at the end
+    /// of the object; a read starting exactly at the end returns 0, one starting past it is
+    /// an [`ErrorKind::OutOfRange`] error. `buf` must be large enough for the read, including
+    /// the aligned span around it on direct-I/O tiers (see [`crate::buf::direct_span`]).
+    async fn read_at(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+    ) -> (Result<usize>, AlignedBuf);
+
+    /// Starts a staged object under `key`.
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
+
+    /// Performs every pending request of `batch`, setting each one's result.
+    ///
+    /// The default runs the requests one after another through [`Tier::read_at`]; tiers with
+    /// a native batch path submit them together.
+    async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
+        let (keys, entries) = batch.parts_mut();
+        for entry in entries.iter_mut().filter(|e| !e.is_done()) {
+            let Some(buf) = entry.take_buf() else {
+                continue;
+            };
+            let key = entry.key(keys);
+            let (res, buf) = self.read_at(key, entry.offset(), entry.len(), buf).await;
+            entry.finish(res, buf);
+        }
+        batch
+    }
+}
+
+/// One request of a [`ReadBatch`].
+#[derive(Debug)]
+pub struct ReadEntry {
+    key_start: u32,
+    key_end: u32,
+    offset: u64,
+    len: usize,
+    buf: Option<AlignedBuf>,
+    result: Option<Result<usize>>,
+}
+
+impl ReadEntry {
+    /// The request's key, given the batch's key arena (from [`ReadBatch::parts_mut`]).
+    #[inline]
+    pub fn key<'k>(&self, keys: &'k str) -> &'k str {
+        &keys[self.key_start as usize..self.key_end as usize]
+    }
+
+    /// Byte offset in the object.
+    #[inline]
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes asked for.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length request.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True when the request has its result.
+    #[inline]
+    pub fn is_done(&self) -> bool {
+        self.result.is_some()
+    }
+
+    /// Takes the buffer out for submission; `finish` puts it back.
+    #[inline]
+    pub fn take_buf(&mut self) -> Option<AlignedBuf> {
+        self.buf.take()
+    }
+
+    /// Borrows the buffer.
+    #[inline]
+    pub fn buf(&self) -> Option<&AlignedBuf> {
+        self.buf.as_ref()
+    }
+
+    /// Records the result and hands the buffer back.
+    #[inline]
+    pub fn finish(&mut self, result: Result<usize>, buf: AlignedBuf) {
+        self.buf = Some(buf);
+        self.result = Some(result);
+    }
+
+    /// Records a result while the buffer stays where it is.
+    #[inline]
+    pub fn set_result(&mut self, result: Result<usize>) {
+        self.result = Some(result);
+    }
+
+    /// The result, once done.
+    #[inline]
+    pub fn result(&self) -> Option<&Result<usize>> {
+        self.result.as_ref()
+    }
+}
+
+/// A reusable batch of positional reads: (key, offset, length, buffer) requests.
+///
+/// Keys are copied into one arena string and entries into one vector, both reused across
+/// batches, so a steady-state batch allocates nothing per request.
+#[derive(Debug, Default)]
+pub struct ReadBatch {
+    keys: String,
+    entries: Vec<ReadEntry>,
+}
+
+impl ReadBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty batch with room for `n` requests and `key_bytes` bytes of keys.
+    pub fn with_capacity(n: usize, key_bytes: usize) -> Self {
+        ReadBatch {
+            keys: String::with_capacity(key_bytes),
+            entries: Vec::with_capacity(n),
+        }
+    }
+
+    /// Adds a request. An invalid key does not fail here: the request is marked done with an
+    /// [`ErrorKind::InvalidKey`] error and its buffer stays in the batch.
+    pub fn push(&mut self, key: &str, offset: u64, len: usize, buf: AlignedBuf) {
+        if self.entries.is_empty() {
+            self.keys.clear();
+        }
+        let result = match validate_key(key) {
+            Ok(()) => None,
+            Err(e) => Some(Err(e.with_operation(Operation::Read))),
+        };
+        let key_start = self.keys.len() as u32;
+        if result.is_none() {
+            self.keys.push_str(key);
+        }
+        let key_end = self.keys.len() as u32;
+        self.entries.push(ReadEntry {
+            key_start,
+            key_end,
+            offset,
+            len,
+            buf: Some(buf),
+            result,
+        });
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the batch holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Total bytes asked for.
+    pub fn requested_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.len as u64).sum()
+    }
+
+    /// The key arena and the entries, for tiers executing the batch.
+    pub fn parts_mut(&mut self) -> (&str, &mut [ReadEntry]) {
+        (&self.keys, &mut self.entries)
+    }
+
+    /// Iterates over (key, entry).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &ReadEntry)> {
+        self.entries.iter().map(move |e| (e.key(&self.keys), e))
+    }
+
+    /// Marks every request not yet done with a clone of `err`'s kind and message.
+    pub fn fail_pending(&mut self, err: &Error) {
+        for e in self.entries.iter_mut().filter(|e| e.result.is_none()) {
+            let key = &self.keys[e.key_start as usize..e.key_end as usize];
+            e.result = Some(Err(Error::new(err.kind(), err.message().to_string())
+                .set_temporary(err.is_temporary())
+                .with_operation(Operation::Read)
+                .with_key(key)));
+        }
+    }
+
+    /// Removes every request, handing out (key, offset, result, buffer).
+    /// Requests never executed report an [`ErrorKind::Shutdown`] error.
+    pub fn drain(
+        &mut self,
+    ) -> impl Iterator<Item = (&str, u64, Result<usize>, Option<AlignedBuf>)> + '_ {
+        let keys = &self.keys;
+        self.entries.drain(..).map(move |e| {
+            let key = &keys[e.key_start as usize..e.key_end as usize];
+            let result = e.result.unwrap_or_else(|| {
+                Err(Error::new(ErrorKind::Shutdown, "request was not executed").with_key(key))
+            });
+            (key, e.offset, result, e.buf)
+        })
+    }
+
+    /// Removes every request, dropping the buffers (pooled ones return to their pool).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.keys.clear();
+    }
+}

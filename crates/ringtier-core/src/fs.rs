@@ -262,13 +262,24 @@ impl FsRoot {
     /// Makes a staged file durable and visible under `key`: fsync the data, create missing
     /// parent directories, rename atomically, fsync every directory that changed.
     pub fn commit_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+        validate_key(key)?;
+        file.sync_data().map_err(|e| {
+            Error::from(e)
+                .with_operation(Operation::Commit)
+                .with_key(key)
+        })?;
+        self.publish_staged(file, staged, key)
+    }
+
+    /// The second half of [`FsRoot::commit_staged`], for callers that synced the data
+    /// themselves: create missing parents, rename atomically, fsync the directories.
+    pub fn publish_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
         let ctx = |e: io::Error| {
             Error::from(e)
                 .with_operation(Operation::Commit)
                 .with_key(key)
         };
         validate_key(key)?;
-        file.sync_data().map_err(ctx)?;
         let dest = self.path_of(key);
         let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
         // Create missing parents one level at a time so each new entry can be fsynced.
@@ -368,6 +379,28 @@ pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {
         return Ok((0, 0));
     }
     Ok((stx.stx_dio_mem_align, stx.stx_dio_offset_align))
+}
+
+/// Probes the direct-I/O alignment of new files under `dir` with an unnamed `O_TMPFILE`
+/// (statx reports no DIO alignment for directories). `None` when no probe file can be made
+/// (read-only or unusual filesystem): decide per file instead.
+pub fn probe_dio_align(dir_fd: RawFd) -> Option<(u32, u32)> {
+    let dot = c".";
+    // SAFETY: dir_fd is an open directory and "." a valid NUL-terminated path.
+    let fd = unsafe {
+        libc::openat(
+            dir_fd,
+            dot.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns; dropping it removes the file.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    dio_align_of_fd(file.as_raw_fd()).ok()
 }
 
 /// Filesystem type name of the filesystem holding `path` (ext4, tmpfs, xfs, ...), for

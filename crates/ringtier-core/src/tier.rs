@@ -254,6 +254,24 @@ impl ReadBatch {
         });
     }
 
+    /// Adds a request without a key, for reading ranges of one open file (for example
+    /// `ringtier_uring::UringFile::read_batch`). A tier given such a request reports it as an
+    /// [`ErrorKind::InvalidKey`] error.
+    pub fn push_range(&mut self, offset: u64, len: usize, buf: AlignedBuf) {
+        if self.entries.is_empty() {
+            self.keys.clear();
+        }
+        let at = self.keys.len() as u32;
+        self.entries.push(ReadEntry {
+            key_start: at,
+            key_end: at,
+            offset,
+            len,
+            buf: Some(buf),
+            result: None,
+        });
+    }
+
     /// Number of requests.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -272,6 +290,11 @@ impl ReadBatch {
     /// The key arena and the entries, for tiers executing the batch.
     pub fn parts_mut(&mut self) -> (&str, &mut [ReadEntry]) {
         (&self.keys, &mut self.entries)
+    }
+
+    /// The `i`-th request as (key, entry).
+    pub fn get(&self, i: usize) -> Option<(&str, &ReadEntry)> {
+        self.entries.get(i).map(|e| (e.key(&self.keys), e))
     }
 
     /// Iterates over (key, entry).

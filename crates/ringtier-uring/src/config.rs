@@ -1,0 +1,87 @@
+//! Configuration of the io_uring engine.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Whether reads and writes bypass the page cache (O_DIRECT), decided per file from
+/// `statx(STATX_DIOALIGN)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectIoPolicy {
+    /// Always buffered I/O through the page cache.
+    Off,
+    /// O_DIRECT where the file supports it and the buffer fits its alignment; buffered
+    /// otherwise, counting each fallback (`ringtier_direct_io_fallbacks_total`).
+    #[default]
+    Auto,
+    /// O_DIRECT or an error that names the file and its filesystem.
+    Required,
+}
+
+impl DirectIoPolicy {
+    /// The policy's name as accepted by `FromStr`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DirectIoPolicy::Off => "off",
+            DirectIoPolicy::Auto => "auto",
+            DirectIoPolicy::Required => "required",
+        }
+    }
+}
+
+impl fmt::Display for DirectIoPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DirectIoPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(DirectIoPolicy::Off),
+            "auto" => Ok(DirectIoPolicy::Auto),
+            "required" => Ok(DirectIoPolicy::Required),
+            _ => Err(format!(
+                "unknown direct-I/O policy {s:?} (expected off, auto or required)"
+            )),
+        }
+    }
+}
+
+/// Knobs of the io_uring engine. Build with [`UringConfig::default`] and adjust.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Requests in flight per ring (files in progress for batch reads). Default 32.
+    pub queue_depth: u32,
+    /// Number of rings, each on its own driver thread; batches are spread round-robin.
+    /// Default 1.
+    pub rings: usize,
+    /// Kernel submission-queue polling thread with this idle time in milliseconds; `None`
+    /// (the default) submits with `io_uring_enter`. SQPOLL costs a core while busy.
+    pub sqpoll_idle_ms: Option<u32>,
+    /// Register the tier's buffer pool as fixed buffers (`READ_FIXED`). Default true. When
+    /// the kernel refuses (memlock limit too low), plain buffers are used and a warning is
+    /// logged once.
+    pub register_buffers: bool,
+    /// Register the descriptors of files opened with [`crate::UringTier::open_file`] as fixed
+    /// files. Default false.
+    pub register_files: bool,
+    /// Direct-I/O policy. Default [`DirectIoPolicy::Auto`].
+    pub direct_io: DirectIoPolicy,
+    /// Threads for metadata calls io_uring has no opcode for (listing, rename). Default 2.
+    pub metadata_threads: usize,
+}
+
+impl Default for UringConfig {
+    fn default() -> Self {
+        UringConfig {
+            queue_depth: 32,
+            rings: 1,
+            sqpoll_idle_ms: None,
+            register_buffers: true,
+            register_files: false,
+            direct_io: DirectIoPolicy::Auto,
+            metadata_threads: 2,
+        }
+    }
+}

@@ -1,0 +1,1144 @@
+//! Driver threads: each owns one io_uring, takes jobs from a channel and runs their state
+//! machines (statx -> open -> read(s) -> close per file; writes; fsyncs) with at most
+//! `queue_depth` requests in the kernel at once.
+//!
+//! Every unsafe block of the crate that submits to the kernel lives here. The invariant that
+//! makes submission sound: every pointer placed in an SQE (buffer, path, statx, open_how)
+//! points into a job that the driver owns (boxed, so it does not move) until the matching
+//! completion has been reaped; jobs are only handed back to callers after that.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use futures_channel::oneshot;
+use io_uring::{opcode, types, IoUring};
+use ringtier_core::buf::{align_down, direct_span};
+use ringtier_core::catalog;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::{AlignedBuf, BufferPool, ReadBatch};
+
+use crate::config::{DirectIoPolicy, UringConfig};
+
+/// Fixed-file slots registered per ring when `register_files` is on.
+pub(crate) const FIXED_FILE_SLOTS: u32 = 256;
+const WAKE: u64 = u64::MAX;
+const MAX_RETRIES: u32 = 64;
+
+/// Counters shared by a tier's drivers.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub reads_direct: AtomicU64,
+    pub reads_buffered: AtomicU64,
+    pub dio_fallbacks: AtomicU64,
+    pub fixed_buffer_reads: AtomicU64,
+    pub fixed_file_reads: AtomicU64,
+    pub submits: AtomicU64,
+    pub sqes: AtomicU64,
+    pub resubmits: AtomicU64,
+    pub register_fallbacks: AtomicU64,
+}
+
+/// Per-tier state the drivers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub name: String,
+    pub fs_type: &'static str,
+    pub policy: DirectIoPolicy,
+    pub stats: Stats,
+    pub fallback_counter: metrics::Counter,
+    warned_fallback: Once,
+}
+
+impl Shared {
+    pub(crate) fn new(name: String, fs_type: &'static str, policy: DirectIoPolicy) -> Self {
+        let fallback_counter =
+            metrics::counter!(catalog::DIRECT_IO_FALLBACKS_TOTAL, "tier" => name.clone());
+        Shared {
+            name,
+            fs_type,
+            policy,
+            stats: Stats::default(),
+            fallback_counter,
+            warned_fallback: Once::new(),
+        }
+    }
+
+    pub(crate) fn count_fallback(&self, why: &str) {
+        self.stats.dio_fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.fallback_counter.increment(1);
+        self.warned_fallback.call_once(|| {
+            tracing::info!(tier = %self.name, "direct I/O not possible, reading buffered (counted from now on): {why}")
+        });
+    }
+}
+
+/// What a batch reads from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    /// Keys relative to a root directory: statx, open, read, close per request.
+    Keys { root_fd: RawFd },
+    /// One open file.
+    File {
+        fd: RawFd,
+        fixed: Option<u32>,
+        direct: bool,
+        align: u64,
+        size: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Statx,
+    Open,
+    Read,
+    Close,
+    Done,
+}
+
+struct EntryState {
+    phase: Phase,
+    fd: RawFd,
+    direct: bool,
+    align: u64,
+    io_off: u64,
+    span: usize,
+    head: usize,
+    want: usize,
+    filled: usize,
+    retries: u32,
+    path: usize,
+    statx: libc::statx,
+    how: types::OpenHow,
+    buf: Option<AlignedBuf>,
+    result: Option<Result<usize>>,
+}
+
+/// A batch read handed to a driver.
+pub(crate) struct BatchJob {
+    batch: ReadBatch,
+    target: Target,
+    shared: Arc<Shared>,
+    paths: Vec<u8>,
+    states: Vec<EntryState>,
+    next: usize,
+    active: usize,
+    done: Option<oneshot::Sender<ReadBatch>>,
+}
+
+impl BatchJob {
+    pub(crate) fn new(
+        mut batch: ReadBatch,
+        target: Target,
+        shared: Arc<Shared>,
+        done: oneshot::Sender<ReadBatch>,
+    ) -> Box<Self> {
+        let (keys, entries) = batch.parts_mut();
+        let mut paths = Vec::new();
+        if matches!(target, Target::Keys { .. }) {
+            paths.reserve(keys.len() + entries.len());
+        }
+        let mut states = Vec::with_capacity(entries.len());
+        for entry in entries.iter_mut() {
+            let path = paths.len();
+            if matches!(target, Target::Keys { .. }) {
+                paths.extend_from_slice(entry.key(keys).as_bytes());
+                paths.push(0);
+            }
+            let (buf, phase) = if entry.is_done() {
+                (None, Phase::Done)
+            } else {
+                (entry.take_buf(), Phase::Idle)
+            };
+            let phase = if buf.is_none() { Phase::Done } else { phase };
+            states.push(EntryState {
+                phase,
+                fd: -1,
+                direct: false,
+                align: 1,
+                io_off: 0,
+                span: 0,
+                head: 0,
+                want: 0,
+                filled: 0,
+                retries: 0,
+                path,
+                // SAFETY: statx is a plain C struct; all-zero is valid.
+                statx: unsafe { std::mem::zeroed() },
+                how: types::OpenHow::new(),
+                buf,
+                result: None,
+            });
+        }
+        Box::new(BatchJob {
+            batch,
+            target,
+            shared,
+            paths,
+            states,
+            next: 0,
+            active: 0,
+            done: Some(done),
+        })
+    }
+
+    fn err(&self, i: usize, e: Error) -> Error {
+        let key = self.batch.get(i).map(|(k, _)| k).unwrap_or("");
+        e.context(Operation::Read, key, &self.shared.name)
+    }
+
+    fn finish(mut self: Box<Self>) {
+        let (_, entries) = self.batch.parts_mut();
+        for (entry, st) in entries.iter_mut().zip(self.states.iter_mut()) {
+            match (st.buf.take(), st.result.take()) {
+                (Some(buf), Some(res)) => entry.finish(res, buf),
+                (Some(buf), None) => entry.finish(
+                    Err(Error::new(ErrorKind::Shutdown, "request not executed")),
+                    buf,
+                ),
+                (None, Some(res)) => entry.set_result(res),
+                (None, None) => {}
+            }
+        }
+        if let Some(done) = self.done.take() {
+            let batch = std::mem::take(&mut self.batch);
+            let _ = done.send(batch);
+        }
+    }
+}
+
+/// A write of a buffer's data window, looping over short writes.
+pub(crate) struct WriteJob {
+    pub fd: RawFd,
+    pub offset: u64,
+    /// Bytes to write from the start of the data window (may exceed `buf.len()` by padding).
+    pub len: usize,
+    pub buf: Option<AlignedBuf>,
+    pub written: usize,
+    pub retries: u32,
+    pub done: Option<oneshot::Sender<(Result<()>, AlignedBuf)>>,
+}
+
+/// A data fsync.
+pub(crate) struct FsyncJob {
+    pub fd: RawFd,
+    pub retries: u32,
+    pub done: Option<oneshot::Sender<Result<()>>>,
+}
+
+/// Work for a driver.
+pub(crate) enum Job {
+    Batch(Box<BatchJob>),
+    Write(Box<WriteJob>),
+    Fsync(Box<FsyncJob>),
+    RegisterFile {
+        slot: u32,
+        fd: RawFd,
+        reply: oneshot::Sender<io::Result<()>>,
+    },
+}
+
+enum Active {
+    Batch(Box<BatchJob>),
+    Write(Box<WriteJob>),
+    Fsync(Box<FsyncJob>),
+}
+
+/// The handle callers keep to a driver thread.
+#[derive(Debug)]
+pub(crate) struct DriverHandle {
+    pub tx: Option<crossbeam_channel::Sender<Job>>,
+    pub wake: Arc<OwnedFd>,
+    pub parked: Arc<AtomicBool>,
+    pub thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DriverHandle {
+    /// Queues a job and wakes the driver if it sleeps in the kernel.
+    pub(crate) fn send(&self, job: Job) -> Result<()> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
+        tx.send(job)
+            .map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
+        if self.parked.load(Ordering::SeqCst) {
+            wake(self.wake.as_raw_fd());
+        }
+        Ok(())
+    }
+
+    /// Stops the driver after its queued and in-flight work, and joins it.
+    pub(crate) fn stop(&mut self) {
+        self.tx.take();
+        wake(self.wake.as_raw_fd());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn wake(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: fd is an eventfd we own; writing 8 bytes from a valid u64 is its protocol.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Starts one driver thread.
+pub(crate) fn spawn(
+    index: usize,
+    config: &UringConfig,
+    pool: Option<BufferPool>,
+    shared: Arc<Shared>,
+) -> Result<DriverHandle> {
+    let setup = |e: io::Error, what: &str| {
+        Error::from(e)
+            .with_operation(Operation::Setup)
+            .with_tier(&shared.name)
+            .with_key(what.to_string())
+    };
+    let depth = config.queue_depth.max(1);
+    let entries = (depth + 2).next_power_of_two() * 2;
+    let mut builder = IoUring::builder();
+    if let Some(idle) = config.sqpoll_idle_ms {
+        builder.setup_sqpoll(idle);
+    }
+    let ring = builder
+        .build(entries)
+        .map_err(|e| setup(e, "io_uring_setup"))?;
+
+    // SAFETY: eventfd takes no pointers.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(setup(io::Error::last_os_error(), "eventfd"));
+    }
+    // SAFETY: efd is a fresh descriptor nobody else owns.
+    let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+
+    let mut registered_pool = None;
+    if let (Some(pool), true) = (&pool, config.register_buffers) {
+        if pool.count() > 16_384 || pool.buf_size() > (1 << 30) {
+            shared
+                .stats
+                .register_fallbacks
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(tier = %shared.name, "buffer pool too large to register as fixed buffers; using plain buffers");
+        } else {
+            let iovecs: Vec<libc::iovec> = (0..pool.count() as u32)
+                .map(|i| libc::iovec {
+                    iov_base: pool.buffer_ptr(i).cast(),
+                    iov_len: pool.buf_size(),
+                })
+                .collect();
+            // SAFETY: every iovec points into the pool's slab, which stays allocated while the
+            // driver holds its `pool` clone (dropped only after the ring).
+            match unsafe { ring.submitter().register_buffers(&iovecs) } {
+                Ok(()) => registered_pool = Some(pool.id()),
+                Err(e) => {
+                    shared
+                        .stats
+                        .register_fallbacks
+                        .fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(catalog::URING_REGISTER_FALLBACKS_TOTAL, "tier" => shared.name.clone(), "what" => "buffers")
+                        .increment(1);
+                    if index == 0 {
+                        tracing::warn!(
+                            tier = %shared.name,
+                            "could not register {} bytes of buffers with io_uring ({e}); RLIMIT_MEMLOCK may be too low. \
+                             Using plain buffers.",
+                            pool.count() * pool.buf_size()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let mut fixed_files = false;
+    if config.register_files {
+        match ring.submitter().register_files_sparse(FIXED_FILE_SLOTS) {
+            Ok(()) => fixed_files = true,
+            Err(e) => {
+                shared
+                    .stats
+                    .register_fallbacks
+                    .fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(catalog::URING_REGISTER_FALLBACKS_TOTAL, "tier" => shared.name.clone(), "what" => "files")
+                    .increment(1);
+                tracing::warn!(tier = %shared.name, "could not register a fixed-file table ({e}); using plain descriptors");
+            }
+        }
+    }
+
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let parked = Arc::new(AtomicBool::new(false));
+    let in_flight_gauge = metrics::gauge!(catalog::URING_IN_FLIGHT, "tier" => shared.name.clone());
+    let submit_hist =
+        metrics::histogram!(catalog::URING_SUBMIT_BATCH, "tier" => shared.name.clone());
+    let mut driver = Driver {
+        ring,
+        rx,
+        wake_fd: Arc::clone(&wake_fd),
+        parked: Arc::clone(&parked),
+        depth: depth as usize,
+        jobs: Vec::new(),
+        free_ids: Vec::new(),
+        queue: VecDeque::new(),
+        in_flight: 0,
+        unsubmitted: 0,
+        registered_pool,
+        _pool: pool,
+        fixed_files,
+        shared,
+        wake_buf: 0,
+        in_flight_gauge,
+        submit_hist,
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("ringtier-uring-{index}"))
+        .spawn(move || driver.run())
+        .map_err(|e| Error::from(e).with_operation(Operation::Setup))?;
+    Ok(DriverHandle {
+        tx: Some(tx),
+        wake: wake_fd,
+        parked,
+        thread: Some(thread),
+    })
+}
+
+struct Driver {
+    ring: IoUring,
+    rx: Receiver<Job>,
+    wake_fd: Arc<OwnedFd>,
+    parked: Arc<AtomicBool>,
+    depth: usize,
+    jobs: Vec<Option<Active>>,
+    free_ids: Vec<u32>,
+    /// Jobs with work not yet started, oldest first.
+    queue: VecDeque<u32>,
+    in_flight: usize,
+    unsubmitted: usize,
+    registered_pool: Option<u64>,
+    _pool: Option<BufferPool>,
+    fixed_files: bool,
+    shared: Arc<Shared>,
+    wake_buf: u64,
+    in_flight_gauge: metrics::Gauge,
+    submit_hist: metrics::Histogram,
+}
+
+impl Driver {
+    fn run(&mut self) {
+        self.arm_wake();
+        let mut disconnected = false;
+        loop {
+            if !disconnected {
+                loop {
+                    match self.rx.try_recv() {
+                        Ok(job) => self.accept(job),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            disconnected = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            self.fill();
+            if self.in_flight == 0 && self.queue.is_empty() {
+                if disconnected {
+                    break;
+                }
+                match self.rx.recv() {
+                    Ok(job) => {
+                        self.accept(job);
+                        continue;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.parked.store(true, Ordering::SeqCst);
+            let must_wait = self.rx.is_empty() || disconnected;
+            let want = usize::from(must_wait && self.in_flight > 0);
+            let res = self.ring.submit_and_wait(want);
+            self.parked.store(false, Ordering::SeqCst);
+            match res {
+                Ok(n) => {
+                    if self.unsubmitted > 0 {
+                        self.shared.stats.submits.fetch_add(1, Ordering::Relaxed);
+                        self.submit_hist.record(self.unsubmitted as f64);
+                    }
+                    let _ = n;
+                    self.unsubmitted = 0;
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) => {}
+                Err(e) => {
+                    tracing::error!(tier = %self.shared.name, "io_uring_enter failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap();
+            self.in_flight_gauge.set(self.in_flight as f64);
+        }
+        self.in_flight_gauge.set(0.0);
+    }
+
+    fn arm_wake(&mut self) {
+        let sqe = opcode::Read::new(
+            types::Fd(self.wake_fd.as_raw_fd()),
+            (&mut self.wake_buf as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE);
+        // SAFETY: wake_buf lives in the driver, which outlives the ring's use of it: the
+        // driver only stops after reaping, and the ring is dropped with the driver.
+        unsafe { self.push_raw(&sqe) };
+    }
+
+    fn accept(&mut self, job: Job) {
+        let active = match job {
+            Job::Batch(b) => Active::Batch(b),
+            Job::Write(w) => Active::Write(w),
+            Job::Fsync(f) => Active::Fsync(f),
+            Job::RegisterFile { slot, fd, reply } => {
+                let res = if self.fixed_files {
+                    self.ring
+                        .submitter()
+                        .register_files_update(slot, &[fd])
+                        .map(|_| ())
+                } else {
+                    Err(io::Error::from_raw_os_error(libc::ENXIO))
+                };
+                let _ = reply.send(res);
+                return;
+            }
+        };
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.jobs[id as usize] = Some(active);
+                id
+            }
+            None => {
+                self.jobs.push(Some(active));
+                (self.jobs.len() - 1) as u32
+            }
+        };
+        self.queue.push_back(id);
+    }
+
+    /// Pushes one SQE, submitting first if the queue is full.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer in `sqe` must stay valid until its completion is reaped.
+    unsafe fn push_raw(&mut self, sqe: &io_uring::squeue::Entry) {
+        loop {
+            // SAFETY: forwarded from the caller.
+            let pushed = unsafe { self.ring.submission().push(sqe) };
+            if pushed.is_ok() {
+                self.unsubmitted += 1;
+                self.shared.stats.sqes.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let _ = self.ring.submit();
+            self.unsubmitted = 0;
+        }
+    }
+
+    /// Starts queued work while fewer than `depth` requests are in flight.
+    fn fill(&mut self) {
+        while self.in_flight < self.depth {
+            let Some(&id) = self.queue.front() else {
+                return;
+            };
+            let Some(job) = self.jobs[id as usize].take() else {
+                self.queue.pop_front();
+                continue;
+            };
+            match job {
+                Active::Batch(mut b) => {
+                    let started = self.start_next_entry(id, &mut b);
+                    let exhausted = b.next >= b.states.len();
+                    let finished = exhausted && b.active == 0;
+                    if exhausted {
+                        self.queue.pop_front();
+                    }
+                    if finished {
+                        self.release(id);
+                        b.finish();
+                    } else {
+                        self.jobs[id as usize] = Some(Active::Batch(b));
+                    }
+                    let _ = started;
+                }
+                Active::Write(mut w) => {
+                    self.queue.pop_front();
+                    self.submit_write(id, &mut w);
+                    self.jobs[id as usize] = Some(Active::Write(w));
+                }
+                Active::Fsync(mut f) => {
+                    self.queue.pop_front();
+                    self.submit_fsync(id, &mut f);
+                    self.jobs[id as usize] = Some(Active::Fsync(f));
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, id: u32) {
+        self.jobs[id as usize] = None;
+        self.free_ids.push(id);
+    }
+
+    /// Starts the next idle entry of a batch; entries needing no I/O finish on the spot.
+    fn start_next_entry(&mut self, id: u32, b: &mut BatchJob) -> bool {
+        while b.next < b.states.len() {
+            let i = b.next;
+            b.next += 1;
+            if b.states[i].phase != Phase::Idle {
+                continue;
+            }
+            b.active += 1;
+            match b.target {
+                Target::Keys { root_fd } => {
+                    let st = &mut b.states[i];
+                    st.phase = Phase::Statx;
+                    let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
+                    let sqe = opcode::Statx::new(
+                        types::Fd(root_fd),
+                        path,
+                        (&mut st.statx as *mut libc::statx).cast(),
+                    )
+                    .flags(0)
+                    .mask(libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_DIOALIGN)
+                    .build()
+                    .user_data(((id as u64) << 32) | i as u64);
+                    // SAFETY: path and statx point into the boxed job, owned by the driver
+                    // until this completion is reaped.
+                    unsafe { self.push_raw(&sqe) };
+                    self.in_flight += 1;
+                }
+                Target::File {
+                    fd,
+                    direct,
+                    align,
+                    size,
+                    ..
+                } => {
+                    b.states[i].fd = fd;
+                    match self.plan_read(b, i, size, direct, align) {
+                        Ok(true) => self.submit_read(id, b, i),
+                        Ok(false) => self.entry_done(b, i),
+                        Err(e) => {
+                            let e = b.err(i, e);
+                            b.states[i].result = Some(Err(e));
+                            self.entry_done(b, i);
+                        }
+                    }
+                }
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Works out the span to read. Returns false when no read is needed (empty range).
+    fn plan_read(
+        &self,
+        b: &mut BatchJob,
+        i: usize,
+        size: u64,
+        direct: bool,
+        align: u64,
+    ) -> Result<bool> {
+        let (offset, len) = {
+            let (_, entries) = b.batch.parts_mut();
+            (entries[i].offset(), entries[i].len())
+        };
+        let st = &mut b.states[i];
+        if offset > size {
+            return Err(Error::new(
+                ErrorKind::OutOfRange,
+                format!("offset {offset} is past the end ({size} bytes)"),
+            ));
+        }
+        let want = len.min((size - offset) as usize);
+        st.want = want;
+        let Some(buf) = st.buf.as_mut() else {
+            return Err(Error::new(ErrorKind::InvalidInput, "request has no buffer"));
+        };
+        if want == 0 {
+            buf.clear();
+            st.result = Some(Ok(0));
+            return Ok(false);
+        }
+        st.direct = direct;
+        st.align = align.max(1);
+        if direct {
+            let (io_off, span, head) = direct_span(offset, want, st.align);
+            if span > buf.capacity() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("buffer of {} bytes is too small for the {span}-byte aligned span of this read", buf.capacity()),
+                ));
+            }
+            st.io_off = io_off;
+            st.span = span;
+            st.head = head;
+        } else {
+            if want > buf.capacity() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "buffer of {} bytes is too small for a {want}-byte read",
+                        buf.capacity()
+                    ),
+                ));
+            }
+            st.io_off = offset;
+            st.span = want;
+            st.head = 0;
+        }
+        st.filled = 0;
+        Ok(true)
+    }
+
+    fn submit_read(&mut self, id: u32, b: &mut BatchJob, i: usize) {
+        let fixed_file = match b.target {
+            Target::File { fixed, .. } => fixed,
+            Target::Keys { .. } => None,
+        };
+        let st = &mut b.states[i];
+        st.phase = Phase::Read;
+        let Some(buf) = st.buf.as_mut() else { return };
+        // SAFETY: filled < span <= capacity, so the pointer stays inside the buffer.
+        let ptr = unsafe { buf.as_mut_ptr().add(st.filled) };
+        let len = (st.span - st.filled) as u32;
+        let off = st.io_off + st.filled as u64;
+        let fixed_buf = match (buf.pool_slot(), self.registered_pool) {
+            (Some((pool, idx)), Some(reg)) if pool == reg && idx <= u16::MAX as u32 => {
+                Some(idx as u16)
+            }
+            _ => None,
+        };
+        let user_data = ((id as u64) << 32) | i as u64;
+        let sqe = match (fixed_buf, fixed_file) {
+            (Some(bi), Some(slot)) => opcode::ReadFixed::new(types::Fixed(slot), ptr, len, bi)
+                .offset(off)
+                .build(),
+            (Some(bi), None) => opcode::ReadFixed::new(types::Fd(st.fd), ptr, len, bi)
+                .offset(off)
+                .build(),
+            (None, Some(slot)) => opcode::Read::new(types::Fixed(slot), ptr, len)
+                .offset(off)
+                .build(),
+            (None, None) => opcode::Read::new(types::Fd(st.fd), ptr, len)
+                .offset(off)
+                .build(),
+        }
+        .user_data(user_data);
+        if st.filled == 0 {
+            let s = &self.shared.stats;
+            if st.direct {
+                &s.reads_direct
+            } else {
+                &s.reads_buffered
+            }
+            .fetch_add(1, Ordering::Relaxed);
+            if fixed_buf.is_some() {
+                s.fixed_buffer_reads.fetch_add(1, Ordering::Relaxed);
+            }
+            if fixed_file.is_some() {
+                s.fixed_file_reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // SAFETY: the buffer is owned by the boxed job until this completion is reaped; a
+        // fixed-buffer index is used only for buffers of the pool registered with this ring.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+    }
+
+    fn submit_open(&mut self, id: u32, b: &mut BatchJob, i: usize, root_fd: RawFd) {
+        let st = &mut b.states[i];
+        st.phase = Phase::Open;
+        let mut flags = libc::O_RDONLY | libc::O_CLOEXEC;
+        if st.direct {
+            flags |= libc::O_DIRECT;
+        }
+        st.how = types::OpenHow::new()
+            .flags(flags as u64)
+            .resolve(libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS);
+        let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
+        let sqe = opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how)
+            .build()
+            .user_data(((id as u64) << 32) | i as u64);
+        // SAFETY: path and how point into the boxed job, owned until the completion is reaped.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+    }
+
+    fn submit_close(&mut self, id: u32, b: &mut BatchJob, i: usize) {
+        let st = &mut b.states[i];
+        st.phase = Phase::Close;
+        let sqe = opcode::Close::new(types::Fd(st.fd))
+            .build()
+            .user_data(((id as u64) << 32) | i as u64);
+        // SAFETY: close takes no pointers.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+    }
+
+    fn submit_write(&mut self, id: u32, w: &mut WriteJob) {
+        let Some(buf) = w.buf.as_mut() else { return };
+        let head = buf.head();
+        // SAFETY: head + written < head + len <= capacity (checked by the caller).
+        let ptr = unsafe { buf.as_mut_ptr().add(head + w.written) };
+        let sqe = opcode::Write::new(types::Fd(w.fd), ptr, (w.len - w.written) as u32)
+            .offset(w.offset + w.written as u64)
+            .build()
+            .user_data((id as u64) << 32);
+        // SAFETY: the buffer is owned by the boxed job until this completion is reaped.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+    }
+
+    fn submit_fsync(&mut self, id: u32, f: &mut FsyncJob) {
+        let sqe = opcode::Fsync::new(types::Fd(f.fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data((id as u64) << 32);
+        // SAFETY: fsync takes no pointers.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+    }
+
+    fn entry_done(&mut self, b: &mut BatchJob, i: usize) {
+        b.states[i].phase = Phase::Done;
+        b.active -= 1;
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let cqe = match self.ring.completion().next() {
+                Some(c) => c,
+                None => return,
+            };
+            let (ud, res) = (cqe.user_data(), cqe.result());
+            if ud == WAKE {
+                self.arm_wake();
+                continue;
+            }
+            self.in_flight -= 1;
+            let id = (ud >> 32) as u32;
+            let idx = (ud & 0xffff_ffff) as usize;
+            let Some(job) = self.jobs.get_mut(id as usize).and_then(Option::take) else {
+                tracing::error!("completion for an unknown job {id}");
+                continue;
+            };
+            match job {
+                Active::Batch(mut b) => {
+                    self.on_batch_cqe(id, &mut b, idx, res);
+                    if b.next >= b.states.len() && b.active == 0 {
+                        self.queue.retain(|&q| q != id);
+                        self.release(id);
+                        b.finish();
+                    } else {
+                        self.jobs[id as usize] = Some(Active::Batch(b));
+                    }
+                }
+                Active::Write(mut w) => {
+                    if self.on_write_cqe(id, &mut w, res) {
+                        self.release(id);
+                    } else {
+                        self.jobs[id as usize] = Some(Active::Write(w));
+                    }
+                }
+                Active::Fsync(mut f) => {
+                    if res < 0 && is_retryable(-res) && f.retries < MAX_RETRIES {
+                        f.retries += 1;
+                        self.submit_fsync(id, &mut f);
+                        self.jobs[id as usize] = Some(Active::Fsync(f));
+                        continue;
+                    }
+                    let out = if res < 0 {
+                        Err(Error::from_errno(-res, "fdatasync failed"))
+                    } else {
+                        Ok(())
+                    };
+                    if let Some(done) = f.done.take() {
+                        let _ = done.send(out);
+                    }
+                    self.release(id);
+                }
+            }
+        }
+    }
+
+    /// Returns true when the write job is complete.
+    fn on_write_cqe(&mut self, id: u32, w: &mut WriteJob, res: i32) -> bool {
+        let out = if res < 0 {
+            let errno = -res;
+            if is_retryable(errno) && w.retries < MAX_RETRIES {
+                w.retries += 1;
+                self.submit_write(id, w);
+                return false;
+            }
+            Err(Error::from_errno(errno, "write failed"))
+        } else if res == 0 {
+            Err(Error::from_errno(libc::EIO, "write made no progress"))
+        } else {
+            w.written += res as usize;
+            if w.written < w.len {
+                self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
+                self.submit_write(id, w);
+                return false;
+            }
+            Ok(())
+        };
+        if let (Some(done), Some(buf)) = (w.done.take(), w.buf.take()) {
+            let _ = done.send((out, buf));
+        }
+        true
+    }
+
+    fn on_batch_cqe(&mut self, id: u32, b: &mut BatchJob, i: usize, res: i32) {
+        let phase = b.states[i].phase;
+        match phase {
+            Phase::Statx => {
+                if res < 0 {
+                    if is_retryable(-res) && b.states[i].retries < MAX_RETRIES {
+                        b.states[i].retries += 1;
+                        b.states[i].phase = Phase::Idle;
+                        b.next = b.next.min(i);
+                        b.active -= 1;
+                        self.requeue(id);
+                        return;
+                    }
+                    let e = b.err(i, Error::from_errno(-res, "statx failed"));
+                    b.states[i].result = Some(Err(e));
+                    return self.entry_done(b, i);
+                }
+                let Target::Keys { root_fd } = b.target else {
+                    return self.entry_done(b, i);
+                };
+                let stx = &b.states[i].statx;
+                if u32::from(stx.stx_mode) & libc::S_IFMT != libc::S_IFREG {
+                    let e = b.err(i, Error::new(ErrorKind::NotFound, "not a regular file"));
+                    b.states[i].result = Some(Err(e));
+                    return self.entry_done(b, i);
+                }
+                let size = stx.stx_size;
+                let (mem, off) = if stx.stx_mask & libc::STATX_DIOALIGN != 0 {
+                    (
+                        stx.stx_dio_mem_align as u64,
+                        stx.stx_dio_offset_align as u64,
+                    )
+                } else {
+                    (0, 0)
+                };
+                let decision = self.decide_direct(b, i, mem, off, size);
+                match decision {
+                    Err(e) => {
+                        let e = b.err(i, e);
+                        b.states[i].result = Some(Err(e));
+                        self.entry_done(b, i)
+                    }
+                    Ok((direct, align)) => match self.plan_read(b, i, size, direct, align) {
+                        Ok(true) => self.submit_open(id, b, i, root_fd),
+                        Ok(false) => self.entry_done(b, i),
+                        Err(e) => {
+                            let e = b.err(i, e);
+                            b.states[i].result = Some(Err(e));
+                            self.entry_done(b, i)
+                        }
+                    },
+                }
+            }
+            Phase::Open => {
+                let Target::Keys { root_fd } = b.target else {
+                    return self.entry_done(b, i);
+                };
+                if res < 0 {
+                    let errno = -res;
+                    if is_retryable(errno) && b.states[i].retries < MAX_RETRIES {
+                        b.states[i].retries += 1;
+                        return self.submit_open(id, b, i, root_fd);
+                    }
+                    if errno == libc::EINVAL
+                        && b.states[i].direct
+                        && self.shared.policy == DirectIoPolicy::Auto
+                    {
+                        // The filesystem refused O_DIRECT at open: read buffered.
+                        self.shared
+                            .count_fallback("open with O_DIRECT returned EINVAL");
+                        let size = b.states[i].statx.stx_size;
+                        if let Err(e) = self.plan_read(b, i, size, false, 1) {
+                            let e = b.err(i, e);
+                            b.states[i].result = Some(Err(e));
+                            return self.entry_done(b, i);
+                        }
+                        return self.submit_open(id, b, i, root_fd);
+                    }
+                    let msg = if errno == libc::EXDEV {
+                        "path leads outside the tier root"
+                    } else {
+                        "open failed"
+                    };
+                    let e = b.err(i, Error::from_errno(errno, msg));
+                    b.states[i].result = Some(Err(e));
+                    return self.entry_done(b, i);
+                }
+                b.states[i].fd = res;
+                self.submit_read(id, b, i)
+            }
+            Phase::Read => {
+                let st = &mut b.states[i];
+                if res < 0 {
+                    let errno = -res;
+                    if is_retryable(errno) && st.retries < MAX_RETRIES {
+                        st.retries += 1;
+                        self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
+                        return self.submit_read(id, b, i);
+                    }
+                    let e = b.err(i, Error::from_errno(errno, "read failed"));
+                    b.states[i].result = Some(Err(e));
+                } else {
+                    let n = res as usize;
+                    st.filled += n;
+                    let need = st.head + st.want;
+                    let eof = n == 0 || (st.direct && st.filled % st.align as usize != 0);
+                    if st.filled < need && !eof {
+                        // Short read before the end: continue from an aligned position.
+                        if st.direct {
+                            st.filled = align_down(st.filled as u64, st.align) as usize;
+                        }
+                        self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
+                        return self.submit_read(id, b, i);
+                    }
+                    let got = st.filled.saturating_sub(st.head).min(st.want);
+                    let (head, want) = (st.head, st.want);
+                    let _ = want;
+                    let res = match st.buf.as_mut() {
+                        Some(buf) => buf.set_window(head, got).map(|()| got),
+                        None => Err(Error::new(ErrorKind::InvalidInput, "request has no buffer")),
+                    };
+                    b.states[i].result = Some(res);
+                }
+                match b.target {
+                    Target::Keys { .. } => self.submit_close(id, b, i),
+                    Target::File { .. } => self.entry_done(b, i),
+                }
+            }
+            Phase::Close => {
+                if res < 0 {
+                    tracing::debug!("close failed: {}", io::Error::from_raw_os_error(-res));
+                }
+                self.entry_done(b, i)
+            }
+            Phase::Idle | Phase::Done => {}
+        }
+    }
+
+    /// Puts a job back at the front of the queue (an entry must be restarted).
+    fn requeue(&mut self, id: u32) {
+        if !self.queue.contains(&id) {
+            self.queue.push_front(id);
+        }
+    }
+
+    /// Decides O_DIRECT for one file from its statx DIO alignment and the request's buffer.
+    fn decide_direct(
+        &self,
+        b: &BatchJob,
+        i: usize,
+        mem: u64,
+        off: u64,
+        size: u64,
+    ) -> Result<(bool, u64)> {
+        let policy = self.shared.policy;
+        if policy == DirectIoPolicy::Off {
+            return Ok((false, 1));
+        }
+        let key = b.batch.get(i).map(|(k, _)| k).unwrap_or("");
+        if mem == 0 || off == 0 {
+            if policy == DirectIoPolicy::Required {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "direct I/O is required but {key:?} on {} does not support it (statx reports no DIO alignment)",
+                        self.shared.fs_type
+                    ),
+                ));
+            }
+            self.shared
+                .count_fallback("the filesystem reports no direct-I/O alignment");
+            return Ok((false, 1));
+        }
+        let st = &b.states[i];
+        let Some(buf) = st.buf.as_ref() else {
+            return Ok((false, 1));
+        };
+        let (offset, len) = b
+            .batch
+            .get(i)
+            .map(|(_, e)| (e.offset(), e.len()))
+            .unwrap_or((0, 0));
+        let want = len.min(size.saturating_sub(offset) as usize);
+        let align = off.max(mem);
+        let (_, span, _) = direct_span(offset.min(size), want.max(1), align);
+        let addr_ok = (buf.as_ptr() as u64) % mem == 0;
+        let fits = span <= buf.capacity();
+        if addr_ok && fits {
+            return Ok((true, align));
+        }
+        let why = if addr_ok {
+            "buffer too small for the aligned span"
+        } else {
+            "buffer address not aligned"
+        };
+        if policy == DirectIoPolicy::Required {
+            return Err(Error::new(
+                ErrorKind::Misaligned,
+                format!(
+                    "direct I/O is required but {key:?} on {} needs {mem}-byte aligned memory and a buffer of at \
+                     least {span} bytes ({why})",
+                    self.shared.fs_type
+                ),
+            ));
+        }
+        self.shared.count_fallback(why);
+        Ok((false, 1))
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The wake read is still armed; cancel it and wait, so the kernel writes nothing into
+        // freed memory.
+        let sqe = opcode::AsyncCancel::new(WAKE).build().user_data(WAKE - 1);
+        // SAFETY: cancel takes no pointers.
+        unsafe { self.push_raw(&sqe) };
+        let _ = self.ring.submit_and_wait(2);
+        // Draining: anything left completes or is cancelled before the ring goes away.
+        for _ in 0..100 {
+            while self.ring.completion().next().is_some() {}
+            if self.in_flight == 0 {
+                break;
+            }
+            let _ = self.ring.submit_and_wait(1);
+        }
+    }
+}
+
+fn is_retryable(errno: i32) -> bool {
+    matches!(errno, libc::EAGAIN | libc::EINTR)
+}

@@ -1,0 +1,771 @@
+//! The io_uring file tier: objects are files under a root directory, read and written through
+//! io_uring driver threads, with O_DIRECT decided per file.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures_channel::oneshot;
+use ringtier_core::blocking::BlockingPool;
+use ringtier_core::buf::align_up;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
+use ringtier_core::key::validate_key;
+use ringtier_core::{
+    AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier,
+};
+
+use crate::config::{DirectIoPolicy, UringConfig};
+use crate::driver::{
+    self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS,
+};
+
+/// A snapshot of a tier's io_uring counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UringStats {
+    /// Reads issued with O_DIRECT.
+    pub reads_direct: u64,
+    /// Reads issued through the page cache.
+    pub reads_buffered: u64,
+    /// Files read buffered because direct I/O was not possible under policy `auto`.
+    pub direct_io_fallbacks: u64,
+    /// Reads into registered (fixed) buffers.
+    pub fixed_buffer_reads: u64,
+    /// Reads through registered (fixed) files.
+    pub fixed_file_reads: u64,
+    /// `io_uring_enter` calls that submitted work.
+    pub submits: u64,
+    /// Submission queue entries pushed.
+    pub sqes: u64,
+    /// Requests resubmitted after a short read or write, EAGAIN or EINTR.
+    pub resubmits: u64,
+    /// Times registered buffers or files could not be set up and plain ones were used.
+    pub register_fallbacks: u64,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    root: FsRoot,
+    config: UringConfig,
+    drivers: Vec<DriverHandle>,
+    next: AtomicUsize,
+    meta: BlockingPool,
+    pool: Option<BufferPool>,
+    root_align: (u32, u32),
+    fixed_slots: Mutex<Vec<bool>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for d in &mut self.drivers {
+            d.stop();
+        }
+    }
+}
+
+impl Inner {
+    fn driver(&self) -> &DriverHandle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.drivers.len();
+        &self.drivers[i]
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    async fn run_batch(&self, mut batch: ReadBatch, target: Target) -> ReadBatch {
+        let (tx, rx) = oneshot::channel();
+        let job = BatchJob::new(
+            std::mem::take(&mut batch),
+            target,
+            Arc::clone(&self.shared),
+            tx,
+        );
+        if let Err(e) = self.driver().send(Job::Batch(job)) {
+            // The job (and its buffers) went down with the channel: report on what is left.
+            batch.fail_pending(&e);
+            return batch;
+        }
+        match rx.await {
+            Ok(b) => b,
+            Err(_) => {
+                let mut b = ReadBatch::new();
+                b.fail_pending(&Error::new(ErrorKind::Shutdown, "io_uring driver stopped"));
+                b
+            }
+        }
+    }
+
+    async fn write(
+        &self,
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+    ) -> (Result<()>, Option<AlignedBuf>) {
+        let (tx, rx) = oneshot::channel();
+        let job = Box::new(WriteJob {
+            fd,
+            offset,
+            len,
+            buf: Some(buf),
+            written: 0,
+            retries: 0,
+            done: Some(tx),
+        });
+        if let Err(e) = self.driver().send(Job::Write(job)) {
+            return (Err(e), None);
+        }
+        match rx.await {
+            Ok((res, buf)) => (res, Some(buf)),
+            Err(_) => (
+                Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")),
+                None,
+            ),
+        }
+    }
+
+    async fn fdatasync(&self, fd: RawFd) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.driver().send(Job::Fsync(Box::new(FsyncJob {
+            fd,
+            retries: 0,
+            done: Some(tx),
+        })))?;
+        rx.await
+            .map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?
+    }
+}
+
+/// Files under a root directory, read and written through io_uring.
+///
+/// * Batch reads submit every request at once and keep `queue_depth` in flight per ring;
+///   each request is `statx` -> `openat2` -> `read` -> `close`, all through the ring, with no
+///   thread per file. `statx(STATX_DIOALIGN)` decides O_DIRECT per file.
+/// * Opens use `openat2(RESOLVE_BENEATH)` relative to the root, so no key or symlink can
+///   reach outside it.
+/// * Writes go to a staged file through the ring (O_DIRECT where possible, the unaligned tail
+///   padded and trimmed at commit); commit is fdatasync through the ring, then atomic rename
+///   and directory fsync.
+///
+/// Needs Linux 5.15 or newer (`IORING_OP_STATX`, `OPENAT2`, `CLOSE`, `READ`, `WRITE`).
+#[derive(Clone)]
+pub struct UringTier {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for UringTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringTier")
+            .field("name", &self.inner.shared.name)
+            .field("root", &self.inner.root.path())
+            .field("fs", &self.inner.shared.fs_type)
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// Options of a [`UringTier`] that are not engine knobs.
+#[derive(Debug, Clone, Default)]
+pub struct UringTierOptions {
+    /// Name used in errors and metric labels. Default `uring`.
+    pub name: Option<String>,
+    /// Create the root directory when it is missing. Default false.
+    pub create_root: bool,
+    /// The buffer pool reads use; registered as fixed buffers when the config says so.
+    pub pool: Option<BufferPool>,
+}
+
+impl UringTier {
+    /// Opens a tier over an existing root directory with `config`.
+    pub fn new(root: impl AsRef<Path>, config: UringConfig) -> Result<Self> {
+        Self::with_options(root, config, UringTierOptions::default())
+    }
+
+    /// Opens a tier with `config` and `options`.
+    pub fn with_options(
+        root: impl AsRef<Path>,
+        config: UringConfig,
+        options: UringTierOptions,
+    ) -> Result<Self> {
+        let name = options.name.unwrap_or_else(|| "uring".to_string());
+        if config.rings == 0 || config.queue_depth == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "rings and queue_depth must be at least 1",
+            )
+            .with_tier(&name));
+        }
+        let root =
+            FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?;
+        let probed = probe_dio_align(root.root_fd());
+        let root_align = probed.unwrap_or((0, 0));
+        let fs_type = fs_type_name(root.path());
+        if config.direct_io == DirectIoPolicy::Required && probed.is_some() && root_align.0 == 0 {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "direct I/O is required but {} ({fs_type}) does not support it (statx reports no DIO alignment)",
+                    root.path().display()
+                ),
+            )
+            .with_operation(Operation::Open)
+            .with_tier(&name));
+        }
+        let shared = Arc::new(Shared::new(name, fs_type, config.direct_io));
+        let mut drivers = Vec::with_capacity(config.rings);
+        for i in 0..config.rings {
+            drivers.push(driver::spawn(
+                i,
+                &config,
+                options.pool.clone(),
+                Arc::clone(&shared),
+            )?);
+        }
+        let meta = BlockingPool::new("ringtier-uring-meta", config.metadata_threads)?;
+        tracing::debug!(
+            tier = %shared.name, root = %root.path().display(), fs = fs_type,
+            dio_mem_align = root_align.0, dio_offset_align = root_align.1, "opened io_uring tier"
+        );
+        Ok(UringTier {
+            inner: Arc::new(Inner {
+                shared,
+                root,
+                config,
+                drivers,
+                next: AtomicUsize::new(0),
+                meta,
+                pool: options.pool,
+                root_align,
+                fixed_slots: Mutex::new(vec![false; FIXED_FILE_SLOTS as usize]),
+            }),
+        })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        self.inner.root.path()
+    }
+
+    /// The engine configuration.
+    pub fn config(&self) -> &UringConfig {
+        &self.inner.config
+    }
+
+    /// The buffer pool given at construction.
+    pub fn pool(&self) -> Option<&BufferPool> {
+        self.inner.pool.as_ref()
+    }
+
+    /// The `statx` direct-I/O alignment `(memory, offset)` of a new file under the root;
+    /// zeros when unsupported or unknown.
+    pub fn root_dio_alignment(&self) -> (u32, u32) {
+        self.inner.root_align
+    }
+
+    /// The filesystem type of the root (ext4, tmpfs, ...).
+    pub fn filesystem(&self) -> &'static str {
+        self.inner.shared.fs_type
+    }
+
+    /// A snapshot of the io_uring counters.
+    pub fn stats(&self) -> UringStats {
+        let s = &self.inner.shared.stats;
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        UringStats {
+            reads_direct: l(&s.reads_direct),
+            reads_buffered: l(&s.reads_buffered),
+            direct_io_fallbacks: l(&s.dio_fallbacks),
+            fixed_buffer_reads: l(&s.fixed_buffer_reads),
+            fixed_file_reads: l(&s.fixed_file_reads),
+            submits: l(&s.submits),
+            sqes: l(&s.sqes),
+            resubmits: l(&s.resubmits),
+            register_fallbacks: l(&s.register_fallbacks),
+        }
+    }
+
+    /// Opens one object for many reads (a large file read at random offsets), with O_DIRECT
+    /// per the policy and, when `register_files` is on, as a fixed file on every ring.
+    pub async fn open_file(&self, key: &str) -> Result<UringFile> {
+        validate_key(key).map_err(|e| e.context(Operation::Open, key, self.name()))?;
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        let (file, size, direct, align) = self
+            .inner
+            .meta
+            .run(move || {
+                let fd = inner.root.open_beneath(&k, libc::O_RDONLY, 0)?;
+                let file = File::from(fd);
+                let meta = file.metadata()?;
+                if !meta.is_file() {
+                    return Err(Error::new(ErrorKind::NotFound, "not a regular file"));
+                }
+                let (mem, off) = dio_align_of_fd(file.as_raw_fd())?;
+                let policy = inner.shared.policy;
+                let supported = mem > 0 && off > 0;
+                let direct = match policy {
+                    DirectIoPolicy::Off => false,
+                    DirectIoPolicy::Auto if !supported => {
+                        inner.shared.count_fallback("the filesystem reports no direct-I/O alignment");
+                        false
+                    }
+                    DirectIoPolicy::Required if !supported => {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            format!(
+                                "direct I/O is required but {k:?} on {} does not support it (statx reports no DIO alignment)",
+                                inner.shared.fs_type
+                            ),
+                        ))
+                    }
+                    _ => true,
+                };
+                if direct {
+                    // SAFETY: fcntl on our own open descriptor; F_GETFL/F_SETFL take ints.
+                    let rc = unsafe {
+                        let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+                        libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_DIRECT)
+                    };
+                    if rc != 0 {
+                        return Err(Error::from(std::io::Error::last_os_error()));
+                    }
+                }
+                Ok((file, meta.len(), direct, u64::from(mem.max(off)).max(1)))
+            })
+            .await
+            .map_err(|e| e.context(Operation::Open, key, self.name()))?;
+        let fixed = if self.inner.config.register_files {
+            self.register_file(file.as_raw_fd()).await
+        } else {
+            None
+        };
+        Ok(UringFile {
+            tier: self.clone(),
+            key: key.to_string(),
+            file,
+            size,
+            direct,
+            align,
+            fixed,
+        })
+    }
+
+    async fn register_file(&self, fd: RawFd) -> Option<u32> {
+        let slot = {
+            let mut slots = self
+                .inner
+                .fixed_slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let slot = slots.iter().position(|used| !used)?;
+            slots[slot] = true;
+            slot as u32
+        };
+        let mut ok = true;
+        for d in &self.inner.drivers {
+            let (tx, rx) = oneshot::channel();
+            if d.send(Job::RegisterFile {
+                slot,
+                fd,
+                reply: tx,
+            })
+            .is_err()
+            {
+                ok = false;
+                continue;
+            }
+            ok &= matches!(rx.await, Ok(Ok(())));
+        }
+        if ok {
+            Some(slot)
+        } else {
+            self.unregister_file(slot);
+            self.inner
+                .shared
+                .stats
+                .register_fallbacks
+                .fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+
+    fn unregister_file(&self, slot: u32) {
+        for d in &self.inner.drivers {
+            let (tx, _rx) = oneshot::channel();
+            let _ = d.send(Job::RegisterFile {
+                slot,
+                fd: -1,
+                reply: tx,
+            });
+        }
+        let mut slots = self
+            .inner
+            .fixed_slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        slots[slot as usize] = false;
+    }
+}
+
+#[async_trait]
+impl Tier for UringTier {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let (mem, off) = self.inner.root_align;
+        let direct = self.inner.config.direct_io != DirectIoPolicy::Off && mem > 0;
+        Capabilities {
+            direct_io: direct,
+            alignment: if direct { mem.max(off) as usize } else { 1 },
+            durable: true,
+            capacity_bytes: None,
+            native_batch: true,
+        }
+    }
+
+    async fn stat(&self, key: &str) -> Result<ObjectMeta> {
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        self.inner
+            .meta
+            .run(move || inner.root.stat(&k))
+            .await
+            .map_err(|e| e.context(Operation::Stat, key, self.name()))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let inner = Arc::clone(&self.inner);
+        let p = prefix.to_string();
+        self.inner
+            .meta
+            .run(move || inner.root.list(&p))
+            .await
+            .map_err(|e| e.context(Operation::List, prefix, self.name()))
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let inner = Arc::clone(&self.inner);
+        let k = key.to_string();
+        self.inner
+            .meta
+            .run(move || inner.root.delete(&k))
+            .await
+            .map_err(|e| e.context(Operation::Delete, key, self.name()))
+    }
+
+    async fn read_at(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+    ) -> (Result<usize>, AlignedBuf) {
+        let mut batch = ReadBatch::with_capacity(1, key.len());
+        batch.push(key, offset, len, buf);
+        let mut batch = self.read_batch(batch).await;
+        let out = batch.drain().next().map(|(_, _, res, buf)| (res, buf));
+        match out {
+            Some((res, Some(buf))) => (res, buf),
+            // Only when the driver died and took the buffer with it.
+            Some((res, None)) => (
+                res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))),
+                fallback_buf(),
+            ),
+            None => (
+                Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")),
+                fallback_buf(),
+            ),
+        }
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
+        validate_key(key).map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        let inner = Arc::clone(&self.inner);
+        let (file, staged, direct, align) = self
+            .inner
+            .meta
+            .run(move || {
+                let staged = inner.root.new_staging_path()?;
+                let want_direct =
+                    inner.shared.policy != DirectIoPolicy::Off && inner.root_align.0 > 0;
+                let open = |direct: bool| {
+                    let mut o = OpenOptions::new();
+                    o.write(true).create_new(true);
+                    if direct {
+                        o.custom_flags(libc::O_DIRECT);
+                    }
+                    o.open(&staged)
+                };
+                let (file, direct) = match open(want_direct) {
+                    Ok(f) => (f, want_direct),
+                    Err(e) if want_direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                        if inner.shared.policy == DirectIoPolicy::Required {
+                            return Err(Error::new(
+                                ErrorKind::Unsupported,
+                                format!(
+                                    "direct I/O is required but {} refuses O_DIRECT",
+                                    inner.shared.fs_type
+                                ),
+                            ));
+                        }
+                        inner
+                            .shared
+                            .count_fallback("the filesystem refused O_DIRECT for a new file");
+                        (open(false)?, false)
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let (mem, off) = if direct {
+                    dio_align_of_fd(file.as_raw_fd())?
+                } else {
+                    (1, 1)
+                };
+                Ok((file, staged, direct, u64::from(mem.max(off)).max(1)))
+            })
+            .await
+            .map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        Ok(Box::new(UringWriter {
+            tier: self.clone(),
+            key: key.to_string(),
+            file: Some(file),
+            buffered: None,
+            staged,
+            direct,
+            align,
+            end: 0,
+            padded: false,
+        }))
+    }
+
+    async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
+        let root_fd = self.inner.root.root_fd();
+        self.inner.run_batch(batch, Target::Keys { root_fd }).await
+    }
+}
+
+fn fallback_buf() -> AlignedBuf {
+    // A minimal buffer to hand back when the original was lost with a stopped driver.
+    AlignedBuf::new(1, 1).unwrap_or_else(|e| panic!("cannot allocate a 4 KiB buffer: {e}"))
+}
+
+/// One object opened for many reads through the tier's rings.
+pub struct UringFile {
+    tier: UringTier,
+    key: String,
+    file: File,
+    size: u64,
+    direct: bool,
+    align: u64,
+    fixed: Option<u32>,
+}
+
+impl fmt::Debug for UringFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringFile")
+            .field("key", &self.key)
+            .field("size", &self.size)
+            .field("direct", &self.direct)
+            .field("align", &self.align)
+            .field("fixed", &self.fixed)
+            .finish()
+    }
+}
+
+impl UringFile {
+    /// Size in bytes when opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// True when reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The file's direct-I/O alignment (1 when buffered).
+    pub fn alignment(&self) -> u64 {
+        if self.direct {
+            self.align
+        } else {
+            1
+        }
+    }
+
+    /// The fixed-file slot, when registered.
+    pub fn fixed_slot(&self) -> Option<u32> {
+        self.fixed
+    }
+
+    /// Reads every request of `batch` (added with [`ReadBatch::push_range`]; keys are
+    /// ignored) from this file. Under O_DIRECT each buffer must be aligned to
+    /// [`UringFile::alignment`] and hold the aligned span of its request.
+    pub async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
+        let target = Target::File {
+            fd: self.file.as_raw_fd(),
+            fixed: self.fixed,
+            direct: self.direct,
+            align: self.alignment(),
+            size: self.size,
+        };
+        self.tier.inner.run_batch(batch, target).await
+    }
+}
+
+impl Drop for UringFile {
+    fn drop(&mut self) {
+        if let Some(slot) = self.fixed.take() {
+            self.tier.unregister_file(slot);
+        }
+    }
+}
+
+struct UringWriter {
+    tier: UringTier,
+    key: String,
+    file: Option<File>,
+    /// A second, buffered descriptor for writes O_DIRECT cannot take (policy `auto`).
+    buffered: Option<File>,
+    staged: PathBuf,
+    direct: bool,
+    align: u64,
+    end: u64,
+    padded: bool,
+}
+
+impl fmt::Debug for UringWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UringWriter")
+            .field("key", &self.key)
+            .field("staged", &self.staged)
+            .field("direct", &self.direct)
+            .field("align", &self.align)
+            .finish()
+    }
+}
+
+impl UringWriter {
+    fn err(&self, e: Error, op: Operation) -> Error {
+        e.context(op, &self.key, self.tier.name())
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for UringWriter {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    async fn write_at(&mut self, offset: u64, mut buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        let Some(file) = self.file.as_ref() else {
+            return (
+                Err(self.err(
+                    Error::new(ErrorKind::InvalidInput, "writer already finished"),
+                    Operation::Write,
+                )),
+                buf,
+            );
+        };
+        let len = buf.len();
+        if len == 0 {
+            return (Ok(()), buf);
+        }
+        let mut fd = file.as_raw_fd();
+        let mut io_len = len;
+        if self.direct {
+            let padded = align_up(len as u64, self.align) as usize;
+            let addr = buf.as_ptr() as u64 + buf.head() as u64;
+            let ok = offset % self.align == 0
+                && addr % self.align == 0
+                && buf.head() + padded <= buf.capacity();
+            if ok {
+                if padded > len {
+                    let head = buf.head();
+                    buf.capacity_mut()[head + len..head + padded].fill(0);
+                    self.padded = true;
+                }
+                io_len = padded;
+            } else if self.tier.inner.shared.policy == DirectIoPolicy::Required {
+                let e = Error::new(
+                    ErrorKind::Misaligned,
+                    format!(
+                        "direct I/O is required: offset {offset}, buffer address and padded length must be multiples of \
+                         {} and fit the buffer's capacity {}",
+                        self.align,
+                        buf.capacity()
+                    ),
+                );
+                return (Err(self.err(e, Operation::Write)), buf);
+            } else {
+                if self.buffered.is_none() {
+                    match OpenOptions::new().write(true).open(&self.staged) {
+                        Ok(f) => self.buffered = Some(f),
+                        Err(e) => return (Err(self.err(e.into(), Operation::Write)), buf),
+                    }
+                }
+                self.tier.inner.shared.count_fallback("unaligned write");
+                fd = self.buffered.as_ref().map(|f| f.as_raw_fd()).unwrap_or(fd);
+            }
+        }
+        let (res, back) = self.tier.inner.write(fd, offset, io_len, buf).await;
+        self.end = self.end.max(offset + len as u64);
+        match back {
+            Some(buf) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
+            None => (
+                Err(self.err(
+                    Error::new(ErrorKind::Shutdown, "buffer lost"),
+                    Operation::Write,
+                )),
+                fallback_buf(),
+            ),
+        }
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
+        let Some(file) = self.file.take() else {
+            return Err(self.err(
+                Error::new(ErrorKind::InvalidInput, "writer already finished"),
+                Operation::Commit,
+            ));
+        };
+        let res = async {
+            if self.padded {
+                file.set_len(self.end)?;
+            }
+            self.tier.inner.fdatasync(file.as_raw_fd()).await?;
+            let inner = Arc::clone(&self.tier.inner);
+            let (staged, key) = (self.staged.clone(), self.key.clone());
+            self.tier
+                .inner
+                .meta
+                .run(move || inner.root.publish_staged(&file, &staged, &key))
+                .await
+        }
+        .await;
+        if res.is_err() {
+            let _ = std::fs::remove_file(&self.staged);
+        }
+        res.map_err(|e| self.err(e, Operation::Commit))
+    }
+
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        self.file.take();
+        self.buffered.take();
+        std::fs::remove_file(&self.staged).map_err(|e| self.err(e.into(), Operation::Abort))
+    }
+}
+
+impl Drop for UringWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.staged);
+        }
+    }
+}

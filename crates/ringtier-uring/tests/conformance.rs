@@ -1,0 +1,77 @@
+//! The conformance suite against the io_uring tier on ext4 (inside the work tree) and on
+//! tmpfs (`/dev/shm`), with each direct-I/O policy that applies.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ringtier_core::conformance::Fixture;
+use ringtier_core::{BufferPool, PoolConfig};
+use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+
+fn fixture(base: &Path, config: UringConfig) -> Fixture {
+    let dir = tempfile::Builder::new()
+        .prefix("conf-uring")
+        .tempdir_in(base)
+        .expect("tempdir");
+    let pool = BufferPool::new(PoolConfig {
+        buf_size: 256 << 10,
+        count: 8,
+        align: 4096,
+    })
+    .expect("pool");
+    let options = UringTierOptions {
+        pool: Some(pool),
+        ..Default::default()
+    };
+    let tier = UringTier::with_options(dir.path(), config, options).expect("uring tier");
+    Fixture::with_guard(Arc::new(tier), dir)
+}
+
+fn ext4() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+mod ext4_direct_auto {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(ext4(), UringConfig::default()));
+}
+
+mod ext4_direct_required {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(
+        ext4(),
+        UringConfig {
+            direct_io: DirectIoPolicy::Required,
+            queue_depth: 4,
+            ..UringConfig::default()
+        }
+    ));
+}
+
+mod ext4_buffered_two_rings {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(
+        ext4(),
+        UringConfig {
+            direct_io: DirectIoPolicy::Off,
+            rings: 2,
+            ..UringConfig::default()
+        }
+    ));
+}
+
+mod tmpfs_auto {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(Path::new("/dev/shm"), UringConfig::default()));
+}
+
+mod ext4_sqpoll {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(
+        ext4(),
+        UringConfig {
+            sqpoll_idle_ms: Some(10),
+            ..UringConfig::default()
+        }
+    ));
+}

@@ -1,0 +1,241 @@
+//! `ringtier bench randread`: random reads of one block size from one file through the
+//! io_uring tier, at a fixed depth, for a fixed time: the workload of
+//! `fio --ioengine=io_uring --direct=1 --rw=randread`, to compare side by side.
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ringtier_core::{AlignedBuf, BufferPool, PoolConfig, ReadBatch};
+use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use serde::Serialize;
+
+use crate::stats::{process_cpu, Machine, Rng, Summary};
+
+/// Settings of a random-read run.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RandReadConfig {
+    pub file: PathBuf,
+    pub size: u64,
+    pub block_size: usize,
+    pub depth: u32,
+    pub runtime_secs: f64,
+    pub repeats: usize,
+    #[serde(serialize_with = "policy_name")]
+    pub direct: DirectIoPolicy,
+    pub register_files: bool,
+    pub register_buffers: bool,
+    pub sqpoll: bool,
+    pub seed: u64,
+}
+
+fn policy_name<S: serde::Serializer>(
+    p: &DirectIoPolicy,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.as_str())
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Run {
+    bytes: u64,
+    reads: u64,
+    wall_seconds: f64,
+    cpu_seconds: f64,
+    mb_per_sec: f64,
+    iops: f64,
+}
+
+/// Creates `cfg.file` with `cfg.size` bytes of random data (O_DIRECT writes, fsynced) unless
+/// it already has that size.
+pub(crate) fn prepare_file(path: &std::path::Path, size: u64) -> Result<()> {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == size)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    if size == 0 || size % 4096 != 0 {
+        bail!("--size must be a positive multiple of 4096, got {size}");
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    eprintln!(
+        "writing {} MiB of random data to {}",
+        size >> 20,
+        path.display()
+    );
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let chunk = 4 << 20;
+    let mut buf = AlignedBuf::new(chunk, 4096)?;
+    let mut rng = Rng::new(size);
+    let mut left = size;
+    while left > 0 {
+        let n = (chunk as u64).min(left) as usize;
+        rng.fill(&mut buf.capacity_mut()[..n]);
+        buf.set_window(0, n)?;
+        f.write_all(buf.as_slice())
+            .with_context(|| format!("writing {}", path.display()))?;
+        left -= n as u64;
+    }
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    Ok(())
+}
+
+/// Runs the benchmark and prints one line per repeat and a summary; returns JSON.
+pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
+    if cfg.block_size == 0 || cfg.block_size % 4096 != 0 {
+        bail!("--bs must be a positive multiple of 4096");
+    }
+    if cfg.depth == 0 || cfg.repeats == 0 {
+        bail!("--depth and --repeats must be at least 1");
+    }
+    prepare_file(&cfg.file, cfg.size)?;
+    let size = std::fs::metadata(&cfg.file)?.len();
+    let blocks = size / cfg.block_size as u64;
+    if blocks == 0 {
+        bail!("{} is smaller than one block", cfg.file.display());
+    }
+    let dir = cfg
+        .file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let key = cfg
+        .file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("file name is not UTF-8")?;
+    let depth = cfg.depth as usize;
+    let pool = BufferPool::new(PoolConfig {
+        buf_size: cfg.block_size,
+        count: 2 * depth,
+        align: 4096,
+    })?;
+    let config = UringConfig {
+        queue_depth: cfg.depth,
+        rings: 1,
+        sqpoll_idle_ms: cfg.sqpoll.then_some(50),
+        register_buffers: cfg.register_buffers,
+        register_files: cfg.register_files,
+        direct_io: cfg.direct,
+        ..UringConfig::default()
+    };
+    let options = UringTierOptions {
+        pool: Some(pool.clone()),
+        ..Default::default()
+    };
+    let tier = UringTier::with_options(dir, config, options)?;
+    let fs = tier.filesystem();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let file = Arc::new(rt.block_on(tier.open_file(key))?);
+    eprintln!(
+        "randread {} ({fs}, {} MiB): bs {} KiB, depth {}, 1 ring, direct {}, {} s x {}",
+        cfg.file.display(),
+        size >> 20,
+        cfg.block_size >> 10,
+        cfg.depth,
+        file.is_direct(),
+        cfg.runtime_secs,
+        cfg.repeats
+    );
+    let mut runs = Vec::new();
+    for r in 0..cfg.repeats {
+        let run = rt.block_on(one_run(&file, &pool, cfg, blocks, cfg.seed + r as u64))?;
+        println!(
+            "run {}: {:.1} MB/s, {:.0} IOPS, {:.3} CPU s/GiB",
+            r + 1,
+            run.mb_per_sec,
+            run.iops,
+            run.cpu_seconds / (run.bytes as f64 / (1u64 << 30) as f64)
+        );
+        runs.push(run);
+    }
+    let bw = Summary::of(&runs.iter().map(|r| r.mb_per_sec).collect::<Vec<_>>());
+    println!(
+        "MB/s min/median/max: {:.1} / {:.1} / {:.1}",
+        bw.min, bw.median, bw.max
+    );
+    let stats = tier.stats();
+    Ok(serde_json::json!({
+        "schema": "ringtier.bench.randread/1",
+        "machine": Machine::probe(),
+        "filesystem": fs,
+        "file_bytes": size,
+        "direct": file.is_direct(),
+        "config": cfg,
+        "runs": runs,
+        "mb_per_sec": bw,
+        "uring_stats": {
+            "reads_direct": stats.reads_direct,
+            "fixed_buffer_reads": stats.fixed_buffer_reads,
+            "fixed_file_reads": stats.fixed_file_reads,
+            "submits": stats.submits,
+            "sqes": stats.sqes,
+        },
+    }))
+}
+
+async fn one_run(
+    file: &Arc<ringtier_uring::UringFile>,
+    pool: &BufferPool,
+    cfg: &RandReadConfig,
+    blocks: u64,
+    seed: u64,
+) -> Result<Run> {
+    let mut rng = Rng::new(seed);
+    let depth = cfg.depth as usize;
+    // Two batches of `depth` reads: while one comes back, the other keeps the ring full.
+    let mut spare: Vec<ReadBatch> = (0..2).map(|_| ReadBatch::with_capacity(depth, 0)).collect();
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<ReadBatch>> = VecDeque::new();
+    let deadline = Duration::from_secs_f64(cfg.runtime_secs);
+    let (cpu0, t0) = (process_cpu(), Instant::now());
+    let (mut bytes, mut reads) = (0u64, 0u64);
+    loop {
+        while in_flight.len() < 2 && t0.elapsed() < deadline {
+            let mut batch = spare.pop().unwrap_or_default();
+            for _ in 0..depth {
+                let off = (rng.next_u64() % blocks) * cfg.block_size as u64;
+                batch.push_range(off, cfg.block_size, pool.acquire().await);
+            }
+            let file = Arc::clone(file);
+            in_flight.push_back(tokio::spawn(async move { file.read_batch(batch).await }));
+        }
+        let Some(h) = in_flight.pop_front() else {
+            break;
+        };
+        let mut batch = h.await.context("reader task failed")?;
+        for (_, off, res, _) in batch.drain() {
+            let n = res.with_context(|| format!("read at offset {off}"))?;
+            bytes += n as u64;
+            reads += 1;
+        }
+        spare.push(batch);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = (process_cpu() - cpu0).as_secs_f64();
+    Ok(Run {
+        bytes,
+        reads,
+        wall_seconds: wall,
+        cpu_seconds: cpu,
+        mb_per_sec: bytes as f64 / wall / 1e6,
+        iops: reads as f64 / wall,
+    })
+}

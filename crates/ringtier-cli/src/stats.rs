@@ -1,0 +1,184 @@
+//! Small measurement helpers: summaries over repeats, CPU time, cold caches.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// min / median / max of a set of samples.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub(crate) struct Summary {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+impl Summary {
+    pub(crate) fn of(samples: &[f64]) -> Summary {
+        let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Summary {
+                min: f64::NAN,
+                median: f64::NAN,
+                max: f64::NAN,
+            };
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Summary {
+            min: v[0],
+            median,
+            max: v[n - 1],
+        }
+    }
+}
+
+/// User plus system CPU time of the whole process (every thread, io_uring workers included).
+pub(crate) fn process_cpu() -> Duration {
+    // SAFETY: rusage is a plain C struct; all-zero is valid and getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Peak resident memory of the process in bytes.
+pub(crate) fn peak_rss_bytes() -> u64 {
+    // SAFETY: as in process_cpu.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_maxrss as u64 * 1024
+}
+
+/// Evicts `path` from the page cache (`posix_fadvise(DONTNEED)`), the portable way to make
+/// the next read cold. Dirty pages must have been written back first.
+pub(crate) fn evict(path: &Path) -> std::io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: fadvise on our own open descriptor.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Root only: write back and drop the whole page cache.
+pub(crate) fn drop_caches() -> std::io::Result<()> {
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+}
+
+/// Machine facts for reports.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Machine {
+    pub cpus: usize,
+    pub memory_bytes: u64,
+    pub kernel: String,
+}
+
+impl Machine {
+    pub(crate) fn probe() -> Machine {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        // SAFETY: sysconf takes no pointers.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
+        // SAFETY: as above.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Machine {
+            cpus,
+            memory_bytes: pages * page,
+            kernel,
+        }
+    }
+}
+
+/// A small seedable generator (xorshift64*), so datasets and access orders are reproducible.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub(crate) fn normal(&mut self) -> f64 {
+        let u1 = self.next_f64().max(f64::MIN_POSITIVE);
+        let u2 = self.next_f64();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// Fisher-Yates shuffle.
+    pub(crate) fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+
+    /// Fills `buf` with pseudo-random bytes.
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let x = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&x[..chunk.len()]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_of_odd_and_even() {
+        assert_eq!(
+            Summary::of(&[3.0, 1.0, 2.0]),
+            Summary {
+                min: 1.0,
+                median: 2.0,
+                max: 3.0
+            }
+        );
+        assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert!(Summary::of(&[]).median.is_nan());
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_spreads() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        assert_eq!(a.next_u64(), b.next_u64());
+        let mut v: Vec<u32> = (0..100).collect();
+        Rng::new(1).shuffle(&mut v);
+        assert_ne!(v, (0..100).collect::<Vec<_>>());
+        v.sort();
+        assert_eq!(v, (0..100).collect::<Vec<_>>());
+        let mean = (0..10_000).map(|_| a.normal()).sum::<f64>() / 10_000.0;
+        assert!(mean.abs() < 0.05, "{mean}");
+    }
+}

@@ -425,6 +425,8 @@ pub fn fs_type_name(path: &Path) -> &'static str {
         0x0BD0_0BD0 => "lustre",
         0x6573_5546 => "fuse",
         0x0102_1997 => "9p",
+        0x9fa0 => "proc",
+        0x6265_6572 => "sysfs",
         _ => "unknown",
     }
 }

@@ -341,3 +341,33 @@ async fn direct_writes_pad_and_trim_the_tail() {
     assert!(got[..100].iter().all(|&b| b == 0) && got[100..].iter().all(|&b| b == 7));
     assert_eq!(auto.stats().direct_io_fallbacks, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filesystem_without_direct_io_errors_under_required_and_falls_back_under_auto() {
+    // procfs has no O_DIRECT (statx reports no DIO alignment for its files).
+    let required = tier(
+        Path::new("/proc/self"),
+        UringConfig {
+            direct_io: DirectIoPolicy::Required,
+            ..UringConfig::default()
+        },
+    );
+    let (res, _) = required
+        .read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf"))
+        .await;
+    let err = res.expect_err("no O_DIRECT on procfs");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"status\"") && msg.contains("proc"),
+        "names file and filesystem: {msg}"
+    );
+
+    let auto = tier(Path::new("/proc/self"), UringConfig::default());
+    let (res, _) = auto
+        .read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf"))
+        .await;
+    res.expect("buffered fallback");
+    let s = auto.stats();
+    assert_eq!((s.direct_io_fallbacks, s.reads_direct), (1, 0), "{s:?}");
+}

@@ -1,6 +1,9 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, so paused test time and the timer agree.
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 

@@ -192,7 +192,7 @@ impl BatchJob {
         e.context(Operation::Read, key, &self.shared.name)
     }
 
-    fn finish(mut self: Box<Self>) {
+    fn finish(mut self) {
         let (_, entries) = self.batch.parts_mut();
         for (entry, st) in entries.iter_mut().zip(self.states.iter_mut()) {
             match (st.buf.take(), st.result.take()) {
@@ -462,6 +462,7 @@ impl Driver {
                 }
             }
             self.parked.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
             let must_wait = self.rx.is_empty() || disconnected;
             let want = usize::from(must_wait && self.in_flight > 0);
             let res = self.ring.submit_and_wait(want);

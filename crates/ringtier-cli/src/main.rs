@@ -21,11 +21,17 @@ use crate::passes::{Engine, UringKnobs};
 #[command(
     name = "ringtier",
     version,
-    about = "io_uring storage engine for deep-learning I/O"
+    about = "io_uring storage engine for deep-learning I/O",
+    long_about = "io_uring storage engine for deep-learning I/O.\n\nWith no command, runs the demo: \
+                  `ringtier [DEMO OPTIONS]` is `ringtier demo [DEMO OPTIONS]`.",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Options of the demo, which runs when no command is given.
+    #[command(flatten)]
+    demo: DemoArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -238,13 +244,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let command = match cli.command {
-        Some(c) => c,
-        None => match Cli::parse_from(["ringtier", "demo"]).command {
-            Some(c) => c,
-            None => bail!("internal error: the demo command did not parse"),
-        },
-    };
+    let command = cli.command.unwrap_or(Command::Demo(cli.demo));
     match command {
         Command::Demo(a) => {
             let cfg = tiers::TiersConfig {

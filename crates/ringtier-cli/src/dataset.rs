@@ -92,10 +92,8 @@ pub(crate) fn generate(root: &Path, spec: &DatasetSpec) -> Result<Dataset> {
                 .with_context(|| format!("creating {}", path.display()))?;
         }
         rng.fill(&mut buf[..size as usize]);
-        let mut f =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        f.write_all(&buf[..size as usize])
-            .with_context(|| format!("writing {}", path.display()))?;
+        let mut f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        f.write_all(&buf[..size as usize]).with_context(|| format!("writing {}", path.display()))?;
         files.push(FileEntry { key, size });
     }
     // Write everything back so posix_fadvise(DONTNEED) can evict it before each cold pass.
@@ -104,10 +102,7 @@ pub(crate) fn generate(root: &Path, spec: &DatasetSpec) -> Result<Dataset> {
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
         return Err(std::io::Error::last_os_error()).context("syncfs");
     }
-    Ok(Dataset {
-        root: root.to_path_buf(),
-        files,
-    })
+    Ok(Dataset { root: root.to_path_buf(), files })
 }
 
 #[cfg(test)]
@@ -116,10 +111,7 @@ mod tests {
 
     #[test]
     fn sizes_are_deterministic_and_have_the_asked_median() {
-        let spec = DatasetSpec {
-            files: 4001,
-            ..DatasetSpec::default()
-        };
+        let spec = DatasetSpec { files: 4001, ..DatasetSpec::default() };
         let a = sizes(&spec);
         assert_eq!(a, sizes(&spec));
         let mut s = a.clone();
@@ -132,20 +124,11 @@ mod tests {
     #[test]
     fn generate_writes_files_of_the_listed_sizes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let spec = DatasetSpec {
-            files: 20,
-            classes: 3,
-            ..DatasetSpec::default()
-        };
+        let spec = DatasetSpec { files: 20, classes: 3, ..DatasetSpec::default() };
         let ds = generate(dir.path(), &spec).expect("generate");
         assert_eq!(ds.files.len(), 20);
         for f in &ds.files {
-            assert_eq!(
-                std::fs::metadata(dir.path().join(&f.key))
-                    .expect("stat")
-                    .len(),
-                f.size
-            );
+            assert_eq!(std::fs::metadata(dir.path().join(&f.key)).expect("stat").len(), f.size);
         }
         assert!(generate(dir.path(), &DatasetSpec { files: 0, ..spec }).is_err());
     }

@@ -88,11 +88,7 @@ struct UringArgs {
 
 impl UringArgs {
     fn knobs(&self) -> UringKnobs {
-        UringKnobs {
-            rings: self.rings.max(1),
-            sqpoll: self.sqpoll,
-            register_buffers: !self.no_register_buffers,
-        }
+        UringKnobs { rings: self.rings.max(1), sqpoll: self.sqpoll, register_buffers: !self.no_register_buffers }
     }
 }
 
@@ -123,11 +119,7 @@ struct TiersArgs {
     #[command(flatten)]
     uring: UringArgs,
     /// Engines, comma-separated: memory, posix-threads, uring-direct, uring-buffered.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "posix-threads,uring-direct"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "posix-threads,uring-direct")]
     engines: Vec<Engine>,
     /// Thread counts for posix-threads (and tasks for memory).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
@@ -194,11 +186,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let m = match s[i..]
-                .to_ascii_lowercase()
-                .trim_end_matches("ib")
-                .trim_end_matches('b')
-            {
+            let m = match s[i..].to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
                 "" => 1,
                 "k" => 1 << 10,
                 "m" => 1 << 20,
@@ -210,12 +198,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
         }
         None => (s, 1),
     };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+    let n: u64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 fn spec(d: &DatasetArgs) -> Result<DatasetSpec> {
@@ -237,10 +221,7 @@ fn spec(d: &DatasetArgs) -> Result<DatasetSpec> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

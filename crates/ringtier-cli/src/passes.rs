@@ -29,12 +29,8 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
-    pub(crate) const ALL: [Engine; 4] = [
-        Engine::Memory,
-        Engine::PosixThreads,
-        Engine::UringDirect,
-        Engine::UringBuffered,
-    ];
+    pub(crate) const ALL: [Engine; 4] =
+        [Engine::Memory, Engine::PosixThreads, Engine::UringDirect, Engine::UringBuffered];
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -67,11 +63,7 @@ impl FromStr for Engine {
         Engine::ALL
             .into_iter()
             .find(|e| e.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown engine {s:?} (memory, posix-threads, uring-direct, uring-buffered)"
-                )
-            })
+            .ok_or_else(|| format!("unknown engine {s:?} (memory, posix-threads, uring-direct, uring-buffered)"))
     }
 }
 
@@ -85,11 +77,7 @@ pub(crate) struct UringKnobs {
 
 impl Default for UringKnobs {
     fn default() -> Self {
-        UringKnobs {
-            rings: 1,
-            sqpoll: false,
-            register_buffers: true,
-        }
+        UringKnobs { rings: 1, sqpoll: false, register_buffers: true }
     }
 }
 
@@ -127,30 +115,18 @@ impl PassResult {
 
 impl Reader {
     /// Sets up `engine` with `concurrency` over `ds`.
-    pub(crate) fn new(
-        engine: Engine,
-        concurrency: usize,
-        ds: &Dataset,
-        knobs: UringKnobs,
-    ) -> Result<Reader> {
+    pub(crate) fn new(engine: Engine, concurrency: usize, ds: &Dataset, knobs: UringKnobs) -> Result<Reader> {
         let concurrency = concurrency.max(1);
         // Two batches in flight, each large enough to keep every thread or ring slot busy.
         let batch_size = (2 * concurrency).max(32);
         let buf_size = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
-        let pool = BufferPool::new(PoolConfig {
-            buf_size,
-            count: 2 * batch_size,
-            align: 4096,
-        })
-        .context("allocating the buffer pool")?;
+        let pool = BufferPool::new(PoolConfig { buf_size, count: 2 * batch_size, align: 4096 })
+            .context("allocating the buffer pool")?;
         let tier: Arc<dyn Tier> = match engine {
             Engine::Memory => {
                 let mem = MemoryTier::new();
-                let src =
-                    PosixTier::new(PosixConfig::new(&ds.root)).context("opening the dataset")?;
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
+                let src = PosixTier::new(PosixConfig::new(&ds.root)).context("opening the dataset")?;
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async {
                     for f in &ds.files {
                         let data = ringtier_core::ops::get(&src, &f.key).await?;
@@ -162,11 +138,8 @@ impl Reader {
                 Arc::new(mem)
             }
             Engine::PosixThreads => Arc::new(
-                PosixTier::new(PosixConfig {
-                    threads: concurrency,
-                    ..PosixConfig::new(&ds.root)
-                })
-                .context("opening the posix tier")?,
+                PosixTier::new(PosixConfig { threads: concurrency, ..PosixConfig::new(&ds.root) })
+                    .context("opening the posix tier")?,
             ),
             Engine::UringDirect | Engine::UringBuffered => {
                 let config = UringConfig {
@@ -181,23 +154,11 @@ impl Reader {
                     },
                     ..UringConfig::default()
                 };
-                let options = UringTierOptions {
-                    pool: Some(pool.clone()),
-                    ..Default::default()
-                };
-                Arc::new(
-                    UringTier::with_options(&ds.root, config, options)
-                        .context("opening the io_uring tier")?,
-                )
+                let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+                Arc::new(UringTier::with_options(&ds.root, config, options).context("opening the io_uring tier")?)
             }
         };
-        Ok(Reader {
-            engine,
-            concurrency,
-            tier,
-            pool,
-            batch_size,
-        })
+        Ok(Reader { engine, concurrency, tier, pool, batch_size })
     }
 
     /// One pass over every file of `ds` in an order shuffled by `seed`; cold unless `warm`.
@@ -213,9 +174,8 @@ impl Reader {
         let t0 = Instant::now();
         let mut bytes = 0u64;
         let mut in_flight: VecDeque<tokio::task::JoinHandle<ReadBatch>> = VecDeque::new();
-        let mut spare: Vec<ReadBatch> = (0..2)
-            .map(|_| ReadBatch::with_capacity(self.batch_size, self.batch_size * 32))
-            .collect();
+        let mut spare: Vec<ReadBatch> =
+            (0..2).map(|_| ReadBatch::with_capacity(self.batch_size, self.batch_size * 32)).collect();
         let mut chunks = order.chunks(self.batch_size);
         loop {
             while in_flight.len() < 2 {
@@ -243,16 +203,8 @@ impl Reader {
         let wall = t0.elapsed().as_secs_f64();
         let cpu = (process_cpu() - cpu0).as_secs_f64();
         if bytes != ds.total_bytes() {
-            bail!(
-                "read {bytes} bytes but the dataset holds {}",
-                ds.total_bytes()
-            );
+            bail!("read {bytes} bytes but the dataset holds {}", ds.total_bytes());
         }
-        Ok(PassResult {
-            bytes,
-            files: ds.files.len() as u64,
-            wall_seconds: wall,
-            cpu_seconds: cpu,
-        })
+        Ok(PassResult { bytes, files: ds.files.len() as u64, wall_seconds: wall, cpu_seconds: cpu })
     }
 }

@@ -34,10 +34,7 @@ pub(crate) struct RandReadConfig {
     pub seed: u64,
 }
 
-fn policy_name<S: serde::Serializer>(
-    p: &DirectIoPolicy,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
+fn policy_name<S: serde::Serializer>(p: &DirectIoPolicy, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(p.as_str())
 }
 
@@ -54,24 +51,16 @@ struct Run {
 /// Creates `cfg.file` with `cfg.size` bytes of random data (O_DIRECT writes, fsynced) unless
 /// it already has that size.
 pub(crate) fn prepare_file(path: &std::path::Path, size: u64) -> Result<()> {
-    if std::fs::metadata(path)
-        .map(|m| m.len() == size)
-        .unwrap_or(false)
-    {
+    if std::fs::metadata(path).map(|m| m.len() == size).unwrap_or(false) {
         return Ok(());
     }
     if size == 0 || size % 4096 != 0 {
         bail!("--size must be a positive multiple of 4096, got {size}");
     }
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    eprintln!(
-        "writing {} MiB of random data to {}",
-        size >> 20,
-        path.display()
-    );
+    eprintln!("writing {} MiB of random data to {}", size >> 20, path.display());
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -87,12 +76,10 @@ pub(crate) fn prepare_file(path: &std::path::Path, size: u64) -> Result<()> {
         let n = (chunk as u64).min(left) as usize;
         rng.fill(&mut buf.capacity_mut()[..n]);
         buf.set_window(0, n)?;
-        f.write_all(buf.as_slice())
-            .with_context(|| format!("writing {}", path.display()))?;
+        f.write_all(buf.as_slice()).with_context(|| format!("writing {}", path.display()))?;
         left -= n as u64;
     }
-    f.sync_all()
-        .with_context(|| format!("syncing {}", path.display()))?;
+    f.sync_all().with_context(|| format!("syncing {}", path.display()))?;
     Ok(())
 }
 
@@ -110,22 +97,10 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
     if blocks == 0 {
         bail!("{} is smaller than one block", cfg.file.display());
     }
-    let dir = cfg
-        .file
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let key = cfg
-        .file
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("file name is not UTF-8")?;
+    let dir = cfg.file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let key = cfg.file.file_name().and_then(|n| n.to_str()).context("file name is not UTF-8")?;
     let depth = cfg.depth as usize;
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: cfg.block_size,
-        count: 2 * depth,
-        align: 4096,
-    })?;
+    let pool = BufferPool::new(PoolConfig { buf_size: cfg.block_size, count: 2 * depth, align: 4096 })?;
     let config = UringConfig {
         queue_depth: cfg.depth,
         rings: 1,
@@ -135,15 +110,10 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
         direct_io: cfg.direct,
         ..UringConfig::default()
     };
-    let options = UringTierOptions {
-        pool: Some(pool.clone()),
-        ..Default::default()
-    };
+    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
     let tier = UringTier::with_options(dir, config, options)?;
     let fs = tier.filesystem();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let file = Arc::new(rt.block_on(tier.open_file(key))?);
     eprintln!(
         "randread {} ({fs}, {} MiB): bs {} KiB, depth {}, 1 ring, direct {}, {} s x {}",
@@ -168,10 +138,7 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
         runs.push(run);
     }
     let bw = Summary::of(&runs.iter().map(|r| r.mb_per_sec).collect::<Vec<_>>());
-    println!(
-        "MB/s min/median/max: {:.1} / {:.1} / {:.1}",
-        bw.min, bw.median, bw.max
-    );
+    println!("MB/s min/median/max: {:.1} / {:.1} / {:.1}", bw.min, bw.median, bw.max);
     let stats = tier.stats();
     Ok(serde_json::json!({
         "schema": "ringtier.bench.randread/1",

@@ -18,24 +18,12 @@ impl Summary {
     pub(crate) fn of(samples: &[f64]) -> Summary {
         let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
-            return Summary {
-                min: f64::NAN,
-                median: f64::NAN,
-                max: f64::NAN,
-            };
+            return Summary { min: f64::NAN, median: f64::NAN, max: f64::NAN };
         }
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Summary {
-            min: v[0],
-            median,
-            max: v[n - 1],
-        }
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Summary { min: v[0], median, max: v[n - 1] }
     }
 }
 
@@ -87,22 +75,13 @@ pub(crate) struct Machine {
 
 impl Machine {
     pub(crate) fn probe() -> Machine {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // SAFETY: sysconf takes no pointers.
         let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
         // SAFETY: as above.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        Machine {
-            cpus,
-            memory_bytes: pages * page,
-            kernel,
-        }
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+        Machine { cpus, memory_bytes: pages * page, kernel }
     }
 }
 
@@ -157,14 +136,7 @@ mod tests {
 
     #[test]
     fn summary_of_odd_and_even() {
-        assert_eq!(
-            Summary::of(&[3.0, 1.0, 2.0]),
-            Summary {
-                min: 1.0,
-                median: 2.0,
-                max: 3.0
-            }
-        );
+        assert_eq!(Summary::of(&[3.0, 1.0, 2.0]), Summary { min: 1.0, median: 2.0, max: 3.0 });
         assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
         assert!(Summary::of(&[]).median.is_nan());
     }

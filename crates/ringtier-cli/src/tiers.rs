@@ -91,10 +91,7 @@ pub(crate) fn run(cfg: &TiersConfig) -> Result<serde_json::Value> {
     let root = match &cfg.dir {
         Some(d) => d.clone(),
         None => {
-            tmp = tempfile::Builder::new()
-                .prefix("ringtier-demo-")
-                .tempdir()
-                .context("creating a temp dir")?;
+            tmp = tempfile::Builder::new().prefix("ringtier-demo-").tempdir().context("creating a temp dir")?;
             tmp.path().to_path_buf()
         }
     };
@@ -123,22 +120,14 @@ fn sweep(cfg: &TiersConfig, ds: &Dataset, fs: &'static str) -> Result<serde_json
             Engine::PosixThreads | Engine::Memory => &cfg.threads,
             Engine::UringDirect | Engine::UringBuffered => &cfg.depths,
         };
-        let list: Vec<usize> = if e == Engine::Memory {
-            list.iter().copied().take(1).collect()
-        } else {
-            list.clone()
-        };
+        let list: Vec<usize> = if e == Engine::Memory { list.iter().copied().take(1).collect() } else { list.clone() };
         points.extend(list.into_iter().map(|c| (e, c)));
     }
     let mut readers = Vec::new();
     for &(e, c) in &points {
-        readers.push(
-            Reader::new(e, c, ds, cfg.knobs).with_context(|| format!("setting up {e} at {c}"))?,
-        );
+        readers.push(Reader::new(e, c, ds, cfg.knobs).with_context(|| format!("setting up {e} at {c}"))?);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut runs: Vec<Vec<PassResult>> = vec![Vec::new(); points.len()];
     for r in 0..cfg.repeats {
         // Interleaved: every point once per repeat, so drift hits all of them alike.
@@ -162,8 +151,7 @@ fn sweep(cfg: &TiersConfig, ds: &Dataset, fs: &'static str) -> Result<serde_json
     }
     drop(readers);
 
-    let median_mb =
-        |i: usize| Summary::of(&runs[i].iter().map(|r| r.mb_per_sec()).collect::<Vec<_>>()).median;
+    let median_mb = |i: usize| Summary::of(&runs[i].iter().map(|r| r.mb_per_sec()).collect::<Vec<_>>()).median;
     let best_of = |engine: Engine| {
         points
             .iter()
@@ -175,20 +163,12 @@ fn sweep(cfg: &TiersConfig, ds: &Dataset, fs: &'static str) -> Result<serde_json
     let posix_best = best_of(Engine::PosixThreads);
     let uring_best = best_of(Engine::UringDirect);
     let per_repeat_ratio = |i: usize, j: usize, f: &dyn Fn(&PassResult) -> f64| {
-        Summary::of(
-            &runs[i]
-                .iter()
-                .zip(&runs[j])
-                .map(|(a, b)| f(a) / f(b))
-                .collect::<Vec<_>>(),
-        )
+        Summary::of(&runs[i].iter().zip(&runs[j]).map(|(a, b)| f(a) / f(b)).collect::<Vec<_>>())
     };
 
     let mut out_points = Vec::new();
     for (i, &(engine, c)) in points.iter().enumerate() {
-        let s = |f: &dyn Fn(&PassResult) -> f64| {
-            Summary::of(&runs[i].iter().map(f).collect::<Vec<_>>())
-        };
+        let s = |f: &dyn Fn(&PassResult) -> f64| Summary::of(&runs[i].iter().map(f).collect::<Vec<_>>());
         out_points.push(Point {
             engine,
             concurrency: c,
@@ -214,10 +194,7 @@ fn sweep(cfg: &TiersConfig, ds: &Dataset, fs: &'static str) -> Result<serde_json
     let report = Report {
         schema: "ringtier.bench.tiers/1",
         machine: Machine::probe(),
-        storage: Storage {
-            path: ds.root.display().to_string(),
-            filesystem: fs,
-        },
+        storage: Storage { path: ds.root.display().to_string(), filesystem: fs },
         dataset: DatasetInfo {
             files: ds.files.len(),
             bytes: ds.total_bytes(),
@@ -252,11 +229,7 @@ fn print_table(ds: &Dataset, fs: &str, cfg: &TiersConfig, points: &[Point], h: &
         ds.files.len(),
         ds.total_bytes() as f64 / 1e6,
         cfg.repeats,
-        if cfg.warm {
-            "warm"
-        } else {
-            "cold (posix_fadvise DONTNEED before each pass)"
-        }
+        if cfg.warm { "warm" } else { "cold (posix_fadvise DONTNEED before each pass)" }
     );
     println!(
         "{:<15} {:>12}  {:>26}  {:>9}  {:>20}  {:>9}",
@@ -277,16 +250,12 @@ fn print_table(ds: &Dataset, fs: &str, cfg: &TiersConfig, points: &[Point], h: &
             c.min,
             c.median,
             c.max,
-            p.ratio_to_posix_best
-                .map(|r| format!("{:.2}", r.median))
-                .unwrap_or_else(|| "-".into())
+            p.ratio_to_posix_best.map(|r| format!("{:.2}", r.median)).unwrap_or_else(|| "-".into())
         );
     }
-    if let (Some(pt), Some(ud), Some(r)) = (
-        h.posix_best_threads,
-        h.uring_direct_best_depth,
-        h.cpu_per_gib_ratio_uring_direct_to_posix,
-    ) {
+    if let (Some(pt), Some(ud), Some(r)) =
+        (h.posix_best_threads, h.uring_direct_best_depth, h.cpu_per_gib_ratio_uring_direct_to_posix)
+    {
         println!(
             "CPU per GiB, uring-direct (depth {ud}) / posix-threads (best: {pt} threads): {:.2} (min {:.2}, max {:.2})",
             r.median, r.min, r.max

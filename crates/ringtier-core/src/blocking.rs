@@ -22,9 +22,7 @@ pub struct BlockingPool {
 
 impl fmt::Debug for BlockingPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockingPool")
-            .field("threads", &self.threads.len())
-            .finish()
+        f.debug_struct("BlockingPool").field("threads", &self.threads.len()).finish()
     }
 }
 
@@ -45,10 +43,7 @@ impl BlockingPool {
                 .map_err(|e| Error::from(e).with_operation(crate::error::Operation::Setup))?;
             handles.push(handle);
         }
-        Ok(BlockingPool {
-            tx: Some(tx),
-            threads: handles,
-        })
+        Ok(BlockingPool { tx: Some(tx), threads: handles })
     }
 
     /// Number of threads.
@@ -72,17 +67,11 @@ impl BlockingPool {
         };
         async move {
             if !sent {
-                return Err(Error::new(
-                    ErrorKind::Shutdown,
-                    "blocking pool is shut down",
-                ));
+                return Err(Error::new(ErrorKind::Shutdown, "blocking pool is shut down"));
             }
             match done_rx.await {
                 Ok(res) => res,
-                Err(_) => Err(Error::new(
-                    ErrorKind::Shutdown,
-                    "blocking pool thread died before answering",
-                )),
+                Err(_) => Err(Error::new(ErrorKind::Shutdown, "blocking pool thread died before answering")),
             }
         }
     }

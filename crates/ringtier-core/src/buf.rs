@@ -50,10 +50,7 @@ pub const MIN_BUFFER_ALIGN: usize = 4096;
 
 fn check_align(align: usize) -> Result<usize> {
     if !align.is_power_of_two() {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("alignment {align} is not a power of two"),
-        ));
+        return Err(Error::new(ErrorKind::InvalidInput, format!("alignment {align} is not a power of two")));
     }
     Ok(align.max(MIN_BUFFER_ALIGN))
 }
@@ -93,20 +90,9 @@ impl AlignedBuf {
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad buffer layout: {e}")))?;
         // SAFETY: the layout has a non-zero size (cap >= align >= 4096).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
-            Error::new(
-                ErrorKind::ResourceExhausted,
-                format!("out of memory allocating {cap} bytes"),
-            )
-        })?;
-        Ok(AlignedBuf {
-            ptr,
-            cap,
-            align,
-            head: 0,
-            len: 0,
-            origin: Origin::Heap(layout),
-        })
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {cap} bytes")))?;
+        Ok(AlignedBuf { ptr, cap, align, head: 0, len: 0, origin: Origin::Heap(layout) })
     }
 
     /// Wraps memory allocated elsewhere (pinned host memory, a registered slab).
@@ -125,14 +111,7 @@ impl AlignedBuf {
         release: impl FnOnce() + Send + Sync + 'static,
     ) -> Self {
         debug_assert!(align.is_power_of_two() && (ptr.as_ptr() as usize) % align == 0);
-        AlignedBuf {
-            ptr,
-            cap: capacity,
-            align,
-            head: 0,
-            len: 0,
-            origin: Origin::Foreign(Some(Box::new(release))),
-        }
+        AlignedBuf { ptr, cap: capacity, align, head: 0, len: 0, origin: Origin::Foreign(Some(Box::new(release))) }
     }
 
     /// Total bytes of memory.
@@ -224,11 +203,7 @@ impl AlignedBuf {
         if data.len() > self.cap {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
-                format!(
-                    "{} bytes do not fit in a buffer of {}",
-                    data.len(),
-                    self.cap
-                ),
+                format!("{} bytes do not fit in a buffer of {}", data.len(), self.cap),
             ));
         }
         self.capacity_mut()[..data.len()].copy_from_slice(data);
@@ -290,11 +265,7 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig {
-            buf_size: 1 << 20,
-            count: 64,
-            align: MIN_BUFFER_ALIGN,
-        }
+        PoolConfig { buf_size: 1 << 20, count: 64, align: MIN_BUFFER_ALIGN }
     }
 }
 
@@ -332,11 +303,7 @@ impl PoolShared {
 
 impl Drop for PoolShared {
     fn drop(&mut self) {
-        let f = self
-            .dealloc
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let f = self.dealloc.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(f) = f {
             f()
         }
@@ -366,36 +333,23 @@ impl BufferPool {
     pub fn new(config: PoolConfig) -> Result<Self> {
         let align = check_align(config.align)?;
         if config.count == 0 || config.buf_size == 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "a buffer pool needs count > 0 and buf_size > 0",
-            ));
+            return Err(Error::new(ErrorKind::InvalidInput, "a buffer pool needs count > 0 and buf_size > 0"));
         }
         if config.count > u32::MAX as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "too many buffers in one pool",
-            ));
+            return Err(Error::new(ErrorKind::InvalidInput, "too many buffers in one pool"));
         }
         let buf_size = align_up(config.buf_size as u64, align as u64) as usize;
         let slab_len = buf_size
             .checked_mul(config.count)
             .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pool size overflows"))?;
         // Huge-page alignment for large slabs lets THP back them.
-        let slab_align = if slab_len >= (2 << 20) {
-            align.max(2 << 20)
-        } else {
-            align
-        };
+        let slab_align = if slab_len >= (2 << 20) { align.max(2 << 20) } else { align };
         let layout = Layout::from_size_align(slab_len, slab_align)
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad pool layout: {e}")))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let base = NonNull::new(raw).ok_or_else(|| {
-            Error::new(
-                ErrorKind::ResourceExhausted,
-                format!("out of memory allocating a {slab_len}-byte pool"),
-            )
+            Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating a {slab_len}-byte pool"))
         })?;
         // SAFETY: base..base+slab_len is our allocation; MADV_HUGEPAGE is advisory only.
         unsafe {
@@ -412,14 +366,7 @@ impl BufferPool {
             // last handle (pool or buffer) is gone.
             unsafe { alloc::dealloc(base_addr as *mut u8, layout) }
         };
-        Ok(Self::from_parts(
-            base,
-            buf_size,
-            config.count,
-            align,
-            slab_len,
-            Box::new(dealloc),
-        ))
+        Ok(Self::from_parts(base, buf_size, config.count, align, slab_len, Box::new(dealloc)))
     }
 
     /// Builds a pool over a slab allocated elsewhere (pinned host memory).
@@ -441,17 +388,9 @@ impl BufferPool {
         if count == 0 || buf_size == 0 || !align.is_power_of_two() || buf_size % align != 0 {
             return Err(Error::new(ErrorKind::InvalidInput, "bad raw slab geometry"));
         }
-        let slab_len = buf_size
-            .checked_mul(count)
-            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pool size overflows"))?;
-        Ok(Self::from_parts(
-            base,
-            buf_size,
-            count,
-            align,
-            slab_len,
-            Box::new(release),
-        ))
+        let slab_len =
+            buf_size.checked_mul(count).ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pool size overflows"))?;
+        Ok(Self::from_parts(base, buf_size, count, align, slab_len, Box::new(release)))
     }
 
     fn from_parts(
@@ -513,17 +452,9 @@ impl BufferPool {
 
     /// Start of buffer `index` in the slab.
     pub fn buffer_ptr(&self, index: u32) -> *mut u8 {
-        assert!(
-            (index as usize) < self.shared.count,
-            "buffer index out of range"
-        );
+        assert!((index as usize) < self.shared.count, "buffer index out of range");
         // SAFETY: index < count, so the offset stays inside the slab.
-        unsafe {
-            self.shared
-                .base
-                .as_ptr()
-                .add(index as usize * self.shared.buf_size)
-        }
+        unsafe { self.shared.base.as_ptr().add(index as usize * self.shared.buf_size) }
     }
 
     fn take(&self, index: u32) -> AlignedBuf {
@@ -536,21 +467,13 @@ impl BufferPool {
             align: self.shared.align,
             head: 0,
             len: 0,
-            origin: Origin::Pool {
-                pool: Arc::clone(&self.shared),
-                index,
-            },
+            origin: Origin::Pool { pool: Arc::clone(&self.shared), index },
         }
     }
 
     /// A free buffer, or `None` when all are in use.
     pub fn try_acquire(&self) -> Option<AlignedBuf> {
-        let index = self
-            .shared
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()?;
+        let index = self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
         Some(self.take(index))
     }
 
@@ -562,11 +485,7 @@ impl BufferPool {
                 drop(free);
                 return self.take(index);
             }
-            free = self
-                .shared
-                .available
-                .wait(free)
-                .unwrap_or_else(|p| p.into_inner());
+            free = self.shared.available.wait(free).unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -609,12 +528,7 @@ mod tests {
 
     #[test]
     fn pool_recycles_and_blocks() {
-        let pool = BufferPool::new(PoolConfig {
-            buf_size: 8192,
-            count: 2,
-            align: 4096,
-        })
-        .expect("pool");
+        let pool = BufferPool::new(PoolConfig { buf_size: 8192, count: 2, align: 4096 }).expect("pool");
         let a = pool.try_acquire().expect("a");
         let b = pool.try_acquire().expect("b");
         assert!(pool.try_acquire().is_none());
@@ -633,12 +547,7 @@ mod tests {
 
     #[test]
     fn buffers_outlive_pool_handle() {
-        let pool = BufferPool::new(PoolConfig {
-            buf_size: 4096,
-            count: 1,
-            align: 4096,
-        })
-        .expect("pool");
+        let pool = BufferPool::new(PoolConfig { buf_size: 4096, count: 1, align: 4096 }).expect("pool");
         let mut b = pool.try_acquire().expect("b");
         drop(pool);
         b.fill_from(&[7u8; 4096]).expect("fill");
@@ -647,12 +556,7 @@ mod tests {
 
     #[tokio::test]
     async fn async_acquire_waits() {
-        let pool = BufferPool::new(PoolConfig {
-            buf_size: 4096,
-            count: 1,
-            align: 4096,
-        })
-        .expect("pool");
+        let pool = BufferPool::new(PoolConfig { buf_size: 4096, count: 1, align: 4096 }).expect("pool");
         let a = pool.try_acquire().expect("a");
         let p2 = pool.clone();
         let h = tokio::spawn(async move { p2.acquire().await.pool_slot() });
@@ -669,10 +573,8 @@ mod tests {
         let r2 = released.clone();
         let ptr = NonNull::new(backing.as_ptr() as *mut u8).expect("nonnull");
         // SAFETY: backing outlives the pool (dropped after it below) and is not used meanwhile.
-        let pool = unsafe {
-            BufferPool::from_raw_slab(ptr, 4096, 2, 4096, move || r2.store(true, Ordering::SeqCst))
-        }
-        .expect("pool");
+        let pool = unsafe { BufferPool::from_raw_slab(ptr, 4096, 2, 4096, move || r2.store(true, Ordering::SeqCst)) }
+            .expect("pool");
         let b = pool.try_acquire().expect("b");
         drop(pool);
         assert!(!released.load(Ordering::SeqCst));

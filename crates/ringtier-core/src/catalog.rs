@@ -92,9 +92,7 @@ pub const CATALOG: &[MetricDef] = &[
 ];
 
 /// Operation label values.
-pub const OPS: &[&str] = &[
-    "stat", "list", "delete", "read", "write", "create", "commit", "abort",
-];
+pub const OPS: &[&str] = &["stat", "list", "delete", "read", "write", "create", "commit", "abort"];
 
 /// Result label values.
 pub const RESULTS: &[&str] = &["ok", "error"];

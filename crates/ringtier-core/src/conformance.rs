@@ -29,18 +29,12 @@ impl std::fmt::Debug for Fixture {
 impl Fixture {
     /// A fixture with nothing to keep alive.
     pub fn new(tier: Arc<dyn Tier>) -> Self {
-        Fixture {
-            tier,
-            guard: Box::new(()),
-        }
+        Fixture { tier, guard: Box::new(()) }
     }
 
     /// A fixture keeping `guard` alive.
     pub fn with_guard(tier: Arc<dyn Tier>, guard: impl Any + Send) -> Self {
-        Fixture {
-            tier,
-            guard: Box::new(guard),
-        }
+        Fixture { tier, guard: Box::new(guard) }
     }
 }
 
@@ -71,61 +65,26 @@ async fn put(tier: &dyn Tier, key: &str, data: &[u8]) {
 }
 
 async fn read(tier: &dyn Tier, key: &str, offset: u64, len: usize) -> Vec<u8> {
-    let (res, buf) = tier
-        .read_at(key, offset, len, buffer_for(tier, offset, len))
-        .await;
+    let (res, buf) = tier.read_at(key, offset, len, buffer_for(tier, offset, len)).await;
     let n = res.unwrap_or_else(|e| panic!("[{}] read {key}@{offset}+{len}: {e}", tier.name()));
-    assert_eq!(
-        n,
-        buf.len(),
-        "[{}] returned count and buffer window disagree",
-        tier.name()
-    );
+    assert_eq!(n, buf.len(), "[{}] returned count and buffer window disagree", tier.name());
     buf.as_slice().to_vec()
 }
 
 /// Objects of many sizes, including empty, sub-block and unaligned ones, read back intact.
 pub async fn round_trip(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
-    for (i, size) in [
-        0usize,
-        1,
-        100,
-        511,
-        512,
-        513,
-        4095,
-        4096,
-        4097,
-        65_536 + 7,
-        (1 << 20) + 3,
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, size) in
+        [0usize, 1, 100, 511, 512, 513, 4095, 4096, 4097, 65_536 + 7, (1 << 20) + 3].into_iter().enumerate()
     {
         let key = format!("rt/obj-{i}");
         let data = pattern(i as u64, size);
         put(t, &key, &data).await;
-        let meta = t
-            .stat(&key)
-            .await
-            .unwrap_or_else(|e| panic!("[{}] stat {key}: {e}", t.name()));
+        let meta = t.stat(&key).await.unwrap_or_else(|e| panic!("[{}] stat {key}: {e}", t.name()));
         assert_eq!(meta.size, size as u64, "[{}] size of {key}", t.name());
-        let got = ops::get(t, &key)
-            .await
-            .unwrap_or_else(|e| panic!("[{}] get {key}: {e}", t.name()));
-        assert!(
-            got == data,
-            "[{}] {key}: {} bytes read back differ",
-            t.name(),
-            size
-        );
-        assert_eq!(
-            read(t, &key, 0, size).await,
-            data,
-            "[{}] read_at of whole {key}",
-            t.name()
-        );
+        let got = ops::get(t, &key).await.unwrap_or_else(|e| panic!("[{}] get {key}: {e}", t.name()));
+        assert!(got == data, "[{}] {key}: {} bytes read back differ", t.name(), size);
+        assert_eq!(read(t, &key, 0, size).await, data, "[{}] read_at of whole {key}", t.name());
     }
 }
 
@@ -134,21 +93,9 @@ pub async fn short_read_at_eof(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
     let data = pattern(7, 10_000);
     put(t, "eof/x", &data).await;
-    assert_eq!(
-        read(t, "eof/x", 9_000, 4_096).await,
-        &data[9_000..],
-        "[{}] tail read",
-        t.name()
-    );
-    assert_eq!(
-        read(t, "eof/x", 10_000, 100).await,
-        b"",
-        "[{}] read at end",
-        t.name()
-    );
-    let (res, _) = t
-        .read_at("eof/x", 10_001, 10, buffer_for(t, 10_001, 10))
-        .await;
+    assert_eq!(read(t, "eof/x", 9_000, 4_096).await, &data[9_000..], "[{}] tail read", t.name());
+    assert_eq!(read(t, "eof/x", 10_000, 100).await, b"", "[{}] read at end", t.name());
+    let (res, _) = t.read_at("eof/x", 10_001, 10, buffer_for(t, 10_001, 10)).await;
     let err = res.expect_err("read past the end must fail");
     assert_eq!(err.kind(), ErrorKind::OutOfRange, "[{}] {err}", t.name());
 }
@@ -158,21 +105,9 @@ pub async fn unaligned_ranges(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
     let data = pattern(11, 300_000);
     put(t, "ua/x", &data).await;
-    for (off, len) in [
-        (0usize, 1usize),
-        (1, 1),
-        (7, 3_000),
-        (511, 2),
-        (4_095, 4_097),
-        (123_457, 65_536),
-        (299_999, 1),
-    ] {
-        assert_eq!(
-            read(t, "ua/x", off as u64, len).await,
-            &data[off..off + len],
-            "[{}] {off}+{len}",
-            t.name()
-        );
+    for (off, len) in [(0usize, 1usize), (1, 1), (7, 3_000), (511, 2), (4_095, 4_097), (123_457, 65_536), (299_999, 1)]
+    {
+        assert_eq!(read(t, "ua/x", off as u64, len).await, &data[off..off + len], "[{}] {off}+{len}", t.name());
     }
 }
 
@@ -183,18 +118,8 @@ pub async fn sub_block_objects(tier: Arc<dyn Tier>) {
         let key = format!("small/{size}");
         let data = pattern(size as u64, size);
         put(t, &key, &data).await;
-        assert_eq!(
-            read(t, &key, 0, 4096).await,
-            data,
-            "[{}] whole {key} with a larger ask",
-            t.name()
-        );
-        assert_eq!(
-            read(t, &key, 1, size - 1).await,
-            &data[1..],
-            "[{}] part of {key}",
-            t.name()
-        );
+        assert_eq!(read(t, &key, 0, 4096).await, data, "[{}] whole {key} with a larger ask", t.name());
+        assert_eq!(read(t, &key, 1, size - 1).await, &data[1..], "[{}] part of {key}", t.name());
     }
 }
 
@@ -212,11 +137,7 @@ pub async fn concurrent_readers(tier: Arc<dyn Tier>) {
                 let len = (1 << 20) - off;
                 let len = len.min(50_000 + (j as usize) * 1000);
                 let got = read(tier.as_ref(), "cc/x", off as u64, len).await;
-                assert!(
-                    got == data[off..off + len],
-                    "[{}] concurrent read {off}+{len}",
-                    tier.name()
-                );
+                assert!(got == data[off..off + len], "[{}] concurrent read {off}+{len}", tier.name());
             }
         }));
     }
@@ -233,103 +154,33 @@ pub async fn list_and_delete(tier: Arc<dyn Tier>) {
     }
     let keys = |v: Vec<crate::tier::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
     let all = keys(t.list("").await.expect("list all"));
-    assert_eq!(
-        all,
-        ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"],
-        "[{}] list all",
-        t.name()
-    );
-    assert_eq!(
-        keys(t.list("ls/a/").await.expect("list")),
-        ["ls/a/1", "ls/a/2"],
-        "[{}] list ls/a/",
-        t.name()
-    );
-    assert_eq!(
-        keys(t.list("ls/a").await.expect("list")),
-        ["ls/a/1", "ls/a/2", "ls/ab"],
-        "[{}] list ls/a",
-        t.name()
-    );
-    assert!(
-        t.list("nothing/").await.expect("list").is_empty(),
-        "[{}] empty prefix",
-        t.name()
-    );
-    let sizes: Vec<u64> = t
-        .list("ls/b")
-        .await
-        .expect("list")
-        .iter()
-        .map(|m| m.size)
-        .collect();
+    assert_eq!(all, ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"], "[{}] list all", t.name());
+    assert_eq!(keys(t.list("ls/a/").await.expect("list")), ["ls/a/1", "ls/a/2"], "[{}] list ls/a/", t.name());
+    assert_eq!(keys(t.list("ls/a").await.expect("list")), ["ls/a/1", "ls/a/2", "ls/ab"], "[{}] list ls/a", t.name());
+    assert!(t.list("nothing/").await.expect("list").is_empty(), "[{}] empty prefix", t.name());
+    let sizes: Vec<u64> = t.list("ls/b").await.expect("list").iter().map(|m| m.size).collect();
     assert_eq!(sizes, [6], "[{}] listed size", t.name());
-    t.delete("ls/a/1")
-        .await
-        .unwrap_or_else(|e| panic!("[{}] delete: {e}", t.name()));
-    assert_eq!(
-        t.stat("ls/a/1").await.expect_err("deleted").kind(),
-        ErrorKind::NotFound
-    );
-    assert_eq!(
-        t.delete("ls/a/1").await.expect_err("deleted twice").kind(),
-        ErrorKind::NotFound
-    );
-    assert_eq!(
-        keys(t.list("ls/a/").await.expect("list")),
-        ["ls/a/2"],
-        "[{}] after delete",
-        t.name()
-    );
+    t.delete("ls/a/1").await.unwrap_or_else(|e| panic!("[{}] delete: {e}", t.name()));
+    assert_eq!(t.stat("ls/a/1").await.expect_err("deleted").kind(), ErrorKind::NotFound);
+    assert_eq!(t.delete("ls/a/1").await.expect_err("deleted twice").kind(), ErrorKind::NotFound);
+    assert_eq!(keys(t.list("ls/a/").await.expect("list")), ["ls/a/2"], "[{}] after delete", t.name());
     let (res, _) = t.read_at("ls/a/1", 0, 1, buffer_for(t, 0, 1)).await;
-    assert_eq!(
-        res.expect_err("read deleted").kind(),
-        ErrorKind::NotFound,
-        "[{}]",
-        t.name()
-    );
+    assert_eq!(res.expect_err("read deleted").kind(), ErrorKind::NotFound, "[{}]", t.name());
 }
 
 /// Bad keys are rejected by every operation, and nothing outside the tier is touched.
 pub async fn bad_keys(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
-    for key in [
-        "../x",
-        "/etc/passwd",
-        "a/../../etc/passwd",
-        "a\0b",
-        "",
-        "a//b",
-        "./a",
-        ".ringtier-staging/x",
-    ] {
+    for key in ["../x", "/etc/passwd", "a/../../etc/passwd", "a\0b", "", "a//b", "./a", ".ringtier-staging/x"] {
         let want = ErrorKind::InvalidKey;
         let e = t.stat(key).await.expect_err("stat of bad key");
         assert_eq!(e.kind(), want, "[{}] stat {key:?}: {e}", t.name());
         let (res, _) = t.read_at(key, 0, 10, buffer_for(t, 0, 10)).await;
-        assert_eq!(
-            res.expect_err("read of bad key").kind(),
-            want,
-            "[{}] read {key:?}",
-            t.name()
-        );
-        assert_eq!(
-            t.create(key).await.expect_err("create of bad key").kind(),
-            want,
-            "[{}] create {key:?}",
-            t.name()
-        );
-        assert_eq!(
-            t.delete(key).await.expect_err("delete of bad key").kind(),
-            want,
-            "[{}] delete {key:?}",
-            t.name()
-        );
+        assert_eq!(res.expect_err("read of bad key").kind(), want, "[{}] read {key:?}", t.name());
+        assert_eq!(t.create(key).await.expect_err("create of bad key").kind(), want, "[{}] create {key:?}", t.name());
+        assert_eq!(t.delete(key).await.expect_err("delete of bad key").kind(), want, "[{}] delete {key:?}", t.name());
     }
-    assert_eq!(
-        t.list("../").await.expect_err("list ../").kind(),
-        ErrorKind::InvalidKey
-    );
+    assert_eq!(t.list("../").await.expect_err("list ../").kind(), ErrorKind::InvalidKey);
 }
 
 /// A staged object is invisible until commit, gone after abort, and a commit replaces.
@@ -342,21 +193,9 @@ pub async fn commit_visibility(tier: Arc<dyn Tier>) {
     buf.fill_from(&data).expect("fill");
     let (res, _buf) = w.write_at(0, buf).await;
     res.unwrap_or_else(|e| panic!("[{}] write: {e}", t.name()));
-    assert_eq!(
-        t.stat("vis/x").await.expect_err("uncommitted").kind(),
-        ErrorKind::NotFound,
-        "[{}]",
-        t.name()
-    );
-    assert!(
-        t.list("").await.expect("list").is_empty(),
-        "[{}] uncommitted object listed",
-        t.name()
-    );
-    let meta = w
-        .commit()
-        .await
-        .unwrap_or_else(|e| panic!("[{}] commit: {e}", t.name()));
+    assert_eq!(t.stat("vis/x").await.expect_err("uncommitted").kind(), ErrorKind::NotFound, "[{}]", t.name());
+    assert!(t.list("").await.expect("list").is_empty(), "[{}] uncommitted object listed", t.name());
+    let meta = w.commit().await.unwrap_or_else(|e| panic!("[{}] commit: {e}", t.name()));
     assert_eq!(meta.size, 8192);
     assert_eq!(ops::get(t, "vis/x").await.expect("get"), data);
 
@@ -366,30 +205,13 @@ pub async fn commit_visibility(tier: Arc<dyn Tier>) {
     buf.fill_from(&[1u8; 4096]).expect("fill");
     let (res, _buf) = w.write_at(0, buf).await;
     res.expect("write");
-    w.abort()
-        .await
-        .unwrap_or_else(|e| panic!("[{}] abort: {e}", t.name()));
-    assert_eq!(
-        ops::get(t, "vis/x").await.expect("get"),
-        data,
-        "[{}] abort changed the object",
-        t.name()
-    );
-    assert_eq!(
-        t.list("").await.expect("list").len(),
-        1,
-        "[{}] abort left something listed",
-        t.name()
-    );
+    w.abort().await.unwrap_or_else(|e| panic!("[{}] abort: {e}", t.name()));
+    assert_eq!(ops::get(t, "vis/x").await.expect("get"), data, "[{}] abort changed the object", t.name());
+    assert_eq!(t.list("").await.expect("list").len(), 1, "[{}] abort left something listed", t.name());
 
     // Replaced atomically by a shorter object.
     put(t, "vis/x", b"short").await;
-    assert_eq!(
-        ops::get(t, "vis/x").await.expect("get"),
-        b"short",
-        "[{}] replace",
-        t.name()
-    );
+    assert_eq!(ops::get(t, "vis/x").await.expect("get"), b"short", "[{}] replace", t.name());
 
     // Dropped without commit: not visible.
     {
@@ -399,13 +221,7 @@ pub async fn commit_visibility(tier: Arc<dyn Tier>) {
         let (res, _buf) = w.write_at(0, buf).await;
         res.expect("write");
     }
-    assert_eq!(
-        t.stat("vis/dropped")
-            .await
-            .expect_err("dropped writer")
-            .kind(),
-        ErrorKind::NotFound
-    );
+    assert_eq!(t.stat("vis/dropped").await.expect_err("dropped writer").kind(), ErrorKind::NotFound);
 }
 
 /// A batch with good, missing, bad-key and end-of-object requests reports each on its own.
@@ -421,12 +237,7 @@ pub async fn batch_reads(tier: Arc<dyn Tier>) {
     for (i, data) in objects.iter().enumerate() {
         let off = (i * 13) % data.len();
         let len = (data.len() - off).min(9000);
-        batch.push(
-            &format!("batch/{i:03}"),
-            off as u64,
-            len,
-            buffer_for(t, off as u64, len),
-        );
+        batch.push(&format!("batch/{i:03}"), off as u64, len, buffer_for(t, off as u64, len));
     }
     batch.push("batch/missing", 0, 10, buffer_for(t, 0, 10));
     batch.push("../escape", 0, 10, buffer_for(t, 0, 10));
@@ -435,17 +246,13 @@ pub async fn batch_reads(tier: Arc<dyn Tier>) {
     let batch = t.read_batch(batch).await;
     let mut n = 0;
     for (i, (key, entry)) in batch.iter().enumerate() {
-        let res = entry
-            .result()
-            .unwrap_or_else(|| panic!("[{}] request {i} ({key}) not executed", t.name()));
+        let res = entry.result().unwrap_or_else(|| panic!("[{}] request {i} ({key}) not executed", t.name()));
         match i {
             0..=39 => {
                 let data = &objects[i];
                 let off = (i * 13) % data.len();
                 let len = (data.len() - off).min(9000);
-                let got = res
-                    .as_ref()
-                    .unwrap_or_else(|e| panic!("[{}] batch {key}: {e}", t.name()));
+                let got = res.as_ref().unwrap_or_else(|e| panic!("[{}] batch {key}: {e}", t.name()));
                 assert_eq!(*got, len);
                 assert!(
                     entry.buf().map(|b| b.as_slice()) == Some(&data[off..off + len]),
@@ -453,30 +260,10 @@ pub async fn batch_reads(tier: Arc<dyn Tier>) {
                     t.name()
                 );
             }
-            40 => assert_eq!(
-                res.as_ref().expect_err("missing").kind(),
-                ErrorKind::NotFound,
-                "[{}]",
-                t.name()
-            ),
-            41 => assert_eq!(
-                res.as_ref().expect_err("bad key").kind(),
-                ErrorKind::InvalidKey,
-                "[{}]",
-                t.name()
-            ),
-            42 => assert_eq!(
-                *res.as_ref().expect("at end"),
-                0,
-                "[{}] batch read at end",
-                t.name()
-            ),
-            _ => assert_eq!(
-                res.as_ref().expect_err("past end").kind(),
-                ErrorKind::OutOfRange,
-                "[{}]",
-                t.name()
-            ),
+            40 => assert_eq!(res.as_ref().expect_err("missing").kind(), ErrorKind::NotFound, "[{}]", t.name()),
+            41 => assert_eq!(res.as_ref().expect_err("bad key").kind(), ErrorKind::InvalidKey, "[{}]", t.name()),
+            42 => assert_eq!(*res.as_ref().expect("at end"), 0, "[{}] batch read at end", t.name()),
+            _ => assert_eq!(res.as_ref().expect_err("past end").kind(), ErrorKind::OutOfRange, "[{}]", t.name()),
         }
         n += 1;
     }

@@ -258,9 +258,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
+        self.source.as_ref().map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -280,9 +278,7 @@ impl From<io::Error> for Error {
                 };
                 let temporary = matches!(
                     err.kind(),
-                    io::ErrorKind::Interrupted
-                        | io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 );
                 let message = err.to_string();
                 Error::new(kind, message).set_temporary(temporary)
@@ -308,10 +304,7 @@ pub fn kind_of_errno(errno: i32) -> ErrorKind {
 
 /// True for the `errno` values after which the same call may succeed.
 pub fn errno_is_temporary(errno: i32) -> bool {
-    matches!(
-        errno,
-        libc::EAGAIN | libc::EINTR | libc::EBUSY | libc::ETIMEDOUT
-    )
+    matches!(errno, libc::EAGAIN | libc::EINTR | libc::EBUSY | libc::ETIMEDOUT)
 }
 
 #[cfg(test)]
@@ -320,19 +313,12 @@ mod tests {
 
     #[test]
     fn errno_keeps_code_and_classifies() {
-        let e = Error::from_errno(libc::ENOSPC, "write failed").context(
-            Operation::Write,
-            "a/b",
-            "posix",
-        );
+        let e = Error::from_errno(libc::ENOSPC, "write failed").context(Operation::Write, "a/b", "posix");
         assert_eq!(e.kind(), ErrorKind::NoSpace);
         assert_eq!(e.os_code(), Some(libc::ENOSPC));
         assert!(!e.is_temporary());
         let text = e.to_string();
-        assert!(
-            text.contains("no_space during write of \"a/b\" on tier \"posix\""),
-            "{text}"
-        );
+        assert!(text.contains("no_space during write of \"a/b\" on tier \"posix\""), "{text}");
         assert!(Error::from_errno(libc::EAGAIN, "x").is_temporary());
         assert!(Error::from_errno(libc::EINTR, "x").is_temporary());
     }

@@ -36,11 +36,7 @@ pub fn open_how_beneath(flags: i32, mode: u32) -> libc::open_how {
     // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = if flags & libc::O_CREAT != 0 {
-        mode as u64
-    } else {
-        0
-    };
+    how.mode = if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 };
     how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
     how
 }
@@ -52,49 +48,33 @@ fn cstring(s: &[u8]) -> Result<CString> {
 /// `fsync` of a directory, making renames and new entries in it durable.
 pub fn fsync_dir(path: &Path) -> Result<()> {
     let dir = File::open(path).map_err(|e| Error::from(e).with_key(path.display().to_string()))?;
-    dir.sync_all()
-        .map_err(|e| Error::from(e).with_key(path.display().to_string()))
+    dir.sync_all().map_err(|e| Error::from(e).with_key(path.display().to_string()))
 }
 
 impl FsRoot {
     /// Opens `root`, creating it (and the staging directory) when `create` is set.
     pub fn open(root: impl AsRef<Path>, create: bool) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        let ctx = |e: io::Error| {
-            Error::from(e)
-                .with_operation(Operation::Open)
-                .with_key(root.display().to_string())
-        };
+        let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Open).with_key(root.display().to_string());
         if create {
             fs::create_dir_all(&root).map_err(ctx)?;
         }
         let meta = fs::metadata(&root).map_err(ctx)?;
         if !meta.is_dir() {
-            return Err(
-                Error::new(ErrorKind::InvalidInput, "tier root is not a directory")
-                    .with_operation(Operation::Open)
-                    .with_key(root.display().to_string()),
-            );
+            return Err(Error::new(ErrorKind::InvalidInput, "tier root is not a directory")
+                .with_operation(Operation::Open)
+                .with_key(root.display().to_string()));
         }
         let c = cstring(root.as_os_str().as_bytes())?;
         // SAFETY: c is a valid NUL-terminated path; the flags open a directory read-only.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
         if fd < 0 {
             return Err(ctx(io::Error::last_os_error()));
         }
         // SAFETY: fd is a freshly opened descriptor that nothing else owns.
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let staging = root.join(STAGING_DIR);
-        Ok(FsRoot {
-            root,
-            root_fd,
-            staging,
-        })
+        Ok(FsRoot { root, root_fd, staging })
     }
 
     /// The root directory.
@@ -129,9 +109,7 @@ impl FsRoot {
             )
         };
         if fd < 0 {
-            return Err(Error::from(io::Error::last_os_error())
-                .with_operation(Operation::Open)
-                .with_key(key));
+            return Err(Error::from(io::Error::last_os_error()).with_operation(Operation::Open).with_key(key));
         }
         // SAFETY: fd is a freshly opened descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -147,11 +125,7 @@ impl FsRoot {
                 .with_operation(Operation::Stat)
                 .with_key(key));
         }
-        Ok(ObjectMeta {
-            key: key.to_string(),
-            size: meta.len(),
-            modified: meta.modified().ok(),
-        })
+        Ok(ObjectMeta { key: key.to_string(), size: meta.len(), modified: meta.modified().ok() })
     }
 
     /// Committed objects whose key starts with `prefix`, sorted.
@@ -162,39 +136,23 @@ impl FsRoot {
             Some(i) => &prefix[..i],
             None => "",
         };
-        let start = if dir_part.is_empty() {
-            self.root.clone()
-        } else {
-            self.root.join(dir_part)
-        };
+        let start = if dir_part.is_empty() { self.root.clone() } else { self.root.join(dir_part) };
         let mut out = Vec::new();
         let mut stack = vec![(start, dir_part.to_string())];
         while let Some((dir, rel)) = stack.pop() {
             let rd = match fs::read_dir(&dir) {
                 Ok(rd) => rd,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && dir != self.root => continue,
-                Err(e) => {
-                    return Err(Error::from(e)
-                        .with_operation(Operation::List)
-                        .with_key(prefix))
-                }
+                Err(e) => return Err(Error::from(e).with_operation(Operation::List).with_key(prefix)),
             };
             for ent in rd {
-                let ent = ent.map_err(|e| {
-                    Error::from(e)
-                        .with_operation(Operation::List)
-                        .with_key(prefix)
-                })?;
+                let ent = ent.map_err(|e| Error::from(e).with_operation(Operation::List).with_key(prefix))?;
                 let name = ent.file_name();
                 let Some(name) = name.to_str() else { continue };
                 if name.starts_with(RESERVED_PREFIX) {
                     continue;
                 }
-                let key = if rel.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{rel}/{name}")
-                };
+                let key = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
                 let ft = match ent.file_type() {
                     Ok(ft) => ft,
                     Err(_) => continue,
@@ -209,18 +167,10 @@ impl FsRoot {
                     }
                 } else if ft.is_file() && key.starts_with(prefix) {
                     match ent.metadata() {
-                        Ok(m) => out.push(ObjectMeta {
-                            key,
-                            size: m.len(),
-                            modified: m.modified().ok(),
-                        }),
+                        Ok(m) => out.push(ObjectMeta { key, size: m.len(), modified: m.modified().ok() }),
                         // Deleted between readdir and stat: not listed.
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => {
-                            return Err(Error::from(e)
-                                .with_operation(Operation::List)
-                                .with_key(key))
-                        }
+                        Err(e) => return Err(Error::from(e).with_operation(Operation::List).with_key(key)),
                     }
                 }
             }
@@ -231,15 +181,9 @@ impl FsRoot {
 
     /// Removes a committed object and makes the removal durable.
     pub fn delete(&self, key: &str) -> Result<()> {
-        let meta = self
-            .stat(key)
-            .map_err(|e| e.with_operation(Operation::Delete))?;
+        let meta = self.stat(key).map_err(|e| e.with_operation(Operation::Delete))?;
         let path = self.path_of(&meta.key);
-        fs::remove_file(&path).map_err(|e| {
-            Error::from(e)
-                .with_operation(Operation::Delete)
-                .with_key(key)
-        })?;
+        fs::remove_file(&path).map_err(|e| Error::from(e).with_operation(Operation::Delete).with_key(key))?;
         if let Some(parent) = path.parent() {
             fsync_dir(parent).map_err(|e| e.with_operation(Operation::Delete))?;
         }
@@ -249,11 +193,8 @@ impl FsRoot {
     /// A fresh path in the staging directory (created on first use).
     pub fn new_staging_path(&self) -> Result<PathBuf> {
         if !self.staging.is_dir() {
-            fs::create_dir_all(&self.staging).map_err(|e| {
-                Error::from(e)
-                    .with_operation(Operation::Create)
-                    .with_key(STAGING_DIR)
-            })?;
+            fs::create_dir_all(&self.staging)
+                .map_err(|e| Error::from(e).with_operation(Operation::Create).with_key(STAGING_DIR))?;
         }
         let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
         Ok(self.staging.join(format!("{}-{seq}", std::process::id())))
@@ -263,22 +204,14 @@ impl FsRoot {
     /// parent directories, rename atomically, fsync every directory that changed.
     pub fn commit_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
         validate_key(key)?;
-        file.sync_data().map_err(|e| {
-            Error::from(e)
-                .with_operation(Operation::Commit)
-                .with_key(key)
-        })?;
+        file.sync_data().map_err(|e| Error::from(e).with_operation(Operation::Commit).with_key(key))?;
         self.publish_staged(file, staged, key)
     }
 
     /// The second half of [`FsRoot::commit_staged`], for callers that synced the data
     /// themselves: create missing parents, rename atomically, fsync the directories.
     pub fn publish_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
-        let ctx = |e: io::Error| {
-            Error::from(e)
-                .with_operation(Operation::Commit)
-                .with_key(key)
-        };
+        let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Commit).with_key(key);
         validate_key(key)?;
         let dest = self.path_of(key);
         let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
@@ -303,21 +236,14 @@ impl FsRoot {
             }
         }
         if dest.is_dir() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                "a directory exists under this key",
-            )
-            .with_operation(Operation::Commit)
-            .with_key(key));
+            return Err(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")
+                .with_operation(Operation::Commit)
+                .with_key(key));
         }
         fs::rename(staged, &dest).map_err(ctx)?;
         fsync_dir(&parent).map_err(|e| e.with_operation(Operation::Commit))?;
         let meta = file.metadata().map_err(ctx)?;
-        Ok(ObjectMeta {
-            key: key.to_string(),
-            size: meta.len(),
-            modified: meta.modified().ok(),
-        })
+        Ok(ObjectMeta { key: key.to_string(), size: meta.len(), modified: meta.modified().ok() })
     }
 
     /// Removes staged files left by processes that are no longer running (best effort).
@@ -326,19 +252,12 @@ impl FsRoot {
         let rd = match fs::read_dir(&self.staging) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => {
-                return Err(Error::from(e)
-                    .with_operation(Operation::Open)
-                    .with_key(STAGING_DIR))
-            }
+            Err(e) => return Err(Error::from(e).with_operation(Operation::Open).with_key(STAGING_DIR)),
         };
         let mut removed = 0;
         for ent in rd.flatten() {
             let name = ent.file_name();
-            let pid = name
-                .to_str()
-                .and_then(|n| n.split('-').next())
-                .and_then(|p| p.parse::<i32>().ok());
+            let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
             let alive = match pid {
                 Some(pid) => {
                     // SAFETY: kill with signal 0 only checks whether the process exists.
@@ -363,15 +282,7 @@ pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {
     let empty = c"";
     // SAFETY: fd is open, the empty path with AT_EMPTY_PATH refers to fd itself, stx is
     // writable and of the right type.
-    let rc = unsafe {
-        libc::statx(
-            fd,
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
+    let rc = unsafe { libc::statx(fd, empty.as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
     if rc != 0 {
         return Err(Error::from(io::Error::last_os_error()).with_operation(Operation::Stat));
     }
@@ -387,14 +298,7 @@ pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {
 pub fn probe_dio_align(dir_fd: RawFd) -> Option<(u32, u32)> {
     let dot = c".";
     // SAFETY: dir_fd is an open directory and "." a valid NUL-terminated path.
-    let fd = unsafe {
-        libc::openat(
-            dir_fd,
-            dot.as_ptr(),
-            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
-            0o600,
-        )
-    };
+    let fd = unsafe { libc::openat(dir_fd, dot.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
     if fd < 0 {
         return None;
     }

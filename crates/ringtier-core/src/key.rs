@@ -42,9 +42,7 @@ pub fn validate_key(key: &str) -> Result<()> {
             "." => return bad("'.' component"),
             ".." => return bad("'..' component"),
             c if c.len() > MAX_COMPONENT_LEN => return bad("component longer than 255 bytes"),
-            c if c.starts_with(RESERVED_PREFIX) => {
-                return bad("component uses the reserved prefix '.ringtier'")
-            }
+            c if c.starts_with(RESERVED_PREFIX) => return bad("component uses the reserved prefix '.ringtier'"),
             _ => {}
         }
     }
@@ -126,23 +124,11 @@ mod tests {
 
     #[test]
     fn good_keys() {
-        for k in [
-            "a",
-            "a/b/c.jpg",
-            "class_001/img 7.JPEG",
-            ".hidden",
-            "a..b",
-            "...",
-            "x/.y",
-        ] {
+        for k in ["a", "a/b/c.jpg", "class_001/img 7.JPEG", ".hidden", "a..b", "...", "x/.y"] {
             assert!(validate_key(k).is_ok(), "{k}");
         }
         assert_eq!(
-            ObjectKey::new("a/b/c")
-                .map(|k| k.parent().map(str::to_owned))
-                .ok()
-                .flatten()
-                .as_deref(),
+            ObjectKey::new("a/b/c").map(|k| k.parent().map(str::to_owned)).ok().flatten().as_deref(),
             Some("a/b")
         );
     }

@@ -33,10 +33,7 @@ pub struct MemoryTier {
 
 impl fmt::Debug for MemoryTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryTier")
-            .field("name", &self.name)
-            .field("capacity", &self.capacity)
-            .finish()
+        f.debug_struct("MemoryTier").field("name", &self.name).field("capacity", &self.capacity).finish()
     }
 }
 
@@ -49,19 +46,12 @@ impl Default for MemoryTier {
 impl MemoryTier {
     /// An unbounded memory tier named `memory`.
     pub fn new() -> Self {
-        MemoryTier {
-            name: "memory".into(),
-            capacity: None,
-            inner: Arc::default(),
-        }
+        MemoryTier { name: "memory".into(), capacity: None, inner: Arc::default() }
     }
 
     /// A memory tier holding at most `bytes` bytes of committed objects.
     pub fn with_capacity(bytes: u64) -> Self {
-        MemoryTier {
-            capacity: Some(bytes),
-            ..Self::new()
-        }
+        MemoryTier { capacity: Some(bytes), ..Self::new() }
     }
 
     /// Renames the tier (for metrics and errors).
@@ -88,26 +78,15 @@ impl Tier for MemoryTier {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            capacity_bytes: self.capacity,
-            ..Capabilities::default()
-        }
+        Capabilities { capacity_bytes: self.capacity, ..Capabilities::default() }
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
         validate_key(key).map_err(|e| self.err(e, Operation::Stat, key))?;
         let map = self.inner.objects.read().unwrap_or_else(|p| p.into_inner());
         match map.get(key) {
-            Some(o) => Ok(ObjectMeta {
-                key: key.to_string(),
-                size: o.data.len() as u64,
-                modified: Some(o.modified),
-            }),
-            None => Err(self.err(
-                Error::new(ErrorKind::NotFound, "no such object"),
-                Operation::Stat,
-                key,
-            )),
+            Some(o) => Ok(ObjectMeta { key: key.to_string(), size: o.data.len() as u64, modified: Some(o.modified) }),
+            None => Err(self.err(Error::new(ErrorKind::NotFound, "no such object"), Operation::Stat, key)),
         }
     }
 
@@ -117,38 +96,20 @@ impl Tier for MemoryTier {
         Ok(map
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, o)| ObjectMeta {
-                key: k.clone(),
-                size: o.data.len() as u64,
-                modified: Some(o.modified),
-            })
+            .map(|(k, o)| ObjectMeta { key: k.clone(), size: o.data.len() as u64, modified: Some(o.modified) })
             .collect())
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
         validate_key(key).map_err(|e| self.err(e, Operation::Delete, key))?;
-        let mut map = self
-            .inner
-            .objects
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = self.inner.objects.write().unwrap_or_else(|p| p.into_inner());
         match map.remove(key) {
             Some(_) => Ok(()),
-            None => Err(self.err(
-                Error::new(ErrorKind::NotFound, "no such object"),
-                Operation::Delete,
-                key,
-            )),
+            None => Err(self.err(Error::new(ErrorKind::NotFound, "no such object"), Operation::Delete, key)),
         }
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        mut buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
+    async fn read_at(&self, key: &str, offset: u64, len: usize, mut buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         if let Err(e) = validate_key(key) {
             return (Err(self.err(e, Operation::Read, key)), buf);
         }
@@ -158,52 +119,32 @@ impl Tier for MemoryTier {
                 Some(o) => Arc::clone(&o.data),
                 None => {
                     return (
-                        Err(self.err(
-                            Error::new(ErrorKind::NotFound, "no such object"),
-                            Operation::Read,
-                            key,
-                        )),
+                        Err(self.err(Error::new(ErrorKind::NotFound, "no such object"), Operation::Read, key)),
                         buf,
                     )
                 }
             }
         };
-        let res =
-            copy_range(&data, offset, len, &mut buf).map_err(|e| self.err(e, Operation::Read, key));
+        let res = copy_range(&data, offset, len, &mut buf).map_err(|e| self.err(e, Operation::Read, key));
         (res, buf)
     }
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         validate_key(key).map_err(|e| self.err(e, Operation::Create, key))?;
-        Ok(Box::new(MemoryWriter {
-            tier: self.clone(),
-            key: key.to_string(),
-            data: Vec::new(),
-        }))
+        Ok(Box::new(MemoryWriter { tier: self.clone(), key: key.to_string(), data: Vec::new() }))
     }
 }
 
 /// Copies `[offset, offset+len)` of `data`, clipped at its end, into `buf`.
-pub(crate) fn copy_range(
-    data: &[u8],
-    offset: u64,
-    len: usize,
-    buf: &mut AlignedBuf,
-) -> Result<usize> {
+pub(crate) fn copy_range(data: &[u8], offset: u64, len: usize, buf: &mut AlignedBuf) -> Result<usize> {
     let size = data.len() as u64;
     if offset > size {
-        return Err(Error::new(
-            ErrorKind::OutOfRange,
-            format!("offset {offset} is past the end ({size} bytes)"),
-        ));
+        return Err(Error::new(ErrorKind::OutOfRange, format!("offset {offset} is past the end ({size} bytes)")));
     }
     if len > buf.capacity() {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            format!(
-                "buffer of {} bytes is too small for a {len}-byte read",
-                buf.capacity()
-            ),
+            format!("buffer of {} bytes is too small for a {len}-byte read", buf.capacity()),
         ));
     }
     let n = len.min((size - offset) as usize);
@@ -221,10 +162,7 @@ struct MemoryWriter {
 
 impl fmt::Debug for MemoryWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryWriter")
-            .field("key", &self.key)
-            .field("len", &self.data.len())
-            .finish()
+        f.debug_struct("MemoryWriter").field("key", &self.key).field("len", &self.data.len()).finish()
     }
 }
 
@@ -239,10 +177,8 @@ impl ObjectWriter for MemoryWriter {
         let end = offset as usize + src.len();
         if let Some(cap) = self.tier.capacity {
             if end as u64 > cap {
-                let e = Error::from_errno(
-                    libc::ENOSPC,
-                    format!("object would exceed the tier capacity of {cap} bytes"),
-                );
+                let e =
+                    Error::from_errno(libc::ENOSPC, format!("object would exceed the tier capacity of {cap} bytes"));
                 return (Err(self.tier.err(e, Operation::Write, &self.key)), buf);
             }
         }
@@ -255,39 +191,18 @@ impl ObjectWriter for MemoryWriter {
 
     async fn commit(self: Box<Self>) -> Result<ObjectMeta> {
         let MemoryWriter { tier, key, data } = *self;
-        let mut map = tier
-            .inner
-            .objects
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = tier.inner.objects.write().unwrap_or_else(|p| p.into_inner());
         if let Some(cap) = tier.capacity {
-            let used: u64 = map
-                .iter()
-                .filter(|(k, _)| **k != key)
-                .map(|(_, o)| o.data.len() as u64)
-                .sum();
+            let used: u64 = map.iter().filter(|(k, _)| **k != key).map(|(_, o)| o.data.len() as u64).sum();
             if used + data.len() as u64 > cap {
-                let e = Error::from_errno(
-                    libc::ENOSPC,
-                    format!("tier capacity of {cap} bytes is full"),
-                );
+                let e = Error::from_errno(libc::ENOSPC, format!("tier capacity of {cap} bytes is full"));
                 return Err(tier.err(e, Operation::Commit, &key));
             }
         }
         let modified = SystemTime::now();
         let size = data.len() as u64;
-        map.insert(
-            key.clone(),
-            Object {
-                data: data.into(),
-                modified,
-            },
-        );
-        Ok(ObjectMeta {
-            key,
-            size,
-            modified: Some(modified),
-        })
+        map.insert(key.clone(), Object { data: data.into(), modified });
+        Ok(ObjectMeta { key, size, modified: Some(modified) })
     }
 
     async fn abort(self: Box<Self>) -> Result<()> {

@@ -55,17 +55,13 @@ pub async fn read_exact_at(tier: &dyn Tier, key: &str, offset: u64, len: usize) 
 pub async fn get(tier: &dyn Tier, key: &str) -> Result<Vec<u8>> {
     let meta = tier.stat(key).await?;
     let size = usize::try_from(meta.size).map_err(|_| {
-        Error::new(ErrorKind::InvalidInput, "object too large for memory")
-            .with_operation(Operation::Read)
+        Error::new(ErrorKind::InvalidInput, "object too large for memory").with_operation(Operation::Read)
     })?;
     let data = read_exact_at(tier, key, 0, size).await?;
     if data.len() != size {
         return Err(Error::new(
             ErrorKind::Corrupt,
-            format!(
-                "object shrank while reading: {} of {size} bytes",
-                data.len()
-            ),
+            format!("object shrank while reading: {} of {size} bytes", data.len()),
         )
         .context(Operation::Read, key, tier.name()));
     }

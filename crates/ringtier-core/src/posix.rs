@@ -30,17 +30,15 @@ pub struct PosixConfig {
     pub threads: usize,
     /// Name used in errors and metric labels. Default `posix`.
     pub name: String,
+    /// Largest single `pread`, in bytes; larger requests are read in chunks of this size
+    /// (fio's `--bs`). 0, the default, reads each request with one call.
+    pub read_chunk: usize,
 }
 
 impl PosixConfig {
     /// Defaults for `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        PosixConfig {
-            root: root.into(),
-            create: false,
-            threads: 8,
-            name: "posix".into(),
-        }
+        PosixConfig { root: root.into(), create: false, threads: 8, name: "posix".into(), read_chunk: 0 }
     }
 }
 
@@ -48,6 +46,7 @@ struct Inner {
     name: String,
     root: FsRoot,
     pool: BlockingPool,
+    read_chunk: usize,
 }
 
 /// Files under a root directory, read and written with buffered positional I/O from a pool.
@@ -66,29 +65,25 @@ impl fmt::Debug for PosixTier {
     }
 }
 
-/// Reads `[offset, offset+len)` of `file`, looping over short reads and EINTR, clipped at EOF.
-pub fn pread_full(file: &File, offset: u64, len: usize, buf: &mut AlignedBuf) -> Result<usize> {
+/// Reads `[offset, offset+len)` of `file`, looping over short reads and EINTR, clipped at EOF,
+/// in `pread` calls of at most `chunk` bytes (0: no limit).
+pub fn pread_full(file: &File, offset: u64, len: usize, chunk: usize, buf: &mut AlignedBuf) -> Result<usize> {
     let size = file.metadata()?.len();
     if offset > size {
-        return Err(Error::new(
-            ErrorKind::OutOfRange,
-            format!("offset {offset} is past the end ({size} bytes)"),
-        ));
+        return Err(Error::new(ErrorKind::OutOfRange, format!("offset {offset} is past the end ({size} bytes)")));
     }
     if len > buf.capacity() {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            format!(
-                "buffer of {} bytes is too small for a {len}-byte read",
-                buf.capacity()
-            ),
+            format!("buffer of {} bytes is too small for a {len}-byte read", buf.capacity()),
         ));
     }
     let want = len.min((size - offset) as usize);
     let dst = &mut buf.capacity_mut()[..want];
     let mut done = 0;
     while done < want {
-        match file.read_at(&mut dst[done..], offset + done as u64) {
+        let end = if chunk == 0 { want } else { want.min(done + chunk) };
+        match file.read_at(&mut dst[done..end], offset + done as u64) {
             Ok(0) => break, // shrank under us: report what is there
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -102,16 +97,9 @@ pub fn pread_full(file: &File, offset: u64, len: usize, buf: &mut AlignedBuf) ->
 impl PosixTier {
     /// Opens the tier and starts its threads.
     pub fn new(config: PosixConfig) -> Result<Self> {
-        let root =
-            FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?;
+        let root = FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?;
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
-        Ok(PosixTier {
-            inner: Arc::new(Inner {
-                name: config.name,
-                root,
-                pool,
-            }),
-        })
+        Ok(PosixTier { inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk }) })
     }
 
     /// Root directory.
@@ -119,16 +107,10 @@ impl PosixTier {
         self.inner.root.path()
     }
 
-    fn read_blocking(
-        inner: &Inner,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: &mut AlignedBuf,
-    ) -> Result<usize> {
+    fn read_blocking(inner: &Inner, key: &str, offset: u64, len: usize, buf: &mut AlignedBuf) -> Result<usize> {
         let fd = inner.root.open_beneath(key, libc::O_RDONLY, 0)?;
         let file = File::from(fd);
-        pread_full(&file, offset, len, buf)
+        pread_full(&file, offset, len, inner.read_chunk, buf)
     }
 }
 
@@ -139,20 +121,13 @@ impl Tier for PosixTier {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            durable: true,
-            ..Capabilities::default()
-        }
+        Capabilities { durable: true, ..Capabilities::default() }
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
         let inner = Arc::clone(&self.inner);
         let k = key.to_string();
-        self.inner
-            .pool
-            .run(move || inner.root.stat(&k))
-            .await
-            .map_err(|e| e.context(Operation::Stat, key, self.name()))
+        self.inner.pool.run(move || inner.root.stat(&k)).await.map_err(|e| e.context(Operation::Stat, key, self.name()))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
@@ -175,13 +150,7 @@ impl Tier for PosixTier {
             .map_err(|e| e.context(Operation::Delete, key, self.name()))
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         if let Err(e) = validate_key(key) {
             return (Err(e.context(Operation::Read, key, self.name())), buf);
         }
@@ -202,10 +171,7 @@ impl Tier for PosixTier {
             .await;
         let buf = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
         match buf {
-            Some(buf) => (
-                res.map_err(|e| e.context(Operation::Read, key, self.name())),
-                buf,
-            ),
+            Some(buf) => (res.map_err(|e| e.context(Operation::Read, key, self.name())), buf),
             // The pool thread owns the buffer only while the job runs; run() returned, so the
             // job is finished or was never started and the buffer is still in the slot.
             None => unreachable!("buffer slot emptied by a finished job"),
@@ -220,21 +186,12 @@ impl Tier for PosixTier {
             .pool
             .run(move || {
                 let staged = inner.root.new_staging_path()?;
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .read(true)
-                    .open(&staged)?;
+                let file = std::fs::OpenOptions::new().write(true).create_new(true).read(true).open(&staged)?;
                 Ok((file, staged))
             })
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
-        Ok(Box::new(PosixWriter {
-            tier: self.clone(),
-            key: key.to_string(),
-            file: Some(Arc::new(file)),
-            staged,
-        }))
+        Ok(Box::new(PosixWriter { tier: self.clone(), key: key.to_string(), file: Some(Arc::new(file)), staged }))
     }
 
     async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
@@ -253,8 +210,9 @@ impl Tier for PosixTier {
                 let key = entry.key(keys).to_string();
                 let (offset, len) = (entry.offset(), entry.len());
                 let fut = self.inner.pool.run(move || {
+                    let start = std::time::Instant::now();
                     let res = Self::read_blocking(&inner, &key, offset, len, &mut buf);
-                    Ok((res, buf))
+                    Ok((res, buf, start.elapsed()))
                 });
                 pending.push((i, fut));
             }
@@ -263,8 +221,9 @@ impl Tier for PosixTier {
         let (keys, entries) = batch.parts_mut();
         for (i, fut) in pending {
             match fut.await {
-                Ok((res, buf)) => {
+                Ok((res, buf, latency)) => {
                     let key = entries[i].key(keys);
+                    entries[i].set_latency(latency);
                     entries[i].finish(res.map_err(|e| e.context(Operation::Read, key, &name)), buf)
                 }
                 Err(e) => entries[i].set_result(Err(e.with_tier(&name))),
@@ -283,10 +242,7 @@ struct PosixWriter {
 
 impl fmt::Debug for PosixWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PosixWriter")
-            .field("key", &self.key)
-            .field("staged", &self.staged)
-            .finish()
+        f.debug_struct("PosixWriter").field("key", &self.key).field("staged", &self.staged).finish()
     }
 }
 
@@ -298,13 +254,7 @@ impl ObjectWriter for PosixWriter {
 
     async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
         let Some(file) = self.file.clone() else {
-            return (
-                Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    "writer already finished",
-                )),
-                buf,
-            );
+            return (Err(Error::new(ErrorKind::InvalidInput, "writer already finished")), buf);
         };
         let slot = Arc::new(std::sync::Mutex::new(Some(buf)));
         let slot2 = Arc::clone(&slot);
@@ -315,9 +265,7 @@ impl ObjectWriter for PosixWriter {
             .run(move || {
                 let guard = slot2.lock().unwrap_or_else(|p| p.into_inner());
                 match guard.as_ref() {
-                    Some(buf) => file
-                        .write_all_at(buf.as_slice(), offset)
-                        .map_err(Error::from),
+                    Some(buf) => file.write_all_at(buf.as_slice(), offset).map_err(Error::from),
                     None => Err(Error::new(ErrorKind::Shutdown, "buffer lost")),
                 }
             })
@@ -332,20 +280,12 @@ impl ObjectWriter for PosixWriter {
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
         let Some(file) = self.file.take() else {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "writer already finished",
-            ));
+            return Err(Error::new(ErrorKind::InvalidInput, "writer already finished"));
         };
         let inner = Arc::clone(&self.tier.inner);
         let staged = self.staged.clone();
         let key = self.key.clone();
-        let res = self
-            .tier
-            .inner
-            .pool
-            .run(move || inner.root.commit_staged(&file, &staged, &key))
-            .await;
+        let res = self.tier.inner.pool.run(move || inner.root.commit_staged(&file, &staged, &key)).await;
         if res.is_err() {
             let _ = std::fs::remove_file(&self.staged);
         }

@@ -28,13 +28,7 @@ pub struct Capabilities {
 
 impl Default for Capabilities {
     fn default() -> Self {
-        Capabilities {
-            direct_io: false,
-            alignment: 1,
-            durable: false,
-            capacity_bytes: None,
-            native_batch: false,
-        }
+        Capabilities { direct_io: false, alignment: 1, durable: false, capacity_bytes: None, native_batch: false }
     }
 }
 
@@ -102,13 +96,7 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// of the object; a read starting exactly at the end returns 0, one starting past it is
     /// an [`ErrorKind::OutOfRange`] error. `buf` must be large enough for the read, including
     /// the aligned span around it on direct-I/O tiers (see [`crate::buf::direct_span`]).
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf);
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf);
 
     /// Starts a staged object under `key`.
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
@@ -124,7 +112,9 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
                 continue;
             };
             let key = entry.key(keys);
+            let start = std::time::Instant::now();
             let (res, buf) = self.read_at(key, entry.offset(), entry.len(), buf).await;
+            entry.set_latency(start.elapsed());
             entry.finish(res, buf);
         }
         batch
@@ -140,9 +130,23 @@ pub struct ReadEntry {
     len: usize,
     buf: Option<AlignedBuf>,
     result: Option<Result<usize>>,
+    latency: Option<std::time::Duration>,
 }
 
 impl ReadEntry {
+    /// Service time of the request, where the tier measures it: from its first submission to
+    /// the data being in the buffer (queueing inside the batch before it started excluded).
+    #[inline]
+    pub fn latency(&self) -> Option<std::time::Duration> {
+        self.latency
+    }
+
+    /// Records the request's service time.
+    #[inline]
+    pub fn set_latency(&mut self, latency: std::time::Duration) {
+        self.latency = Some(latency);
+    }
+
     /// The request's key, given the batch's key arena (from [`ReadBatch::parts_mut`]).
     #[inline]
     pub fn key<'k>(&self, keys: &'k str) -> &'k str {
@@ -223,10 +227,7 @@ impl ReadBatch {
 
     /// An empty batch with room for `n` requests and `key_bytes` bytes of keys.
     pub fn with_capacity(n: usize, key_bytes: usize) -> Self {
-        ReadBatch {
-            keys: String::with_capacity(key_bytes),
-            entries: Vec::with_capacity(n),
-        }
+        ReadBatch { keys: String::with_capacity(key_bytes), entries: Vec::with_capacity(n) }
     }
 
     /// Adds a request. An invalid key does not fail here: the request is marked done with an
@@ -244,14 +245,7 @@ impl ReadBatch {
             self.keys.push_str(key);
         }
         let key_end = self.keys.len() as u32;
-        self.entries.push(ReadEntry {
-            key_start,
-            key_end,
-            offset,
-            len,
-            buf: Some(buf),
-            result,
-        });
+        self.entries.push(ReadEntry { key_start, key_end, offset, len, buf: Some(buf), result, latency: None });
     }
 
     /// Adds a request without a key, for reading ranges of one open file (for example
@@ -269,6 +263,7 @@ impl ReadBatch {
             len,
             buf: Some(buf),
             result: None,
+            latency: None,
         });
     }
 
@@ -315,15 +310,13 @@ impl ReadBatch {
 
     /// Removes every request, handing out (key, offset, result, buffer).
     /// Requests never executed report an [`ErrorKind::Shutdown`] error.
-    pub fn drain(
-        &mut self,
-    ) -> impl Iterator<Item = (&str, u64, Result<usize>, Option<AlignedBuf>)> + '_ {
+    pub fn drain(&mut self) -> impl Iterator<Item = (&str, u64, Result<usize>, Option<AlignedBuf>)> + '_ {
         let keys = &self.keys;
         self.entries.drain(..).map(move |e| {
             let key = &keys[e.key_start as usize..e.key_end as usize];
-            let result = e.result.unwrap_or_else(|| {
-                Err(Error::new(ErrorKind::Shutdown, "request was not executed").with_key(key))
-            });
+            let result = e
+                .result
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::Shutdown, "request was not executed").with_key(key)));
             (key, e.offset, result, e.buf)
         })
     }

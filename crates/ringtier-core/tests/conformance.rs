@@ -9,15 +9,8 @@ use ringtier_core::{MemoryTier, PosixConfig, PosixTier, Tier};
 
 fn posix() -> Fixture {
     // Inside the work tree: a real ext4 filesystem, not tmpfs.
-    let dir = tempfile::Builder::new()
-        .prefix("conf-posix")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("tempdir");
-    let tier = PosixTier::new(PosixConfig {
-        threads: 4,
-        ..PosixConfig::new(dir.path())
-    })
-    .expect("posix tier");
+    let dir = tempfile::Builder::new().prefix("conf-posix").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let tier = PosixTier::new(PosixConfig { threads: 4, ..PosixConfig::new(dir.path()) }).expect("posix tier");
     Fixture::with_guard(Arc::new(tier), dir)
 }
 

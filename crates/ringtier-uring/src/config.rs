@@ -41,9 +41,7 @@ impl FromStr for DirectIoPolicy {
             "off" => Ok(DirectIoPolicy::Off),
             "auto" => Ok(DirectIoPolicy::Auto),
             "required" => Ok(DirectIoPolicy::Required),
-            _ => Err(format!(
-                "unknown direct-I/O policy {s:?} (expected off, auto or required)"
-            )),
+            _ => Err(format!("unknown direct-I/O policy {s:?} (expected off, auto or required)")),
         }
     }
 }
@@ -70,6 +68,10 @@ pub struct UringConfig {
     pub direct_io: DirectIoPolicy,
     /// Threads for metadata calls io_uring has no opcode for (listing, rename). Default 2.
     pub metadata_threads: usize,
+    /// Largest single read, in bytes (fio's `--bs`): a larger request is read in successive
+    /// reads of this size on the same open file (rounded down to the file's direct-I/O
+    /// alignment). 0, the default, reads each request with one read.
+    pub max_read_bytes: u32,
 }
 
 impl Default for UringConfig {
@@ -82,6 +84,7 @@ impl Default for UringConfig {
             register_files: false,
             direct_io: DirectIoPolicy::Auto,
             metadata_threads: 2,
+            max_read_bytes: 0,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use futures_channel::oneshot;
@@ -55,16 +56,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(name: String, fs_type: &'static str, policy: DirectIoPolicy) -> Self {
-        let fallback_counter =
-            metrics::counter!(catalog::DIRECT_IO_FALLBACKS_TOTAL, "tier" => name.clone());
-        Shared {
-            name,
-            fs_type,
-            policy,
-            stats: Stats::default(),
-            fallback_counter,
-            warned_fallback: Once::new(),
-        }
+        let fallback_counter = metrics::counter!(catalog::DIRECT_IO_FALLBACKS_TOTAL, "tier" => name.clone());
+        Shared { name, fs_type, policy, stats: Stats::default(), fallback_counter, warned_fallback: Once::new() }
     }
 
     pub(crate) fn count_fallback(&self, why: &str) {
@@ -82,13 +75,7 @@ pub(crate) enum Target {
     /// Keys relative to a root directory: statx, open, read, close per request.
     Keys { root_fd: RawFd },
     /// One open file.
-    File {
-        fd: RawFd,
-        fixed: Option<u32>,
-        direct: bool,
-        align: u64,
-        size: u64,
-    },
+    File { fd: RawFd, fixed: Option<u32>, direct: bool, align: u64, size: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +104,17 @@ struct EntryState {
     how: types::OpenHow,
     buf: Option<AlignedBuf>,
     result: Option<Result<usize>>,
+    started: Option<Instant>,
+    latency: Option<Duration>,
+    last_len: usize,
+}
+
+impl EntryState {
+    fn mark_latency(&mut self) {
+        if self.latency.is_none() {
+            self.latency = self.started.map(|s| s.elapsed());
+        }
+    }
 }
 
 /// A batch read handed to a driver.
@@ -150,11 +148,7 @@ impl BatchJob {
                 paths.extend_from_slice(entry.key(keys).as_bytes());
                 paths.push(0);
             }
-            let (buf, phase) = if entry.is_done() {
-                (None, Phase::Done)
-            } else {
-                (entry.take_buf(), Phase::Idle)
-            };
+            let (buf, phase) = if entry.is_done() { (None, Phase::Done) } else { (entry.take_buf(), Phase::Idle) };
             let phase = if buf.is_none() { Phase::Done } else { phase };
             states.push(EntryState {
                 phase,
@@ -173,18 +167,12 @@ impl BatchJob {
                 how: types::OpenHow::new(),
                 buf,
                 result: None,
+                started: None,
+                latency: None,
+                last_len: 0,
             });
         }
-        Box::new(BatchJob {
-            batch,
-            target,
-            shared,
-            paths,
-            states,
-            next: 0,
-            active: 0,
-            done: Some(done),
-        })
+        Box::new(BatchJob { batch, target, shared, paths, states, next: 0, active: 0, done: Some(done) })
     }
 
     fn err(&self, i: usize, e: Error) -> Error {
@@ -195,12 +183,12 @@ impl BatchJob {
     fn finish(mut self) {
         let (_, entries) = self.batch.parts_mut();
         for (entry, st) in entries.iter_mut().zip(self.states.iter_mut()) {
+            if let Some(l) = st.latency {
+                entry.set_latency(l);
+            }
             match (st.buf.take(), st.result.take()) {
                 (Some(buf), Some(res)) => entry.finish(res, buf),
-                (Some(buf), None) => entry.finish(
-                    Err(Error::new(ErrorKind::Shutdown, "request not executed")),
-                    buf,
-                ),
+                (Some(buf), None) => entry.finish(Err(Error::new(ErrorKind::Shutdown, "request not executed")), buf),
                 (None, Some(res)) => entry.set_result(res),
                 (None, None) => {}
             }
@@ -236,11 +224,7 @@ pub(crate) enum Job {
     Batch(Box<BatchJob>),
     Write(Box<WriteJob>),
     Fsync(Box<FsyncJob>),
-    RegisterFile {
-        slot: u32,
-        fd: RawFd,
-        reply: oneshot::Sender<io::Result<()>>,
-    },
+    RegisterFile { slot: u32, fd: RawFd, reply: oneshot::Sender<io::Result<()>> },
 }
 
 enum Active {
@@ -261,12 +245,8 @@ pub(crate) struct DriverHandle {
 impl DriverHandle {
     /// Queues a job and wakes the driver if it sleeps in the kernel.
     pub(crate) fn send(&self, job: Job) -> Result<()> {
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
-        tx.send(job)
-            .map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
+        let tx = self.tx.as_ref().ok_or_else(|| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
+        tx.send(job).map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?;
         if self.parked.load(Ordering::SeqCst) {
             wake(self.wake.as_raw_fd());
         }
@@ -297,10 +277,7 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
 ) -> Result<DriverHandle> {
     let setup = |e: io::Error, what: &str| {
-        Error::from(e)
-            .with_operation(Operation::Setup)
-            .with_tier(&shared.name)
-            .with_key(what.to_string())
+        Error::from(e).with_operation(Operation::Setup).with_tier(&shared.name).with_key(what.to_string())
     };
     let depth = config.queue_depth.max(1);
     let entries = (depth + 2).next_power_of_two() * 2;
@@ -308,9 +285,7 @@ pub(crate) fn spawn(
     if let Some(idle) = config.sqpoll_idle_ms {
         builder.setup_sqpoll(idle);
     }
-    let ring = builder
-        .build(entries)
-        .map_err(|e| setup(e, "io_uring_setup"))?;
+    let ring = builder.build(entries).map_err(|e| setup(e, "io_uring_setup"))?;
 
     // SAFETY: eventfd takes no pointers.
     let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -323,27 +298,18 @@ pub(crate) fn spawn(
     let mut registered_pool = None;
     if let (Some(pool), true) = (&pool, config.register_buffers) {
         if pool.count() > 16_384 || pool.buf_size() > (1 << 30) {
-            shared
-                .stats
-                .register_fallbacks
-                .fetch_add(1, Ordering::Relaxed);
+            shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(tier = %shared.name, "buffer pool too large to register as fixed buffers; using plain buffers");
         } else {
             let iovecs: Vec<libc::iovec> = (0..pool.count() as u32)
-                .map(|i| libc::iovec {
-                    iov_base: pool.buffer_ptr(i).cast(),
-                    iov_len: pool.buf_size(),
-                })
+                .map(|i| libc::iovec { iov_base: pool.buffer_ptr(i).cast(), iov_len: pool.buf_size() })
                 .collect();
             // SAFETY: every iovec points into the pool's slab, which stays allocated while the
             // driver holds its `pool` clone (dropped only after the ring).
             match unsafe { ring.submitter().register_buffers(&iovecs) } {
                 Ok(()) => registered_pool = Some(pool.id()),
                 Err(e) => {
-                    shared
-                        .stats
-                        .register_fallbacks
-                        .fetch_add(1, Ordering::Relaxed);
+                    shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(catalog::URING_REGISTER_FALLBACKS_TOTAL, "tier" => shared.name.clone(), "what" => "buffers")
                         .increment(1);
                     if index == 0 {
@@ -363,10 +329,7 @@ pub(crate) fn spawn(
         match ring.submitter().register_files_sparse(FIXED_FILE_SLOTS) {
             Ok(()) => fixed_files = true,
             Err(e) => {
-                shared
-                    .stats
-                    .register_fallbacks
-                    .fetch_add(1, Ordering::Relaxed);
+                shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(catalog::URING_REGISTER_FALLBACKS_TOTAL, "tier" => shared.name.clone(), "what" => "files")
                     .increment(1);
                 tracing::warn!(tier = %shared.name, "could not register a fixed-file table ({e}); using plain descriptors");
@@ -377,14 +340,14 @@ pub(crate) fn spawn(
     let (tx, rx) = crossbeam_channel::unbounded();
     let parked = Arc::new(AtomicBool::new(false));
     let in_flight_gauge = metrics::gauge!(catalog::URING_IN_FLIGHT, "tier" => shared.name.clone());
-    let submit_hist =
-        metrics::histogram!(catalog::URING_SUBMIT_BATCH, "tier" => shared.name.clone());
+    let submit_hist = metrics::histogram!(catalog::URING_SUBMIT_BATCH, "tier" => shared.name.clone());
     let mut driver = Driver {
         ring,
         rx,
         wake_fd: Arc::clone(&wake_fd),
         parked: Arc::clone(&parked),
         depth: depth as usize,
+        max_read: config.max_read_bytes as usize,
         jobs: Vec::new(),
         free_ids: Vec::new(),
         queue: VecDeque::new(),
@@ -402,12 +365,7 @@ pub(crate) fn spawn(
         .name(format!("ringtier-uring-{index}"))
         .spawn(move || driver.run())
         .map_err(|e| Error::from(e).with_operation(Operation::Setup))?;
-    Ok(DriverHandle {
-        tx: Some(tx),
-        wake: wake_fd,
-        parked,
-        thread: Some(thread),
-    })
+    Ok(DriverHandle { tx: Some(tx), wake: wake_fd, parked, thread: Some(thread) })
 }
 
 struct Driver {
@@ -416,6 +374,7 @@ struct Driver {
     wake_fd: Arc<OwnedFd>,
     parked: Arc<AtomicBool>,
     depth: usize,
+    max_read: usize,
     jobs: Vec<Option<Active>>,
     free_ids: Vec<u32>,
     /// Jobs with work not yet started, oldest first.
@@ -476,11 +435,7 @@ impl Driver {
                     let _ = n;
                     self.unsubmitted = 0;
                 }
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
-                    ) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
                 Err(e) => {
                     tracing::error!(tier = %self.shared.name, "io_uring_enter failed: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -493,13 +448,9 @@ impl Driver {
     }
 
     fn arm_wake(&mut self) {
-        let sqe = opcode::Read::new(
-            types::Fd(self.wake_fd.as_raw_fd()),
-            (&mut self.wake_buf as *mut u64).cast(),
-            8,
-        )
-        .build()
-        .user_data(WAKE);
+        let sqe = opcode::Read::new(types::Fd(self.wake_fd.as_raw_fd()), (&mut self.wake_buf as *mut u64).cast(), 8)
+            .build()
+            .user_data(WAKE);
         // SAFETY: wake_buf lives in the driver, which outlives the ring's use of it: the
         // driver only stops after reaping, and the ring is dropped with the driver.
         unsafe { self.push_raw(&sqe) };
@@ -512,10 +463,7 @@ impl Driver {
             Job::Fsync(f) => Active::Fsync(f),
             Job::RegisterFile { slot, fd, reply } => {
                 let res = if self.fixed_files {
-                    self.ring
-                        .submitter()
-                        .register_files_update(slot, &[fd])
-                        .map(|_| ())
+                    self.ring.submitter().register_files_update(slot, &[fd]).map(|_| ())
                 } else {
                     Err(io::Error::from_raw_os_error(libc::ENXIO))
                 };
@@ -609,32 +557,23 @@ impl Driver {
                 continue;
             }
             b.active += 1;
+            b.states[i].started = Some(Instant::now());
             match b.target {
                 Target::Keys { root_fd } => {
                     let st = &mut b.states[i];
                     st.phase = Phase::Statx;
                     let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
-                    let sqe = opcode::Statx::new(
-                        types::Fd(root_fd),
-                        path,
-                        (&mut st.statx as *mut libc::statx).cast(),
-                    )
-                    .flags(0)
-                    .mask(libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_DIOALIGN)
-                    .build()
-                    .user_data(((id as u64) << 32) | i as u64);
+                    let sqe = opcode::Statx::new(types::Fd(root_fd), path, (&mut st.statx as *mut libc::statx).cast())
+                        .flags(0)
+                        .mask(libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_DIOALIGN)
+                        .build()
+                        .user_data(((id as u64) << 32) | i as u64);
                     // SAFETY: path and statx point into the boxed job, owned by the driver
                     // until this completion is reaped.
                     unsafe { self.push_raw(&sqe) };
                     self.in_flight += 1;
                 }
-                Target::File {
-                    fd,
-                    direct,
-                    align,
-                    size,
-                    ..
-                } => {
+                Target::File { fd, direct, align, size, .. } => {
                     b.states[i].fd = fd;
                     match self.plan_read(b, i, size, direct, align) {
                         Ok(true) => self.submit_read(id, b, i),
@@ -653,24 +592,14 @@ impl Driver {
     }
 
     /// Works out the span to read. Returns false when no read is needed (empty range).
-    fn plan_read(
-        &self,
-        b: &mut BatchJob,
-        i: usize,
-        size: u64,
-        direct: bool,
-        align: u64,
-    ) -> Result<bool> {
+    fn plan_read(&self, b: &mut BatchJob, i: usize, size: u64, direct: bool, align: u64) -> Result<bool> {
         let (offset, len) = {
             let (_, entries) = b.batch.parts_mut();
             (entries[i].offset(), entries[i].len())
         };
         let st = &mut b.states[i];
         if offset > size {
-            return Err(Error::new(
-                ErrorKind::OutOfRange,
-                format!("offset {offset} is past the end ({size} bytes)"),
-            ));
+            return Err(Error::new(ErrorKind::OutOfRange, format!("offset {offset} is past the end ({size} bytes)")));
         }
         let want = len.min((size - offset) as usize);
         st.want = want;
@@ -689,7 +618,10 @@ impl Driver {
             if span > buf.capacity() {
                 return Err(Error::new(
                     ErrorKind::InvalidInput,
-                    format!("buffer of {} bytes is too small for the {span}-byte aligned span of this read", buf.capacity()),
+                    format!(
+                        "buffer of {} bytes is too small for the {span}-byte aligned span of this read",
+                        buf.capacity()
+                    ),
                 ));
             }
             st.io_off = io_off;
@@ -699,10 +631,7 @@ impl Driver {
             if want > buf.capacity() {
                 return Err(Error::new(
                     ErrorKind::InvalidInput,
-                    format!(
-                        "buffer of {} bytes is too small for a {want}-byte read",
-                        buf.capacity()
-                    ),
+                    format!("buffer of {} bytes is too small for a {want}-byte read", buf.capacity()),
                 ));
             }
             st.io_off = offset;
@@ -723,38 +652,29 @@ impl Driver {
         let Some(buf) = st.buf.as_mut() else { return };
         // SAFETY: filled < span <= capacity, so the pointer stays inside the buffer.
         let ptr = unsafe { buf.as_mut_ptr().add(st.filled) };
-        let len = (st.span - st.filled) as u32;
+        let mut len = st.span - st.filled;
+        if self.max_read > 0 && len > self.max_read {
+            // Cap one read at max_read, kept a multiple of the direct-I/O alignment.
+            len = (align_down(self.max_read as u64, st.align) as usize).max(st.align as usize).min(len);
+        }
+        st.last_len = len;
+        let len = len as u32;
         let off = st.io_off + st.filled as u64;
         let fixed_buf = match (buf.pool_slot(), self.registered_pool) {
-            (Some((pool, idx)), Some(reg)) if pool == reg && idx <= u16::MAX as u32 => {
-                Some(idx as u16)
-            }
+            (Some((pool, idx)), Some(reg)) if pool == reg && idx <= u16::MAX as u32 => Some(idx as u16),
             _ => None,
         };
         let user_data = ((id as u64) << 32) | i as u64;
         let sqe = match (fixed_buf, fixed_file) {
-            (Some(bi), Some(slot)) => opcode::ReadFixed::new(types::Fixed(slot), ptr, len, bi)
-                .offset(off)
-                .build(),
-            (Some(bi), None) => opcode::ReadFixed::new(types::Fd(st.fd), ptr, len, bi)
-                .offset(off)
-                .build(),
-            (None, Some(slot)) => opcode::Read::new(types::Fixed(slot), ptr, len)
-                .offset(off)
-                .build(),
-            (None, None) => opcode::Read::new(types::Fd(st.fd), ptr, len)
-                .offset(off)
-                .build(),
+            (Some(bi), Some(slot)) => opcode::ReadFixed::new(types::Fixed(slot), ptr, len, bi).offset(off).build(),
+            (Some(bi), None) => opcode::ReadFixed::new(types::Fd(st.fd), ptr, len, bi).offset(off).build(),
+            (None, Some(slot)) => opcode::Read::new(types::Fixed(slot), ptr, len).offset(off).build(),
+            (None, None) => opcode::Read::new(types::Fd(st.fd), ptr, len).offset(off).build(),
         }
         .user_data(user_data);
         if st.filled == 0 {
             let s = &self.shared.stats;
-            if st.direct {
-                &s.reads_direct
-            } else {
-                &s.reads_buffered
-            }
-            .fetch_add(1, Ordering::Relaxed);
+            if st.direct { &s.reads_direct } else { &s.reads_buffered }.fetch_add(1, Ordering::Relaxed);
             if fixed_buf.is_some() {
                 s.fixed_buffer_reads.fetch_add(1, Ordering::Relaxed);
             }
@@ -775,13 +695,10 @@ impl Driver {
         if st.direct {
             flags |= libc::O_DIRECT;
         }
-        st.how = types::OpenHow::new()
-            .flags(flags as u64)
-            .resolve(libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS);
+        st.how = types::OpenHow::new().flags(flags as u64).resolve(libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS);
         let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
-        let sqe = opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how)
-            .build()
-            .user_data(((id as u64) << 32) | i as u64);
+        let sqe =
+            opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how).build().user_data(((id as u64) << 32) | i as u64);
         // SAFETY: path and how point into the boxed job, owned until the completion is reaped.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
@@ -790,9 +707,7 @@ impl Driver {
     fn submit_close(&mut self, id: u32, b: &mut BatchJob, i: usize) {
         let st = &mut b.states[i];
         st.phase = Phase::Close;
-        let sqe = opcode::Close::new(types::Fd(st.fd))
-            .build()
-            .user_data(((id as u64) << 32) | i as u64);
+        let sqe = opcode::Close::new(types::Fd(st.fd)).build().user_data(((id as u64) << 32) | i as u64);
         // SAFETY: close takes no pointers.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
@@ -813,16 +728,15 @@ impl Driver {
     }
 
     fn submit_fsync(&mut self, id: u32, f: &mut FsyncJob) {
-        let sqe = opcode::Fsync::new(types::Fd(f.fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build()
-            .user_data((id as u64) << 32);
+        let sqe =
+            opcode::Fsync::new(types::Fd(f.fd)).flags(types::FsyncFlags::DATASYNC).build().user_data((id as u64) << 32);
         // SAFETY: fsync takes no pointers.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
     }
 
     fn entry_done(&mut self, b: &mut BatchJob, i: usize) {
+        b.states[i].mark_latency();
         b.states[i].phase = Phase::Done;
         b.active -= 1;
     }
@@ -870,11 +784,7 @@ impl Driver {
                         self.jobs[id as usize] = Some(Active::Fsync(f));
                         continue;
                     }
-                    let out = if res < 0 {
-                        Err(Error::from_errno(-res, "fdatasync failed"))
-                    } else {
-                        Ok(())
-                    };
+                    let out = if res < 0 { Err(Error::from_errno(-res, "fdatasync failed")) } else { Ok(()) };
                     if let Some(done) = f.done.take() {
                         let _ = done.send(out);
                     }
@@ -939,10 +849,7 @@ impl Driver {
                 }
                 let size = stx.stx_size;
                 let (mem, off) = if stx.stx_mask & libc::STATX_DIOALIGN != 0 {
-                    (
-                        stx.stx_dio_mem_align as u64,
-                        stx.stx_dio_offset_align as u64,
-                    )
+                    (stx.stx_dio_mem_align as u64, stx.stx_dio_offset_align as u64)
                 } else {
                     (0, 0)
                 };
@@ -974,13 +881,9 @@ impl Driver {
                         b.states[i].retries += 1;
                         return self.submit_open(id, b, i, root_fd);
                     }
-                    if errno == libc::EINVAL
-                        && b.states[i].direct
-                        && self.shared.policy == DirectIoPolicy::Auto
-                    {
+                    if errno == libc::EINVAL && b.states[i].direct && self.shared.policy == DirectIoPolicy::Auto {
                         // The filesystem refused O_DIRECT at open: read buffered.
-                        self.shared
-                            .count_fallback("open with O_DIRECT returned EINVAL");
+                        self.shared.count_fallback("open with O_DIRECT returned EINVAL");
                         let size = b.states[i].statx.stx_size;
                         if let Err(e) = self.plan_read(b, i, size, false, 1) {
                             let e = b.err(i, e);
@@ -989,11 +892,7 @@ impl Driver {
                         }
                         return self.submit_open(id, b, i, root_fd);
                     }
-                    let msg = if errno == libc::EXDEV {
-                        "path leads outside the tier root"
-                    } else {
-                        "open failed"
-                    };
+                    let msg = if errno == libc::EXDEV { "path leads outside the tier root" } else { "open failed" };
                     let e = b.err(i, Error::from_errno(errno, msg));
                     b.states[i].result = Some(Err(e));
                     return self.entry_done(b, i);
@@ -1018,11 +917,13 @@ impl Driver {
                     let need = st.head + st.want;
                     let eof = n == 0 || (st.direct && st.filled % st.align as usize != 0);
                     if st.filled < need && !eof {
-                        // Short read before the end: continue from an aligned position.
-                        if st.direct {
-                            st.filled = align_down(st.filled as u64, st.align) as usize;
+                        if n < st.last_len {
+                            // Short read before the end: continue from an aligned position.
+                            if st.direct {
+                                st.filled = align_down(st.filled as u64, st.align) as usize;
+                            }
+                            self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
                         }
-                        self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
                         return self.submit_read(id, b, i);
                     }
                     let got = st.filled.saturating_sub(st.head).min(st.want);
@@ -1034,6 +935,7 @@ impl Driver {
                     };
                     b.states[i].result = Some(res);
                 }
+                b.states[i].mark_latency();
                 match b.target {
                     Target::Keys { .. } => self.submit_close(id, b, i),
                     Target::File { .. } => self.entry_done(b, i),
@@ -1057,14 +959,7 @@ impl Driver {
     }
 
     /// Decides O_DIRECT for one file from its statx DIO alignment and the request's buffer.
-    fn decide_direct(
-        &self,
-        b: &BatchJob,
-        i: usize,
-        mem: u64,
-        off: u64,
-        size: u64,
-    ) -> Result<(bool, u64)> {
+    fn decide_direct(&self, b: &BatchJob, i: usize, mem: u64, off: u64, size: u64) -> Result<(bool, u64)> {
         let policy = self.shared.policy;
         if policy == DirectIoPolicy::Off {
             return Ok((false, 1));
@@ -1080,19 +975,14 @@ impl Driver {
                     ),
                 ));
             }
-            self.shared
-                .count_fallback("the filesystem reports no direct-I/O alignment");
+            self.shared.count_fallback("the filesystem reports no direct-I/O alignment");
             return Ok((false, 1));
         }
         let st = &b.states[i];
         let Some(buf) = st.buf.as_ref() else {
             return Ok((false, 1));
         };
-        let (offset, len) = b
-            .batch
-            .get(i)
-            .map(|(_, e)| (e.offset(), e.len()))
-            .unwrap_or((0, 0));
+        let (offset, len) = b.batch.get(i).map(|(_, e)| (e.offset(), e.len())).unwrap_or((0, 0));
         let want = len.min(size.saturating_sub(offset) as usize);
         let align = off.max(mem);
         let (_, span, _) = direct_span(offset.min(size), want.max(1), align);
@@ -1101,11 +991,7 @@ impl Driver {
         if addr_ok && fits {
             return Ok((true, align));
         }
-        let why = if addr_ok {
-            "buffer too small for the aligned span"
-        } else {
-            "buffer address not aligned"
-        };
+        let why = if addr_ok { "buffer too small for the aligned span" } else { "buffer address not aligned" };
         if policy == DirectIoPolicy::Required {
             return Err(Error::new(
                 ErrorKind::Misaligned,

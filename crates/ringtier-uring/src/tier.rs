@@ -16,14 +16,10 @@ use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
 use ringtier_core::key::validate_key;
-use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier,
-};
+use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier};
 
 use crate::config::{DirectIoPolicy, UringConfig};
-use crate::driver::{
-    self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS,
-};
+use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
 
 /// A snapshot of a tier's io_uring counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,12 +76,7 @@ impl Inner {
 
     async fn run_batch(&self, mut batch: ReadBatch, target: Target) -> ReadBatch {
         let (tx, rx) = oneshot::channel();
-        let job = BatchJob::new(
-            std::mem::take(&mut batch),
-            target,
-            Arc::clone(&self.shared),
-            tx,
-        );
+        let job = BatchJob::new(std::mem::take(&mut batch), target, Arc::clone(&self.shared), tx);
         if let Err(e) = self.driver().send(Job::Batch(job)) {
             // The job (and its buffers) went down with the channel: report on what is left.
             batch.fail_pending(&e);
@@ -101,44 +92,22 @@ impl Inner {
         }
     }
 
-    async fn write(
-        &self,
-        fd: RawFd,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<()>, Option<AlignedBuf>) {
+    async fn write(&self, fd: RawFd, offset: u64, len: usize, buf: AlignedBuf) -> (Result<()>, Option<AlignedBuf>) {
         let (tx, rx) = oneshot::channel();
-        let job = Box::new(WriteJob {
-            fd,
-            offset,
-            len,
-            buf: Some(buf),
-            written: 0,
-            retries: 0,
-            done: Some(tx),
-        });
+        let job = Box::new(WriteJob { fd, offset, len, buf: Some(buf), written: 0, retries: 0, done: Some(tx) });
         if let Err(e) = self.driver().send(Job::Write(job)) {
             return (Err(e), None);
         }
         match rx.await {
             Ok((res, buf)) => (res, Some(buf)),
-            Err(_) => (
-                Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")),
-                None,
-            ),
+            Err(_) => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), None),
         }
     }
 
     async fn fdatasync(&self, fd: RawFd) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.driver().send(Job::Fsync(Box::new(FsyncJob {
-            fd,
-            retries: 0,
-            done: Some(tx),
-        })))?;
-        rx.await
-            .map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?
+        self.driver().send(Job::Fsync(Box::new(FsyncJob { fd, retries: 0, done: Some(tx) })))?;
+        rx.await.map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?
     }
 }
 
@@ -188,21 +157,14 @@ impl UringTier {
     }
 
     /// Opens a tier with `config` and `options`.
-    pub fn with_options(
-        root: impl AsRef<Path>,
-        config: UringConfig,
-        options: UringTierOptions,
-    ) -> Result<Self> {
+    pub fn with_options(root: impl AsRef<Path>, config: UringConfig, options: UringTierOptions) -> Result<Self> {
         let name = options.name.unwrap_or_else(|| "uring".to_string());
         if config.rings == 0 || config.queue_depth == 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "rings and queue_depth must be at least 1",
-            )
-            .with_tier(&name));
+            return Err(
+                Error::new(ErrorKind::InvalidInput, "rings and queue_depth must be at least 1").with_tier(&name)
+            );
         }
-        let root =
-            FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?;
+        let root = FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?;
         let probed = probe_dio_align(root.root_fd());
         let root_align = probed.unwrap_or((0, 0));
         let fs_type = fs_type_name(root.path());
@@ -220,12 +182,7 @@ impl UringTier {
         let shared = Arc::new(Shared::new(name, fs_type, config.direct_io));
         let mut drivers = Vec::with_capacity(config.rings);
         for i in 0..config.rings {
-            drivers.push(driver::spawn(
-                i,
-                &config,
-                options.pool.clone(),
-                Arc::clone(&shared),
-            )?);
+            drivers.push(driver::spawn(i, &config, options.pool.clone(), Arc::clone(&shared))?);
         }
         let meta = BlockingPool::new("ringtier-uring-meta", config.metadata_threads)?;
         tracing::debug!(
@@ -340,29 +297,13 @@ impl UringTier {
             })
             .await
             .map_err(|e| e.context(Operation::Open, key, self.name()))?;
-        let fixed = if self.inner.config.register_files {
-            self.register_file(file.as_raw_fd()).await
-        } else {
-            None
-        };
-        Ok(UringFile {
-            tier: self.clone(),
-            key: key.to_string(),
-            file,
-            size,
-            direct,
-            align,
-            fixed,
-        })
+        let fixed = if self.inner.config.register_files { self.register_file(file.as_raw_fd()).await } else { None };
+        Ok(UringFile { tier: self.clone(), key: key.to_string(), file, size, direct, align, fixed })
     }
 
     async fn register_file(&self, fd: RawFd) -> Option<u32> {
         let slot = {
-            let mut slots = self
-                .inner
-                .fixed_slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut slots = self.inner.fixed_slots.lock().unwrap_or_else(|p| p.into_inner());
             let slot = slots.iter().position(|used| !used)?;
             slots[slot] = true;
             slot as u32
@@ -370,13 +311,7 @@ impl UringTier {
         let mut ok = true;
         for d in &self.inner.drivers {
             let (tx, rx) = oneshot::channel();
-            if d.send(Job::RegisterFile {
-                slot,
-                fd,
-                reply: tx,
-            })
-            .is_err()
-            {
+            if d.send(Job::RegisterFile { slot, fd, reply: tx }).is_err() {
                 ok = false;
                 continue;
             }
@@ -386,11 +321,7 @@ impl UringTier {
             Some(slot)
         } else {
             self.unregister_file(slot);
-            self.inner
-                .shared
-                .stats
-                .register_fallbacks
-                .fetch_add(1, Ordering::Relaxed);
+            self.inner.shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
             None
         }
     }
@@ -398,17 +329,9 @@ impl UringTier {
     fn unregister_file(&self, slot: u32) {
         for d in &self.inner.drivers {
             let (tx, _rx) = oneshot::channel();
-            let _ = d.send(Job::RegisterFile {
-                slot,
-                fd: -1,
-                reply: tx,
-            });
+            let _ = d.send(Job::RegisterFile { slot, fd: -1, reply: tx });
         }
-        let mut slots = self
-            .inner
-            .fixed_slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.inner.fixed_slots.lock().unwrap_or_else(|p| p.into_inner());
         slots[slot as usize] = false;
     }
 }
@@ -434,11 +357,7 @@ impl Tier for UringTier {
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
         let inner = Arc::clone(&self.inner);
         let k = key.to_string();
-        self.inner
-            .meta
-            .run(move || inner.root.stat(&k))
-            .await
-            .map_err(|e| e.context(Operation::Stat, key, self.name()))
+        self.inner.meta.run(move || inner.root.stat(&k)).await.map_err(|e| e.context(Operation::Stat, key, self.name()))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
@@ -461,13 +380,7 @@ impl Tier for UringTier {
             .map_err(|e| e.context(Operation::Delete, key, self.name()))
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         let mut batch = ReadBatch::with_capacity(1, key.len());
         batch.push(key, offset, len, buf);
         let mut batch = self.read_batch(batch).await;
@@ -475,14 +388,8 @@ impl Tier for UringTier {
         match out {
             Some((res, Some(buf))) => (res, buf),
             // Only when the driver died and took the buffer with it.
-            Some((res, None)) => (
-                res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))),
-                fallback_buf(),
-            ),
-            None => (
-                Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")),
-                fallback_buf(),
-            ),
+            Some((res, None)) => (res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))), fallback_buf()),
+            None => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), fallback_buf()),
         }
     }
 
@@ -494,8 +401,7 @@ impl Tier for UringTier {
             .meta
             .run(move || {
                 let staged = inner.root.new_staging_path()?;
-                let want_direct =
-                    inner.shared.policy != DirectIoPolicy::Off && inner.root_align.0 > 0;
+                let want_direct = inner.shared.policy != DirectIoPolicy::Off && inner.root_align.0 > 0;
                 let open = |direct: bool| {
                     let mut o = OpenOptions::new();
                     o.write(true).create_new(true);
@@ -510,24 +416,15 @@ impl Tier for UringTier {
                         if inner.shared.policy == DirectIoPolicy::Required {
                             return Err(Error::new(
                                 ErrorKind::Unsupported,
-                                format!(
-                                    "direct I/O is required but {} refuses O_DIRECT",
-                                    inner.shared.fs_type
-                                ),
+                                format!("direct I/O is required but {} refuses O_DIRECT", inner.shared.fs_type),
                             ));
                         }
-                        inner
-                            .shared
-                            .count_fallback("the filesystem refused O_DIRECT for a new file");
+                        inner.shared.count_fallback("the filesystem refused O_DIRECT for a new file");
                         (open(false)?, false)
                     }
                     Err(e) => return Err(e.into()),
                 };
-                let (mem, off) = if direct {
-                    dio_align_of_fd(file.as_raw_fd())?
-                } else {
-                    (1, 1)
-                };
+                let (mem, off) = if direct { dio_align_of_fd(file.as_raw_fd())? } else { (1, 1) };
                 Ok((file, staged, direct, u64::from(mem.max(off)).max(1)))
             })
             .await
@@ -666,10 +563,7 @@ impl ObjectWriter for UringWriter {
     async fn write_at(&mut self, offset: u64, mut buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
         let Some(file) = self.file.as_ref() else {
             return (
-                Err(self.err(
-                    Error::new(ErrorKind::InvalidInput, "writer already finished"),
-                    Operation::Write,
-                )),
+                Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Write)),
                 buf,
             );
         };
@@ -682,9 +576,7 @@ impl ObjectWriter for UringWriter {
         if self.direct {
             let padded = align_up(len as u64, self.align) as usize;
             let addr = buf.as_ptr() as u64 + buf.head() as u64;
-            let ok = offset % self.align == 0
-                && addr % self.align == 0
-                && buf.head() + padded <= buf.capacity();
+            let ok = offset % self.align == 0 && addr % self.align == 0 && buf.head() + padded <= buf.capacity();
             if ok {
                 if padded > len {
                     let head = buf.head();
@@ -718,22 +610,13 @@ impl ObjectWriter for UringWriter {
         self.end = self.end.max(offset + len as u64);
         match back {
             Some(buf) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
-            None => (
-                Err(self.err(
-                    Error::new(ErrorKind::Shutdown, "buffer lost"),
-                    Operation::Write,
-                )),
-                fallback_buf(),
-            ),
+            None => (Err(self.err(Error::new(ErrorKind::Shutdown, "buffer lost"), Operation::Write)), fallback_buf()),
         }
     }
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
         let Some(file) = self.file.take() else {
-            return Err(self.err(
-                Error::new(ErrorKind::InvalidInput, "writer already finished"),
-                Operation::Commit,
-            ));
+            return Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Commit));
         };
         let res = async {
             if self.padded {
@@ -742,11 +625,7 @@ impl ObjectWriter for UringWriter {
             self.tier.inner.fdatasync(file.as_raw_fd()).await?;
             let inner = Arc::clone(&self.tier.inner);
             let (staged, key) = (self.staged.clone(), self.key.clone());
-            self.tier
-                .inner
-                .meta
-                .run(move || inner.root.publish_staged(&file, &staged, &key))
-                .await
+            self.tier.inner.meta.run(move || inner.root.publish_staged(&file, &staged, &key)).await
         }
         .await;
         if res.is_err() {

@@ -38,10 +38,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn read_hot_path_allocates_nothing_per_request() {
-    let dir = tempfile::Builder::new()
-        .prefix("alloc")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("tempdir");
+    let dir = tempfile::Builder::new().prefix("alloc").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     const N: usize = 512;
     let keys: Vec<String> = (0..N).map(|i| format!("c{}/f{i:04}", i % 4)).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -50,20 +47,10 @@ fn read_hot_path_allocates_nothing_per_request() {
         std::fs::write(p, pattern(i as u64, 3000 + i)).expect("write");
     }
     std::fs::write(dir.path().join("big"), pattern(1, 8 << 20)).expect("write");
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: 16 << 10,
-        count: N,
-        align: 4096,
-    })
-    .expect("pool");
-    let options = UringTierOptions {
-        pool: Some(pool.clone()),
-        ..Default::default()
-    };
+    let pool = BufferPool::new(PoolConfig { buf_size: 16 << 10, count: N, align: 4096 }).expect("pool");
+    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
     let tier = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
 
     rt.block_on(async {
         let file = tier.open_file("big").await.expect("open");
@@ -80,10 +67,7 @@ fn read_hot_path_allocates_nothing_per_request() {
                     batch.push(k, 0, 3000, pool.try_acquire().expect("buffer"));
                 }
                 let mut batch = tier.read_batch(batch).await;
-                let ok = batch
-                    .iter()
-                    .filter(|(_, e)| matches!(e.result(), Some(Ok(3000))))
-                    .count();
+                let ok = batch.iter().filter(|(_, e)| matches!(e.result(), Some(Ok(3000)))).count();
                 batch.clear();
                 (ALLOCS.load(Ordering::SeqCst) - before, ok, batch)
             }
@@ -94,10 +78,7 @@ fn read_hot_path_allocates_nothing_per_request() {
         let (small, ok16, b) = keyed(16, b).await;
         let (large, ok512, b) = keyed(N, b).await;
         assert_eq!((ok16, ok512), (16, N));
-        assert!(
-            large <= small + 2,
-            "512 key reads allocated {large} times, 16 reads {small}: per-request allocation"
-        );
+        assert!(large <= small + 2, "512 key reads allocated {large} times, 16 reads {small}: per-request allocation");
         assert!(small <= 12, "a batch allocates only a few times: {small}");
         batch = b;
 
@@ -107,17 +88,10 @@ fn read_hot_path_allocates_nothing_per_request() {
             async move {
                 let before = ALLOCS.load(Ordering::SeqCst);
                 for i in 0..n as u64 {
-                    batch.push_range(
-                        (i * 7919 % 512) * (16 << 10),
-                        16 << 10,
-                        pool.try_acquire().expect("buffer"),
-                    );
+                    batch.push_range((i * 7919 % 512) * (16 << 10), 16 << 10, pool.try_acquire().expect("buffer"));
                 }
                 let mut batch = file.read_batch(batch).await;
-                let ok = batch
-                    .iter()
-                    .filter(|(_, e)| matches!(e.result(), Some(Ok(16384))))
-                    .count();
+                let ok = batch.iter().filter(|(_, e)| matches!(e.result(), Some(Ok(16384)))).count();
                 batch.clear();
                 (ALLOCS.load(Ordering::SeqCst) - before, ok, batch)
             }
@@ -126,13 +100,8 @@ fn read_hot_path_allocates_nothing_per_request() {
         let (small, ok16, b) = ranged(16, b).await;
         let (large, ok512, _b) = ranged(N, b).await;
         assert_eq!((ok16, ok512), (16, N));
-        assert!(
-            large <= small + 2,
-            "512 range reads allocated {large} times, 16 reads {small}"
-        );
+        assert!(large <= small + 2, "512 range reads allocated {large} times, 16 reads {small}");
         assert!(small <= 12, "a batch allocates only a few times: {small}");
-        eprintln!(
-            "allocations per batch of file ranges: {small} (16 requests), {large} (512 requests)"
-        );
+        eprintln!("allocations per batch of file ranges: {small} (16 requests), {large} (512 requests)");
     });
 }

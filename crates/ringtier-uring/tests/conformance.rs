@@ -9,20 +9,9 @@ use ringtier_core::{BufferPool, PoolConfig};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 fn fixture(base: &Path, config: UringConfig) -> Fixture {
-    let dir = tempfile::Builder::new()
-        .prefix("conf-uring")
-        .tempdir_in(base)
-        .expect("tempdir");
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: 256 << 10,
-        count: 8,
-        align: 4096,
-    })
-    .expect("pool");
-    let options = UringTierOptions {
-        pool: Some(pool),
-        ..Default::default()
-    };
+    let dir = tempfile::Builder::new().prefix("conf-uring").tempdir_in(base).expect("tempdir");
+    let pool = BufferPool::new(PoolConfig { buf_size: 256 << 10, count: 8, align: 4096 }).expect("pool");
+    let options = UringTierOptions { pool: Some(pool), ..Default::default() };
     let tier = UringTier::with_options(dir.path(), config, options).expect("uring tier");
     Fixture::with_guard(Arc::new(tier), dir)
 }
@@ -40,11 +29,7 @@ mod ext4_direct_required {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig {
-            direct_io: DirectIoPolicy::Required,
-            queue_depth: 4,
-            ..UringConfig::default()
-        }
+        UringConfig { direct_io: DirectIoPolicy::Required, queue_depth: 4, ..UringConfig::default() }
     ));
 }
 
@@ -52,11 +37,7 @@ mod ext4_buffered_two_rings {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig {
-            direct_io: DirectIoPolicy::Off,
-            rings: 2,
-            ..UringConfig::default()
-        }
+        UringConfig { direct_io: DirectIoPolicy::Off, rings: 2, ..UringConfig::default() }
     ));
 }
 
@@ -69,9 +50,6 @@ mod ext4_sqpoll {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig {
-            sqpoll_idle_ms: Some(10),
-            ..UringConfig::default()
-        }
+        UringConfig { sqpoll_idle_ms: Some(10), ..UringConfig::default() }
     ));
 }

@@ -23,61 +23,29 @@ struct CapData {
 /// Drops CAP_IPC_LOCK from this thread's effective set; threads it spawns inherit that.
 fn drop_ipc_lock() {
     const CAP_IPC_LOCK: u32 = 14;
-    let mut hdr = CapHeader {
-        version: 0x2008_0522,
-        pid: 0,
-    };
+    let mut hdr = CapHeader { version: 0x2008_0522, pid: 0 };
     let mut data = [CapData::default(); 2];
     // SAFETY: capget/capset with a v3 header and two data structs, as the ABI defines.
     unsafe {
-        assert_eq!(
-            libc::syscall(
-                libc::SYS_capget,
-                &mut hdr as *mut CapHeader,
-                data.as_mut_ptr()
-            ),
-            0,
-            "capget"
-        );
+        assert_eq!(libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()), 0, "capget");
         data[0].effective &= !(1 << CAP_IPC_LOCK);
-        assert_eq!(
-            libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()),
-            0,
-            "capset"
-        );
+        assert_eq!(libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()), 0, "capset");
     }
 }
 
 #[test]
 fn low_memlock_falls_back_to_plain_buffers() {
     drop_ipc_lock();
-    let lim = libc::rlimit {
-        rlim_cur: 64 << 10,
-        rlim_max: 64 << 10,
-    };
+    let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
     // SAFETY: setrlimit with a valid rlimit struct; lowering a limit needs no privilege.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) }, 0);
 
-    let dir = tempfile::Builder::new()
-        .prefix("memlock")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("tempdir");
+    let dir = tempfile::Builder::new().prefix("memlock").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     std::fs::write(dir.path().join("x"), pattern(5, 1 << 20)).expect("write");
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: 1 << 20,
-        count: 16,
-        align: 4096,
-    })
-    .expect("pool");
-    let options = UringTierOptions {
-        pool: Some(pool.clone()),
-        ..Default::default()
-    };
-    let tier = UringTier::with_options(dir.path(), UringConfig::default(), options)
-        .expect("tier still opens");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let pool = BufferPool::new(PoolConfig { buf_size: 1 << 20, count: 16, align: 4096 }).expect("pool");
+    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let tier = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier still opens");
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     rt.block_on(async {
         let mut batch = ReadBatch::new();
         batch.push("x", 0, 1 << 20, pool.acquire().await);
@@ -85,15 +53,9 @@ fn low_memlock_falls_back_to_plain_buffers() {
         let (_, e) = batch.iter().next().expect("one");
         assert_eq!(*e.result().expect("done").as_ref().expect("read"), 1 << 20);
         assert_eq!(e.buf().expect("buf").as_slice(), pattern(5, 1 << 20));
-        assert_eq!(
-            ops::get(&tier, "x").await.expect("get"),
-            pattern(5, 1 << 20)
-        );
+        assert_eq!(ops::get(&tier, "x").await.expect("get"), pattern(5, 1 << 20));
     });
     let s = tier.stats();
-    assert_eq!(
-        s.register_fallbacks, 1,
-        "one fallback, for the one ring: {s:?}"
-    );
+    assert_eq!(s.register_fallbacks, 1, "one fallback, for the one ring: {s:?}");
     assert_eq!(s.fixed_buffer_reads, 0, "{s:?}");
 }

@@ -11,10 +11,7 @@ use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 fn ext4_dir() -> tempfile::TempDir {
     // Alignment tests must run on ext4: tmpfs accepts misaligned O_DIRECT on this kernel.
-    tempfile::Builder::new()
-        .prefix("uring")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("tempdir")
+    tempfile::Builder::new().prefix("uring").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
 }
 
 fn write_file(dir: &Path, key: &str, data: &[u8]) {
@@ -57,9 +54,7 @@ async fn ext4_reads_go_direct_and_tails_read_correctly() {
         assert_eq!(got, data, "file of {size} bytes");
         // A read straddling the unaligned tail.
         if *size > 10 {
-            let got = ops::read_exact_at(&t, &format!("f{i}"), (*size - 10) as u64, 100)
-                .await
-                .expect("tail");
+            let got = ops::read_exact_at(&t, &format!("f{i}"), (*size - 10) as u64, 100).await.expect("tail");
             assert_eq!(got, &data[size - 10..]);
         }
     }
@@ -73,13 +68,7 @@ async fn ext4_reads_go_direct_and_tails_read_correctly() {
 async fn policy_off_reads_buffered() {
     let dir = ext4_dir();
     write_file(dir.path(), "x", &pattern(1, 5000));
-    let t = tier(
-        dir.path(),
-        UringConfig {
-            direct_io: DirectIoPolicy::Off,
-            ..UringConfig::default()
-        },
-    );
+    let t = tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Off, ..UringConfig::default() });
     assert!(!t.capabilities().direct_io);
     assert_eq!(ops::get(&t, "x").await.expect("get"), pattern(1, 5000));
     let s = t.stats();
@@ -98,28 +87,15 @@ async fn misaligned_buffer_falls_back_under_auto_and_fails_under_required() {
     assert_eq!(res.expect("auto read"), 10_000);
     assert_eq!(buf.as_slice(), &data[100..10_100]);
     let s = auto.stats();
-    assert_eq!(
-        (s.direct_io_fallbacks, s.reads_buffered),
-        (1, 1),
-        "counted fallback: {s:?}"
-    );
+    assert_eq!((s.direct_io_fallbacks, s.reads_buffered), (1, 1), "counted fallback: {s:?}");
 
-    let required = tier(
-        dir.path(),
-        UringConfig {
-            direct_io: DirectIoPolicy::Required,
-            ..UringConfig::default()
-        },
-    );
+    let required = tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() });
     let (buf, _backing2) = skewed_buf(16_384, 8);
     let (res, _buf) = required.read_at("x", 100, 10_000, buf).await;
     let err = res.expect_err("misaligned buffer under required");
     assert_eq!(err.kind(), ErrorKind::Misaligned, "{err}");
     let msg = err.to_string();
-    assert!(
-        msg.contains("\"x\"") && msg.contains("ext4"),
-        "error names file and filesystem: {msg}"
-    );
+    assert!(msg.contains("\"x\"") && msg.contains("ext4"), "error names file and filesystem: {msg}");
 
     // A buffer too small for the aligned span is the same kind of error under required.
     let small = AlignedBuf::new(4096, 4096).expect("buf");
@@ -132,62 +108,27 @@ async fn many_small_files_in_one_batch_with_a_registered_pool() {
     let dir = ext4_dir();
     let n = 300;
     for i in 0..n {
-        write_file(
-            dir.path(),
-            &format!("class{:02}/img{i:04}.jpg", i % 7),
-            &pattern(i as u64, 500 + i * 97),
-        );
+        write_file(dir.path(), &format!("class{:02}/img{i:04}.jpg", i % 7), &pattern(i as u64, 500 + i * 97));
     }
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: 64 << 10,
-        count: n,
-        align: 4096,
-    })
-    .expect("pool");
-    let options = UringTierOptions {
-        pool: Some(pool.clone()),
-        ..Default::default()
-    };
-    let t = UringTier::with_options(
-        dir.path(),
-        UringConfig {
-            queue_depth: 8,
-            ..UringConfig::default()
-        },
-        options,
-    )
-    .expect("tier");
+    let pool = BufferPool::new(PoolConfig { buf_size: 64 << 10, count: n, align: 4096 }).expect("pool");
+    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let t = UringTier::with_options(dir.path(), UringConfig { queue_depth: 8, ..UringConfig::default() }, options)
+        .expect("tier");
     let mut batch = ReadBatch::with_capacity(n, n * 24);
     for i in 0..n {
-        batch.push(
-            &format!("class{:02}/img{i:04}.jpg", i % 7),
-            0,
-            64 << 10,
-            pool.try_acquire().expect("buffer"),
-        );
+        batch.push(&format!("class{:02}/img{i:04}.jpg", i % 7), 0, 64 << 10, pool.try_acquire().expect("buffer"));
     }
     let batch = t.read_batch(batch).await;
     for (i, (key, e)) in batch.iter().enumerate() {
-        let n_read = *e
-            .result()
-            .expect("done")
-            .as_ref()
-            .unwrap_or_else(|err| panic!("{key}: {err}"));
+        let n_read = *e.result().expect("done").as_ref().unwrap_or_else(|err| panic!("{key}: {err}"));
         assert_eq!(n_read, 500 + i * 97);
-        assert_eq!(
-            e.buf().expect("buf").as_slice(),
-            pattern(i as u64, 500 + i * 97),
-            "{key}"
-        );
+        assert_eq!(e.buf().expect("buf").as_slice(), pattern(i as u64, 500 + i * 97), "{key}");
     }
     let s = t.stats();
     assert_eq!(s.fixed_buffer_reads, n as u64, "{s:?}");
     assert_eq!(s.reads_direct, n as u64, "{s:?}");
     // statx + openat2 + read + close per file, plus the driver's wake-up read.
-    assert!(
-        s.sqes >= 4 * n as u64 && s.sqes <= 4 * n as u64 + 8,
-        "{s:?}"
-    );
+    assert!(s.sqes >= 4 * n as u64 && s.sqes <= 4 * n as u64 + 8, "{s:?}");
     assert!(s.submits < s.sqes, "submissions are batched: {s:?}");
     drop(batch);
     assert_eq!(pool.in_use(), 0, "every buffer returned to the pool");
@@ -198,21 +139,9 @@ async fn open_file_random_reads_with_fixed_files_and_buffers() {
     let dir = ext4_dir();
     let data = pattern(42, 4 << 20);
     write_file(dir.path(), "big.bin", &data);
-    let pool = BufferPool::new(PoolConfig {
-        buf_size: 128 << 10,
-        count: 32,
-        align: 4096,
-    })
-    .expect("pool");
-    let config = UringConfig {
-        register_files: true,
-        rings: 2,
-        ..UringConfig::default()
-    };
-    let options = UringTierOptions {
-        pool: Some(pool.clone()),
-        ..Default::default()
-    };
+    let pool = BufferPool::new(PoolConfig { buf_size: 128 << 10, count: 32, align: 4096 }).expect("pool");
+    let config = UringConfig { register_files: true, rings: 2, ..UringConfig::default() };
+    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
     let t = UringTier::with_options(dir.path(), config, options).expect("tier");
     let f = t.open_file("big.bin").await.expect("open");
     assert!(f.is_direct());
@@ -226,28 +155,18 @@ async fn open_file_random_reads_with_fixed_files_and_buffers() {
         batch = f.read_batch(batch).await;
         for (_, e) in batch.iter() {
             let off = e.offset() as usize;
-            assert_eq!(
-                *e.result().expect("done").as_ref().expect("read"),
-                128 << 10
-            );
+            assert_eq!(*e.result().expect("done").as_ref().expect("read"), 128 << 10);
             assert!(e.buf().expect("buf").as_slice() == &data[off..off + (128 << 10)]);
         }
         batch.clear();
     }
     let s = t.stats();
-    assert_eq!(
-        (s.fixed_file_reads, s.fixed_buffer_reads),
-        (128, 128),
-        "{s:?}"
-    );
+    assert_eq!((s.fixed_file_reads, s.fixed_buffer_reads), (128, 128), "{s:?}");
     // A read past the end of the file, and one at its end.
     batch.push_range(data.len() as u64 + 4096, 4096, pool.acquire().await);
     batch.push_range(data.len() as u64, 4096, pool.acquire().await);
     let mut batch = f.read_batch(batch).await;
-    let results: Vec<_> = batch
-        .drain()
-        .map(|(_, _, r, _)| r.map_err(|e| e.kind()))
-        .collect();
+    let results: Vec<_> = batch.drain().map(|(_, _, r, _)| r.map_err(|e| e.kind())).collect();
     assert_eq!(results, [Err(ErrorKind::OutOfRange), Ok(0)]);
 }
 
@@ -263,38 +182,19 @@ async fn bad_input_gives_clear_errors_and_never_leaves_the_root() {
     let t = tier(&root, UringConfig::default());
 
     for key in ["escape", "escape_rel"] {
-        let (res, buf) = t
-            .read_at(key, 0, 100, AlignedBuf::new(4096, 4096).expect("buf"))
-            .await;
+        let (res, buf) = t.read_at(key, 0, 100, AlignedBuf::new(4096, 4096).expect("buf")).await;
         let err = res.expect_err("symlink out of the root must not be read");
         assert!(buf.as_slice().is_empty(), "nothing read from outside");
         assert!(err.to_string().contains(key), "{err}");
     }
-    let (res, _) = t
-        .read_at("missing", 0, 10, AlignedBuf::new(4096, 4096).expect("buf"))
-        .await;
+    let (res, _) = t.read_at("missing", 0, 10, AlignedBuf::new(4096, 4096).expect("buf")).await;
     let err = res.expect_err("missing");
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert!(
-        err.to_string().contains("\"missing\"") && err.to_string().contains("uring"),
-        "{err}"
-    );
-    let (res, _) = t
-        .read_at("adir", 0, 10, AlignedBuf::new(4096, 4096).expect("buf"))
-        .await;
+    assert!(err.to_string().contains("\"missing\"") && err.to_string().contains("uring"), "{err}");
+    let (res, _) = t.read_at("adir", 0, 10, AlignedBuf::new(4096, 4096).expect("buf")).await;
     assert_eq!(res.expect_err("directory").kind(), ErrorKind::NotFound);
-    assert!(
-        UringTier::new(outer.path().join("nope"), UringConfig::default()).is_err(),
-        "missing root"
-    );
-    assert!(UringTier::new(
-        &root,
-        UringConfig {
-            queue_depth: 0,
-            ..UringConfig::default()
-        }
-    )
-    .is_err());
+    assert!(UringTier::new(outer.path().join("nope"), UringConfig::default()).is_err(), "missing root");
+    assert!(UringTier::new(&root, UringConfig { queue_depth: 0, ..UringConfig::default() }).is_err());
     assert!(t.open_file("../secret").await.is_err());
     assert!(t.open_file("escape").await.is_err());
 }
@@ -302,30 +202,17 @@ async fn bad_input_gives_clear_errors_and_never_leaves_the_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_writes_pad_and_trim_the_tail() {
     let dir = ext4_dir();
-    let t: Arc<dyn Tier> = Arc::new(tier(
-        dir.path(),
-        UringConfig {
-            direct_io: DirectIoPolicy::Required,
-            ..UringConfig::default()
-        },
-    ));
+    let t: Arc<dyn Tier> =
+        Arc::new(tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() }));
     let data = pattern(3, 3 * 4096 + 123);
-    ops::put(t.as_ref(), "ckpt/part-0", &data, 8192)
-        .await
-        .expect("put");
-    assert_eq!(
-        std::fs::read(dir.path().join("ckpt/part-0")).expect("read back"),
-        data
-    );
+    ops::put(t.as_ref(), "ckpt/part-0", &data, 8192).await.expect("put");
+    assert_eq!(std::fs::read(dir.path().join("ckpt/part-0")).expect("read back"), data);
     // Under required, an unaligned offset is refused with a clear error and nothing lands.
     let mut w = t.create("ckpt/part-1").await.expect("create");
     let mut buf = AlignedBuf::new(4096, 4096).expect("buf");
     buf.fill_from(&[1u8; 4096]).expect("fill");
     let (res, _) = w.write_at(100, buf).await;
-    assert_eq!(
-        res.expect_err("unaligned offset").kind(),
-        ErrorKind::Misaligned
-    );
+    assert_eq!(res.expect_err("unaligned offset").kind(), ErrorKind::Misaligned);
     w.abort().await.expect("abort");
     assert!(t.stat("ckpt/part-1").await.is_err());
     // Under auto the same write falls back to buffered I/O and is counted.
@@ -345,29 +232,36 @@ async fn direct_writes_pad_and_trim_the_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_without_direct_io_errors_under_required_and_falls_back_under_auto() {
     // procfs has no O_DIRECT (statx reports no DIO alignment for its files).
-    let required = tier(
-        Path::new("/proc/self"),
-        UringConfig {
-            direct_io: DirectIoPolicy::Required,
-            ..UringConfig::default()
-        },
-    );
-    let (res, _) = required
-        .read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf"))
-        .await;
+    let required =
+        tier(Path::new("/proc/self"), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() });
+    let (res, _) = required.read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf")).await;
     let err = res.expect_err("no O_DIRECT on procfs");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     let msg = err.to_string();
-    assert!(
-        msg.contains("\"status\"") && msg.contains("proc"),
-        "names file and filesystem: {msg}"
-    );
+    assert!(msg.contains("\"status\"") && msg.contains("proc"), "names file and filesystem: {msg}");
 
     let auto = tier(Path::new("/proc/self"), UringConfig::default());
-    let (res, _) = auto
-        .read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf"))
-        .await;
+    let (res, _) = auto.read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf")).await;
     res.expect("buffered fallback");
     let s = auto.stats();
     assert_eq!((s.direct_io_fallbacks, s.reads_direct), (1, 0), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_read_bytes_reads_a_file_in_chunks_through_one_open() {
+    let dir = ext4_dir();
+    let data = pattern(8, (1 << 20) + 100);
+    write_file(dir.path(), "big", &data);
+    let t = tier(dir.path(), UringConfig { max_read_bytes: 128 << 10, ..UringConfig::default() });
+    let mut batch = ReadBatch::new();
+    batch.push("big", 0, data.len(), AlignedBuf::new(data.len() + 4096, 4096).expect("buf"));
+    let batch = t.read_batch(batch).await;
+    let (_, e) = batch.get(0).expect("entry");
+    assert_eq!(*e.result().expect("done").as_ref().expect("read"), data.len());
+    assert!(e.buf().expect("buf").as_slice() == data.as_slice());
+    assert!(e.latency().is_some(), "service time recorded");
+    let s = t.stats();
+    // statx, openat2, 9 reads of at most 128 KiB, close, plus the driver's wake-up read.
+    assert_eq!(s.sqes, 1 + 1 + 9 + 1 + 1, "{s:?}");
+    assert_eq!(s.resubmits, 0, "chunks are not short reads: {s:?}");
 }

@@ -143,10 +143,7 @@ pub struct FaultInjecting {
 impl fmt::Debug for FaultInjecting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let rules: Vec<_> = self.shared.rules.iter().map(|r| r.rule).collect();
-        f.debug_struct("FaultInjecting")
-            .field("inner", &self.inner)
-            .field("rules", &rules)
-            .finish()
+        f.debug_struct("FaultInjecting").field("inner", &self.inner).field("rules", &rules).finish()
     }
 }
 
@@ -155,20 +152,11 @@ impl FaultInjecting {
     pub fn new(inner: Arc<dyn Tier>, rules: Vec<FaultRule>, seed: u64) -> Self {
         let shared = Shared {
             name: inner.name().to_string(),
-            rules: rules
-                .into_iter()
-                .map(|rule| RuleState {
-                    rule,
-                    seen: AtomicU64::new(0),
-                })
-                .collect(),
+            rules: rules.into_iter().map(|rule| RuleState { rule, seen: AtomicU64::new(0) }).collect(),
             rng: Mutex::new(seed),
             injected: AtomicU64::new(0),
         };
-        FaultInjecting {
-            inner,
-            shared: Arc::new(shared),
-        }
+        FaultInjecting { inner, shared: Arc::new(shared) }
     }
 
     /// Faults injected so far.
@@ -188,10 +176,7 @@ impl Tier for FaultInjecting {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            native_batch: false,
-            ..self.inner.capabilities()
-        }
+        Capabilities { native_batch: false, ..self.inner.capabilities() }
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
@@ -215,21 +200,11 @@ impl Tier for FaultInjecting {
         self.inner.delete(key).await
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         match self.shared.check(FaultOp::Read) {
             None => self.inner.read_at(key, offset, len, buf).await,
-            Some(Fault::ShortRead) if len > 1 => {
-                self.inner.read_at(key, offset, len / 2, buf).await
-            }
-            Some(Fault::ShortRead) | Some(Fault::TornWrite) => {
-                self.inner.read_at(key, offset, len, buf).await
-            }
+            Some(Fault::ShortRead) if len > 1 => self.inner.read_at(key, offset, len / 2, buf).await,
+            Some(Fault::ShortRead) | Some(Fault::TornWrite) => self.inner.read_at(key, offset, len, buf).await,
             Some(f) => (Err(self.fail(f, Operation::Read, key)), buf),
         }
     }
@@ -240,11 +215,7 @@ impl Tier for FaultInjecting {
         }
         let align = self.inner.capabilities().alignment.max(1) as u64;
         let inner = self.inner.create(key).await?;
-        Ok(Box::new(FaultyWriter {
-            inner,
-            shared: Arc::clone(&self.shared),
-            align,
-        }))
+        Ok(Box::new(FaultyWriter { inner, shared: Arc::clone(&self.shared), align }))
     }
 }
 
@@ -256,9 +227,7 @@ struct FaultyWriter {
 
 impl fmt::Debug for FaultyWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FaultyWriter")
-            .field("inner", &self.inner)
-            .finish()
+        f.debug_struct("FaultyWriter").field("inner", &self.inner).finish()
     }
 }
 
@@ -270,11 +239,7 @@ impl ObjectWriter for FaultyWriter {
 
     async fn write_at(&mut self, offset: u64, mut buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
         let key = self.inner.key().to_string();
-        let err = |f: Fault| {
-            f.error(Operation::Write)
-                .with_key(key.clone())
-                .with_tier(&self.shared.name)
-        };
+        let err = |f: Fault| f.error(Operation::Write).with_key(key.clone()).with_tier(&self.shared.name);
         match self.shared.check(FaultOp::Write) {
             None | Some(Fault::ShortRead) => self.inner.write_at(offset, buf).await,
             Some(Fault::TornWrite) => {
@@ -293,10 +258,7 @@ impl ObjectWriter for FaultyWriter {
 
     async fn commit(self: Box<Self>) -> Result<ObjectMeta> {
         if let Some(f) = self.shared.check(FaultOp::Commit) {
-            let e = f
-                .error(Operation::Commit)
-                .with_key(self.inner.key())
-                .with_tier(&self.shared.name);
+            let e = f.error(Operation::Commit).with_key(self.inner.key()).with_tier(&self.shared.name);
             let _ = self.inner.abort().await;
             return Err(e);
         }

@@ -24,17 +24,7 @@ enum Op {
     ReadBatch,
 }
 
-const OP_NAMES: [&str; 9] = [
-    "stat",
-    "list",
-    "delete",
-    "read",
-    "write",
-    "create",
-    "commit",
-    "abort",
-    "read_batch",
-];
+const OP_NAMES: [&str; 9] = ["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch"];
 
 struct OpHandles {
     ok: Counter,
@@ -89,9 +79,7 @@ pub struct Metered {
 
 impl fmt::Debug for Metered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Metered")
-            .field("inner", &self.inner)
-            .finish()
+        f.debug_struct("Metered").field("inner", &self.inner).finish()
     }
 }
 
@@ -134,13 +122,7 @@ impl Tier for Metered {
         res
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         let start = Instant::now();
         let (res, buf) = self.inner.read_at(key, offset, len, buf).await;
         let n = *res.as_ref().unwrap_or(&0) as u64;
@@ -152,10 +134,7 @@ impl Tier for Metered {
         let start = Instant::now();
         let res = self.inner.create(key).await;
         self.handles.record(Op::Create, start, &res, 0);
-        Ok(Box::new(MeteredWriter {
-            inner: res?,
-            handles: Arc::clone(&self.handles),
-        }))
+        Ok(Box::new(MeteredWriter { inner: res?, handles: Arc::clone(&self.handles) }))
     }
 
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
@@ -193,9 +172,7 @@ struct MeteredWriter {
 
 impl fmt::Debug for MeteredWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MeteredWriter")
-            .field("inner", &self.inner)
-            .finish()
+        f.debug_struct("MeteredWriter").field("inner", &self.inner).finish()
     }
 }
 

@@ -57,11 +57,7 @@ impl Bucket {
     fn new(rate: u64, burst: Option<u64>) -> Self {
         let rate = rate.max(1) as f64;
         let burst = burst.map(|b| b as f64).unwrap_or(rate / 20.0).max(1.0);
-        Bucket {
-            rate,
-            burst,
-            state: Mutex::new((burst, Instant::now())),
-        }
+        Bucket { rate, burst, state: Mutex::new((burst, Instant::now())) }
     }
 
     /// Takes `bytes` tokens and returns how long the caller must wait for them.
@@ -110,32 +106,21 @@ pub struct Throttled {
 
 impl fmt::Debug for Throttled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Throttled")
-            .field("inner", &self.inner)
-            .field("throttle", &self.shared.throttle)
-            .finish()
+        f.debug_struct("Throttled").field("inner", &self.inner).field("throttle", &self.shared.throttle).finish()
     }
 }
 
 impl Throttled {
     /// Wraps `inner` with `throttle`.
     pub fn new(inner: Arc<dyn Tier>, throttle: Throttle) -> Self {
-        let waited =
-            metrics::histogram!(catalog::THROTTLE_WAIT_SECONDS, "tier" => inner.name().to_string());
+        let waited = metrics::histogram!(catalog::THROTTLE_WAIT_SECONDS, "tier" => inner.name().to_string());
         let shared = Shared {
-            read: throttle
-                .read_bytes_per_sec
-                .map(|r| Bucket::new(r, throttle.burst_bytes)),
-            write: throttle
-                .write_bytes_per_sec
-                .map(|r| Bucket::new(r, throttle.burst_bytes)),
+            read: throttle.read_bytes_per_sec.map(|r| Bucket::new(r, throttle.burst_bytes)),
+            write: throttle.write_bytes_per_sec.map(|r| Bucket::new(r, throttle.burst_bytes)),
             throttle,
             waited,
         };
-        Throttled {
-            inner,
-            shared: Arc::new(shared),
-        }
+        Throttled { inner, shared: Arc::new(shared) }
     }
 
     /// The settings.
@@ -151,10 +136,7 @@ impl Tier for Throttled {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            native_batch: false,
-            ..self.inner.capabilities()
-        }
+        Capabilities { native_batch: false, ..self.inner.capabilities() }
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
@@ -172,34 +154,21 @@ impl Tier for Throttled {
         self.inner.delete(key).await
     }
 
-    async fn read_at(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-        buf: AlignedBuf,
-    ) -> (Result<usize>, AlignedBuf) {
-        self.shared
-            .pace(self.shared.read.as_ref(), len as u64)
-            .await;
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
+        self.shared.pace(self.shared.read.as_ref(), len as u64).await;
         self.inner.read_at(key, offset, len, buf).await
     }
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         self.shared.pace(None, 0).await;
         let inner = self.inner.create(key).await?;
-        Ok(Box::new(ThrottledWriter {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }))
+        Ok(Box::new(ThrottledWriter { inner, shared: Arc::clone(&self.shared) }))
     }
 
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
         // One latency for the batch (its requests are concurrent) and its bytes through the
         // bucket, then the inner tier's own batch path.
-        self.shared
-            .pace(self.shared.read.as_ref(), batch.requested_bytes())
-            .await;
+        self.shared.pace(self.shared.read.as_ref(), batch.requested_bytes()).await;
         self.inner.read_batch(batch).await
     }
 }
@@ -211,9 +180,7 @@ struct ThrottledWriter {
 
 impl fmt::Debug for ThrottledWriter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ThrottledWriter")
-            .field("inner", &self.inner)
-            .finish()
+        f.debug_struct("ThrottledWriter").field("inner", &self.inner).finish()
     }
 }
 
@@ -224,9 +191,7 @@ impl ObjectWriter for ThrottledWriter {
     }
 
     async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
-        self.shared
-            .pace(self.shared.write.as_ref(), buf.len() as u64)
-            .await;
+        self.shared.pace(self.shared.write.as_ref(), buf.len() as u64).await;
         self.inner.write_at(offset, buf).await
     }
 
@@ -250,10 +215,7 @@ mod tests {
         // The burst covers the first 100 bytes; the next 1000 cost one second of waiting.
         assert_eq!(b.take(100), Duration::ZERO);
         let w = b.take(1000);
-        assert!(
-            w >= Duration::from_millis(990) && w <= Duration::from_millis(1010),
-            "{w:?}"
-        );
+        assert!(w >= Duration::from_millis(990) && w <= Duration::from_millis(1010), "{w:?}");
         // Debt accumulates: the next caller waits behind the first.
         let w2 = b.take(500);
         assert!(w2 >= Duration::from_millis(1450), "{w2:?}");

@@ -1,20 +1,52 @@
-//! A generated dataset of many small files in class directories, deterministic from a seed.
+//! `ringtier gen`: synthetic datasets shaped like the paper's, deterministic from a seed, with
+//! a manifest (key, size, CRC-32C) so benchmarks need no directory walk.
 //!
-//! Sizes follow a log-normal distribution (median and sigma given), clipped to
-//! `[min_bytes, max_bytes]`, as image datasets such as ImageNet are long-tailed. The full
-//! generator with presets and a manifest is `ringtier gen` (later); this one serves the demo
-//! and the tier benchmark.
+//! Sizes follow a log-normal distribution: `size = median * exp(sigma * N(0,1))`, clipped to
+//! `[min, max]`. Presets:
+//!
+//! | preset | files | median | sigma | min | max | classes |
+//! |---|---|---|---|---|---|---|
+//! | `imagenet` | 16,384 | 112 KB | 0.6 | 2 KB | 1 MiB | 1,000 |
+//! | `caltech101` | 9,144 | 12 KB | 0.5 | 1 KB | 256 KiB | 102 |
+//! | `small` (demo) | 2,000 | 112 KB | 0.6 | 1 KB | 1 MiB | 16 |
+//!
+//! `--format raw` writes incompressible random bytes of exactly the drawn size. `--format
+//! jpeg` writes real baseline JPEGs (gradient backgrounds, shapes and noise of varied
+//! strength, quality 85) whose dimensions are chosen so the encoded size lands near the drawn
+//! size; the manifest records the actual sizes.
 
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
+use ringtier_core::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
 
 use crate::stats::Rng;
 
+/// File contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Format {
+    /// Random bytes.
+    Raw,
+    /// Real JPEG images.
+    Jpeg,
+}
+
+/// Named dataset shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Preset {
+    /// The paper's ImageNet subset: 16,384 files, median 112 KB.
+    Imagenet,
+    /// Caltech-101: 9,144 files, median 12 KB.
+    Caltech101,
+    /// The demo's: 2,000 ImageNet-like files.
+    Small,
+}
+
 /// Shape of a generated dataset.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct DatasetSpec {
     pub files: usize,
     pub median_bytes: u64,
@@ -23,48 +55,86 @@ pub(crate) struct DatasetSpec {
     pub max_bytes: u64,
     pub classes: usize,
     pub seed: u64,
+    pub format: Format,
 }
 
-impl Default for DatasetSpec {
-    fn default() -> Self {
-        // ImageNet-like: median 112 KB, long tail; capped so buffers stay modest.
-        DatasetSpec {
-            files: 2000,
-            median_bytes: 112 * 1000,
-            sigma: 0.6,
-            min_bytes: 1024,
-            max_bytes: 1 << 20,
-            classes: 16,
-            seed: 1,
+impl DatasetSpec {
+    pub(crate) fn preset(p: Preset) -> Self {
+        let (files, median_bytes, sigma, min_bytes, max_bytes, classes) = match p {
+            Preset::Imagenet => (16_384, 112_000, 0.6, 2_000, 1 << 20, 1000),
+            Preset::Caltech101 => (9_144, 12_000, 0.5, 1_000, 256 << 10, 102),
+            Preset::Small => (2_000, 112_000, 0.6, 1_000, 1 << 20, 16),
+        };
+        DatasetSpec { files, median_bytes, sigma, min_bytes, max_bytes, classes, seed: 1, format: Format::Raw }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.files == 0 {
+            bail!("--files must be at least 1");
         }
+        if self.classes == 0 {
+            bail!("--classes must be at least 1");
+        }
+        if self.median_bytes == 0 || self.median_bytes > self.max_bytes || self.min_bytes > self.median_bytes {
+            bail!("sizes must satisfy 0 < --min <= --median <= --max-size");
+        }
+        if !(0.0..=3.0).contains(&self.sigma) {
+            bail!("--sigma must be between 0 and 3");
+        }
+        Ok(())
     }
 }
 
-/// One file of a dataset: its key (relative path) and size.
-#[derive(Debug, Clone)]
-pub(crate) struct FileEntry {
-    pub key: String,
-    pub size: u64,
-}
-
-/// A dataset on disk.
+/// A dataset on disk and its manifest.
 #[derive(Debug)]
 pub(crate) struct Dataset {
     pub root: PathBuf,
-    pub files: Vec<FileEntry>,
+    pub manifest: Manifest,
+    /// True when the file list came from a manifest (checksums known).
+    pub has_checksums: bool,
 }
 
 impl Dataset {
     pub(crate) fn total_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        self.manifest.total_bytes()
     }
 
     pub(crate) fn max_size(&self) -> u64 {
-        self.files.iter().map(|f| f.size).max().unwrap_or(0)
+        self.manifest.max_size()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.manifest.entries.len()
+    }
+
+    pub(crate) fn median_size(&self) -> u64 {
+        let mut s: Vec<u64> = self.manifest.entries.iter().map(|e| e.size).collect();
+        s.sort_unstable();
+        s.get(s.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// Opens a dataset: its manifest if there is one, else a walk of the directory.
+    pub(crate) fn open(root: &Path) -> Result<Dataset> {
+        let meta = std::fs::metadata(root).with_context(|| format!("dataset directory {}", root.display()))?;
+        if !meta.is_dir() {
+            bail!("dataset {} is not a directory", root.display());
+        }
+        let (manifest, has_checksums) = if root.join(MANIFEST_FILE).exists() {
+            (Manifest::load(root)?, true)
+        } else {
+            let fsroot = ringtier_core::fs::FsRoot::open(root, false)?;
+            let entries =
+                fsroot.list("")?.into_iter().map(|m| ManifestEntry { key: m.key, size: m.size, crc32c: 0 }).collect();
+            (Manifest { entries }, false)
+        };
+        if manifest.entries.is_empty() {
+            bail!("dataset {} holds no files (generate one with `ringtier gen --dir ...`)", root.display());
+        }
+        Ok(Dataset { root: root.to_path_buf(), manifest, has_checksums })
     }
 }
 
-/// The sizes a spec produces, in file order.
+/// The sizes a spec draws, in file order.
 pub(crate) fn sizes(spec: &DatasetSpec) -> Vec<u64> {
     let mut rng = Rng::new(spec.seed);
     (0..spec.files)
@@ -75,34 +145,161 @@ pub(crate) fn sizes(spec: &DatasetSpec) -> Vec<u64> {
         .collect()
 }
 
-/// Writes the dataset under `root` (created), syncs it so it can be evicted from the cache.
-pub(crate) fn generate(root: &Path, spec: &DatasetSpec) -> Result<Dataset> {
-    if spec.files == 0 || spec.classes == 0 {
-        bail!("a dataset needs at least one file and one class");
+fn key_of(spec: &DatasetSpec, i: usize) -> String {
+    let ext = match spec.format {
+        Format::Raw => "bin",
+        Format::Jpeg => "jpg",
+    };
+    format!("class{:04}/img{:07}.{ext}", i % spec.classes, i)
+}
+
+/// Writes the dataset under `root` and its manifest; syncs the files so they can be evicted
+/// from the page cache. Refuses a directory that already holds a manifest unless `force`.
+pub(crate) fn generate(root: &Path, spec: &DatasetSpec, force: bool, progress: bool) -> Result<Dataset> {
+    spec.validate()?;
+    if root.join(MANIFEST_FILE).exists() && !force {
+        bail!("{} already holds a dataset (its manifest exists); pass --force to regenerate", root.display());
     }
     std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-    let mut rng = Rng::new(spec.seed ^ 0xDA7A);
-    let mut buf = vec![0u8; spec.max_bytes as usize];
-    let mut files = Vec::with_capacity(spec.files);
-    for (i, size) in sizes(spec).into_iter().enumerate() {
-        let key = format!("class{:03}/img{:06}.bin", i % spec.classes, i);
-        let path = root.join(&key);
-        if i < spec.classes {
-            std::fs::create_dir_all(path.parent().unwrap_or(root))
-                .with_context(|| format!("creating {}", path.display()))?;
-        }
-        rng.fill(&mut buf[..size as usize]);
-        let mut f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        f.write_all(&buf[..size as usize]).with_context(|| format!("writing {}", path.display()))?;
-        files.push(FileEntry { key, size });
+    for c in 0..spec.classes.min(spec.files) {
+        let dir = root.join(format!("class{c:04}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    // Write everything back so posix_fadvise(DONTNEED) can evict it before each cold pass.
+    let sizes = sizes(spec);
+    let bar = if progress { indicatif::ProgressBar::new(spec.files as u64) } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} files, {elapsed} elapsed, eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message("generating");
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    let written = AtomicU64::new(0);
+    let results: Vec<Result<Vec<(usize, ManifestEntry)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (sizes, bar, written) = (&sizes, &bar, &written);
+                s.spawn(move || -> Result<Vec<(usize, ManifestEntry)>> {
+                    let mut out = Vec::new();
+                    let mut buf = Vec::new();
+                    for i in (w..spec.files).step_by(workers) {
+                        let key = key_of(spec, i);
+                        // Per-file generator: the output does not depend on the thread count.
+                        let mut rng = Rng::new(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64 + 1));
+                        match spec.format {
+                            Format::Raw => {
+                                buf.resize(sizes[i] as usize, 0);
+                                rng.fill(&mut buf);
+                            }
+                            Format::Jpeg => jpeg_of_size(&mut rng, sizes[i], &mut buf)?,
+                        }
+                        let path = root.join(&key);
+                        std::fs::write(&path, &buf).with_context(|| format!("writing {}", path.display()))?;
+                        out.push((i, ManifestEntry { key, size: buf.len() as u64, crc32c: checksum(&buf) }));
+                        written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                        bar.inc(1);
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("generator thread panicked"))))
+            .collect()
+    });
+    let mut all = Vec::with_capacity(spec.files);
+    for r in results {
+        all.extend(r?);
+    }
+    all.sort_by_key(|(i, _)| *i);
+    bar.set_message("syncing");
     let dir = std::fs::File::open(root).with_context(|| format!("opening {}", root.display()))?;
     // SAFETY: syncfs on our own open descriptor.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
         return Err(std::io::Error::last_os_error()).context("syncfs");
     }
-    Ok(Dataset { root: root.to_path_buf(), files })
+    let manifest = Manifest { entries: all.into_iter().map(|(_, e)| e).collect() };
+    manifest.store(root)?;
+    bar.finish_and_clear();
+    Ok(Dataset { root: root.to_path_buf(), manifest, has_checksums: true })
+}
+
+/// Encodes a JPEG of about `target` bytes into `out`: draws a scene, encodes it, rescales the
+/// dimensions by the size ratio and encodes once more.
+fn jpeg_of_size(rng: &mut Rng, target: u64, out: &mut Vec<u8>) -> Result<()> {
+    let scene = Scene::random(rng);
+    // A first guess from a typical 1 byte per pixel at quality 85, 4:3.
+    let mut px = (target as f64 / scene.bytes_per_pixel_guess()).max(256.0);
+    for _ in 0..2 {
+        let h = ((px * 3.0 / 4.0).sqrt() as u32).clamp(16, 4096);
+        let w = (px as u32 / h).clamp(16, 4096);
+        scene.encode(w as u16, h as u16, out)?;
+        let ratio = target as f64 / out.len().max(1) as f64;
+        if (0.85..1.15).contains(&ratio) {
+            break;
+        }
+        px *= ratio;
+    }
+    Ok(())
+}
+
+/// A procedural picture: a two-colour gradient, a few ellipses, and noise.
+struct Scene {
+    c0: [f32; 3],
+    c1: [f32; 3],
+    blobs: Vec<([f32; 2], [f32; 2], [f32; 3])>,
+    noise: f32,
+    seed: u64,
+}
+
+impl Scene {
+    fn random(rng: &mut Rng) -> Scene {
+        let mut col = || [rng.next_f64() as f32 * 255.0, rng.next_f64() as f32 * 255.0, rng.next_f64() as f32 * 255.0];
+        let (c0, c1) = (col(), col());
+        let n = 2 + (rng.next_u64() % 6) as usize;
+        let blobs = (0..n)
+            .map(|_| {
+                let c = [rng.next_f64() as f32, rng.next_f64() as f32];
+                let r = [0.05 + 0.3 * rng.next_f64() as f32, 0.05 + 0.3 * rng.next_f64() as f32];
+                let k = [rng.next_f64() as f32 * 255.0, rng.next_f64() as f32 * 255.0, rng.next_f64() as f32 * 255.0];
+                (c, r, k)
+            })
+            .collect();
+        Scene { c0, c1, blobs, noise: 5.0 + 60.0 * rng.next_f64() as f32, seed: rng.next_u64() }
+    }
+
+    fn bytes_per_pixel_guess(&self) -> f64 {
+        0.3 + self.noise as f64 / 40.0
+    }
+
+    fn encode(&self, w: u16, h: u16, out: &mut Vec<u8>) -> Result<()> {
+        let (wf, hf) = (w as f32, h as f32);
+        let mut pixels = Vec::with_capacity(w as usize * h as usize * 3);
+        let mut rng = Rng::new(self.seed);
+        for y in 0..h {
+            for x in 0..w {
+                let (u, v) = (x as f32 / wf, y as f32 / hf);
+                let t = (u + v) / 2.0;
+                let mut p = [0f32; 3];
+                for (c, px) in p.iter_mut().enumerate() {
+                    *px = self.c0[c] * (1.0 - t) + self.c1[c] * t;
+                }
+                for (center, r, k) in &self.blobs {
+                    let (dx, dy) = ((u - center[0]) / r[0], (v - center[1]) / r[1]);
+                    if dx * dx + dy * dy < 1.0 {
+                        p = *k;
+                    }
+                }
+                let n = (rng.next_f64() as f32 - 0.5) * self.noise;
+                pixels.extend(p.iter().map(|c| (c + n).clamp(0.0, 255.0) as u8));
+            }
+        }
+        out.clear();
+        let enc = jpeg_encoder::Encoder::new(&mut *out, 85);
+        enc.encode(&pixels, w, h, jpeg_encoder::ColorType::Rgb).context("encoding a JPEG")?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -111,25 +308,60 @@ mod tests {
 
     #[test]
     fn sizes_are_deterministic_and_have_the_asked_median() {
-        let spec = DatasetSpec { files: 4001, ..DatasetSpec::default() };
+        let spec = DatasetSpec { files: 4001, ..DatasetSpec::preset(Preset::Small) };
         let a = sizes(&spec);
         assert_eq!(a, sizes(&spec));
         let mut s = a.clone();
         s.sort();
         let median = s[s.len() / 2] as f64;
         assert!((median / 112_000.0 - 1.0).abs() < 0.05, "median {median}");
-        assert!(s[0] >= 1024 && *s.last().unwrap_or(&0) <= 1 << 20);
+        assert!(s[0] >= 1000 && *s.last().unwrap_or(&0) <= 1 << 20);
     }
 
     #[test]
-    fn generate_writes_files_of_the_listed_sizes() {
+    fn generate_writes_files_and_a_matching_manifest() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let spec = DatasetSpec { files: 20, classes: 3, ..DatasetSpec::default() };
-        let ds = generate(dir.path(), &spec).expect("generate");
-        assert_eq!(ds.files.len(), 20);
-        for f in &ds.files {
-            assert_eq!(std::fs::metadata(dir.path().join(&f.key)).expect("stat").len(), f.size);
+        let spec = DatasetSpec { files: 20, classes: 3, ..DatasetSpec::preset(Preset::Small) };
+        let ds = generate(dir.path(), &spec, false, false).expect("generate");
+        assert_eq!(ds.len(), 20);
+        for e in &ds.manifest.entries {
+            let data = std::fs::read(dir.path().join(&e.key)).expect("read");
+            assert_eq!((data.len() as u64, checksum(&data)), (e.size, e.crc32c), "{}", e.key);
         }
-        assert!(generate(dir.path(), &DatasetSpec { files: 0, ..spec }).is_err());
+        assert_eq!(Dataset::open(dir.path()).expect("open").manifest, ds.manifest);
+        assert!(generate(dir.path(), &spec, false, false).is_err(), "refuses to overwrite");
+        let again = generate(dir.path(), &spec, true, false).expect("force");
+        assert_eq!(again.manifest, ds.manifest, "deterministic");
+        assert!(generate(dir.path(), &DatasetSpec { files: 0, ..spec }, true, false).is_err());
+    }
+
+    #[test]
+    fn jpeg_files_are_real_jpegs_near_the_drawn_size() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec =
+            DatasetSpec { files: 12, classes: 2, format: Format::Jpeg, ..DatasetSpec::preset(Preset::Caltech101) };
+        let ds = generate(dir.path(), &spec, false, false).expect("generate");
+        let drawn = sizes(&spec);
+        for (e, want) in ds.manifest.entries.iter().zip(drawn) {
+            let data = std::fs::read(dir.path().join(&e.key)).expect("read");
+            assert_eq!(&data[..3], &[0xFF, 0xD8, 0xFF], "JPEG SOI marker in {}", e.key);
+            assert_eq!(&data[data.len() - 2..], &[0xFF, 0xD9], "JPEG EOI marker in {}", e.key);
+            let ratio = e.size as f64 / want as f64;
+            assert!((0.5..2.0).contains(&ratio), "{}: {} bytes for a drawn {want}", e.key, e.size);
+        }
+    }
+
+    #[test]
+    fn open_walks_a_directory_without_manifest_and_rejects_empty_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(Dataset::open(&dir.path().join("missing")).is_err());
+        let err = Dataset::open(dir.path()).expect_err("empty").to_string();
+        assert!(err.contains("holds no files"), "{err}");
+        std::fs::create_dir(dir.path().join("c")).expect("mkdir");
+        std::fs::write(dir.path().join("c/x"), b"abc").expect("write");
+        let ds = Dataset::open(dir.path()).expect("walk");
+        assert_eq!((ds.len(), ds.total_bytes(), ds.has_checksums), (1, 3, false));
+        std::fs::write(dir.path().join(MANIFEST_FILE), "junk").expect("write");
+        assert!(Dataset::open(dir.path()).expect_err("corrupt").to_string().contains("corrupt manifest"));
     }
 }

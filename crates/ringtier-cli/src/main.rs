@@ -5,17 +5,18 @@
 mod dataset;
 mod passes;
 mod randread;
+mod readbench;
 mod stats;
-mod tiers;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ringtier_uring::DirectIoPolicy;
 
-use crate::dataset::DatasetSpec;
-use crate::passes::{Engine, UringKnobs};
+use crate::dataset::{Dataset, DatasetSpec, Format, Preset};
+use crate::passes::{Engine, Knobs, OnError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -38,6 +39,8 @@ struct Cli {
 enum Command {
     /// Generate a dataset in a temp dir and read it, cold, through every tier (the default).
     Demo(DemoArgs),
+    /// Generate a synthetic dataset with a manifest (deterministic from a seed).
+    Gen(GenArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -45,88 +48,94 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// Read a generated dataset through chosen engines over a sweep of concurrency.
-    Tiers(TiersArgs),
+    /// The paper's read micro-benchmark: cold shuffled epochs through each engine over a
+    /// concurrency sweep.
+    Read(ReadArgs),
     /// Random reads of one file at a fixed block size and depth (compare with fio).
     Randread(RandReadArgs),
 }
 
 #[derive(Args, Debug, Clone)]
-struct DatasetArgs {
-    /// Number of files to generate.
-    #[arg(long, default_value_t = 2000)]
-    files: usize,
-    /// Median file size (log-normal sizes), e.g. 112k.
-    #[arg(long, default_value = "112000", value_parser = parse_size)]
-    median: u64,
-    /// Largest file size.
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
-    max_size: u64,
-    /// Seed of sizes, contents and read order.
+struct ShapeArgs {
+    /// Number of files (default: the preset's).
+    #[arg(long)]
+    files: Option<usize>,
+    /// Median file size (log-normal sizes), e.g. 112000 or 12k (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    median: Option<u64>,
+    /// Log-normal sigma of the sizes (default: the preset's).
+    #[arg(long)]
+    sigma: Option<f64>,
+    /// Smallest file size (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    min_size: Option<u64>,
+    /// Largest file size (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    max_size: Option<u64>,
+    /// Class directories (default: the preset's).
+    #[arg(long)]
+    classes: Option<usize>,
+    /// Seed of sizes and contents.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Directory for the dataset (default: a new temp dir, removed afterwards).
+    /// File contents: raw random bytes or real JPEG images.
+    #[arg(long, value_enum, default_value = "raw")]
+    format: Format,
+}
+
+impl ShapeArgs {
+    fn spec(&self, preset: Preset) -> Result<DatasetSpec> {
+        let d = DatasetSpec::preset(preset);
+        let spec = DatasetSpec {
+            files: self.files.unwrap_or(d.files),
+            median_bytes: self.median.unwrap_or(d.median_bytes),
+            sigma: self.sigma.unwrap_or(d.sigma),
+            min_bytes: self.min_size.unwrap_or(d.min_bytes.min(self.median.unwrap_or(d.median_bytes))),
+            max_bytes: self.max_size.unwrap_or(d.max_bytes.max(self.median.unwrap_or(d.median_bytes))),
+            classes: self.classes.unwrap_or(d.classes),
+            seed: self.seed,
+            format: self.format,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// Directory to write the dataset into (created).
     #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Keep the generated files in --dir.
+    dir: PathBuf,
+    /// Dataset shape: imagenet (16,384 files, median 112 KB), caltech101 (9,144, median 12 KB).
+    #[arg(long, value_enum, default_value = "imagenet")]
+    preset: Preset,
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Regenerate over an existing dataset.
     #[arg(long)]
-    keep: bool,
+    force: bool,
 }
 
 #[derive(Args, Debug, Clone)]
-struct UringArgs {
-    /// io_uring rings (driver threads).
-    #[arg(long, default_value_t = 1)]
-    rings: usize,
+struct IoArgs {
+    /// io_uring rings (driver threads); a list sweeps it.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    rings: Vec<usize>,
     /// Kernel submission polling (SQPOLL); it costs a core while busy.
     #[arg(long)]
     sqpoll: bool,
     /// Do not register the buffer pool as fixed buffers.
     #[arg(long)]
     no_register_buffers: bool,
-}
-
-impl UringArgs {
-    fn knobs(&self) -> UringKnobs {
-        UringKnobs { rings: self.rings.max(1), sqpoll: self.sqpoll, register_buffers: !self.no_register_buffers }
-    }
-}
-
-#[derive(Args, Debug)]
-struct DemoArgs {
-    #[command(flatten)]
-    dataset: DatasetArgs,
-    #[command(flatten)]
-    uring: UringArgs,
-    /// Passes per tier (interleaved).
-    #[arg(long, default_value_t = 5)]
-    repeats: usize,
-    /// Threads of the posix tier.
-    #[arg(long, default_value_t = 8)]
-    threads: usize,
-    /// Requests in flight on the io_uring tier.
-    #[arg(long, default_value_t = 32)]
-    depth: usize,
-    /// Write the report as JSON here.
+    /// Largest single read (fio's --bs), e.g. 128k; 0 reads each file with one read.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    read_size: u64,
+    /// Check every file's CRC-32C against the manifest (costs CPU).
     #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-#[derive(Args, Debug)]
-struct TiersArgs {
-    #[command(flatten)]
-    dataset: DatasetArgs,
-    #[command(flatten)]
-    uring: UringArgs,
-    /// Engines, comma-separated: memory, posix-threads, uring-direct, uring-buffered.
-    #[arg(long, value_delimiter = ',', default_value = "posix-threads,uring-direct")]
-    engines: Vec<Engine>,
-    /// Thread counts for posix-threads (and tasks for memory).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
-    threads: Vec<usize>,
-    /// Queue depths for the uring engines.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
-    depths: Vec<usize>,
+    verify: bool,
+    /// What to do with a file that cannot be read as the manifest says.
+    #[arg(long, value_enum, default_value = "fail")]
+    on_error: OnError,
     /// Passes per point (interleaved).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
@@ -139,6 +148,62 @@ struct TiersArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write a plot of bandwidth against concurrency here (SVG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+impl IoArgs {
+    fn knobs(&self) -> Knobs {
+        Knobs {
+            read_size: self.read_size as usize,
+            sqpoll: self.sqpoll,
+            register_buffers: !self.no_register_buffers,
+            verify: self.verify,
+            on_error: self.on_error,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Directory for the dataset (default: a new temp dir, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Threads of the posix tier.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Requests in flight on the io_uring tier.
+    #[arg(long, default_value_t = 32)]
+    depth: usize,
+}
+
+#[derive(Args, Debug)]
+struct ReadArgs {
+    /// The dataset directory (from `ringtier gen`, or any directory of files).
+    #[arg(long)]
+    dir: PathBuf,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Engines, comma-separated: memory, posix-threads, uring-direct, uring-buffered.
+    #[arg(long, value_delimiter = ',', default_value = "posix-threads,uring-direct,uring-buffered")]
+    engines: Vec<Engine>,
+    /// Concurrency sweep: threads for posix-threads, queue depth for the uring engines.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    concurrency: Vec<usize>,
+    /// Thread counts for posix-threads, instead of --concurrency.
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Queue depths for the uring engines, instead of --concurrency.
+    #[arg(long, value_delimiter = ',')]
+    depths: Option<Vec<usize>>,
+    /// Seed of the read order.
+    #[arg(long, default_value_t = 1000)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -202,65 +267,46 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
-fn spec(d: &DatasetArgs) -> Result<DatasetSpec> {
-    if d.files == 0 {
-        bail!("--files must be at least 1");
-    }
-    if d.median == 0 || d.max_size < d.median {
-        bail!("--median must be positive and at most --max-size");
-    }
-    Ok(DatasetSpec {
-        files: d.files,
-        median_bytes: d.median,
-        max_bytes: d.max_size,
-        min_bytes: 1024.min(d.median),
-        seed: d.seed,
-        ..DatasetSpec::default()
-    })
-}
-
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Command::Demo(cli.demo));
-    match command {
-        Command::Demo(a) => {
-            let cfg = tiers::TiersConfig {
-                dir: a.dataset.dir.clone(),
-                keep: a.dataset.keep,
-                spec: spec(&a.dataset)?,
-                engines: Engine::ALL.to_vec(),
-                threads: vec![a.threads],
-                depths: vec![a.depth],
-                repeats: a.repeats,
-                warm: false,
-                drop_caches: false,
-                knobs: a.uring.knobs(),
-                json: a.json,
-            };
-            tiers::run(&cfg)?;
+    match cli.command.unwrap_or(Command::Demo(cli.demo)) {
+        Command::Demo(a) => demo(a),
+        Command::Gen(a) => {
+            let spec = a.shape.spec(a.preset)?;
+            let t0 = std::time::Instant::now();
+            let ds = dataset::generate(&a.dir, &spec, a.force, std::io::stderr().is_terminal())?;
+            println!(
+                "wrote {} files, {:.1} MB (median {:.0} KB, max {:.0} KB), manifest {} in {:.1} s",
+                ds.len(),
+                ds.total_bytes() as f64 / 1e6,
+                ds.median_size() as f64 / 1e3,
+                ds.max_size() as f64 / 1e3,
+                a.dir.join(ringtier_core::manifest::MANIFEST_FILE).display(),
+                t0.elapsed().as_secs_f64()
+            );
+            Ok(())
         }
-        Command::Bench(BenchCommand::Tiers(a)) => {
-            let cfg = tiers::TiersConfig {
-                dir: a.dataset.dir.clone(),
-                keep: a.dataset.keep,
-                spec: spec(&a.dataset)?,
+        Command::Bench(BenchCommand::Read(a)) => {
+            let ds = Dataset::open(&a.dir)?;
+            let cfg = readbench::ReadBenchConfig {
                 engines: a.engines,
-                threads: a.threads,
-                depths: a.depths,
-                repeats: a.repeats,
-                warm: a.warm,
-                drop_caches: a.drop_caches,
-                knobs: a.uring.knobs(),
-                json: a.json,
+                threads: a.threads.unwrap_or_else(|| a.concurrency.clone()),
+                depths: a.depths.unwrap_or(a.concurrency),
+                rings: a.io.rings.clone(),
+                repeats: a.io.repeats,
+                warm: a.io.warm,
+                drop_caches: a.io.drop_caches,
+                knobs: a.io.knobs(),
+                json: a.io.json.clone(),
+                plot: a.io.plot.clone(),
+                seed: a.seed,
             };
-            if cfg.threads.contains(&0) || cfg.depths.contains(&0) {
-                bail!("thread counts and depths must be at least 1");
-            }
-            tiers::run(&cfg)?;
+            readbench::run(&cfg, &ds)?;
+            Ok(())
         }
         Command::Bench(BenchCommand::Randread(a)) => {
             let cfg = randread::RandReadConfig {
@@ -280,9 +326,51 @@ fn main() -> Result<()> {
             if let Some(path) = a.json {
                 std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
             }
+            Ok(())
         }
     }
-    Ok(())
+}
+
+/// The demo: a small generated dataset, read through every tier.
+fn demo(a: DemoArgs) -> Result<()> {
+    let spec = a.shape.spec(Preset::Small)?;
+    let tmp;
+    let root = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("ringtier-demo-").tempdir().context("creating a temp dir")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    eprintln!(
+        "generating {} files (median {} KB, seed {}) in {}",
+        spec.files,
+        spec.median_bytes / 1000,
+        spec.seed,
+        root.display()
+    );
+    let ds = dataset::generate(&root, &spec, true, std::io::stderr().is_terminal())?;
+    let cfg = readbench::ReadBenchConfig {
+        engines: Engine::ALL.to_vec(),
+        threads: vec![a.threads],
+        depths: vec![a.depth],
+        rings: a.io.rings.clone(),
+        repeats: a.io.repeats,
+        warm: a.io.warm,
+        drop_caches: a.io.drop_caches,
+        knobs: a.io.knobs(),
+        json: a.io.json.clone(),
+        plot: a.io.plot.clone(),
+        seed: 1000,
+    };
+    let result = readbench::run(&cfg, &ds);
+    if a.dir.is_some() {
+        for f in &ds.manifest.entries {
+            let _ = std::fs::remove_file(ds.root.join(&f.key));
+        }
+        let _ = std::fs::remove_file(ds.root.join(ringtier_core::manifest::MANIFEST_FILE));
+    }
+    result.map(|_| ())
 }
 
 #[cfg(test)]

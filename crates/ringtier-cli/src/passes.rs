@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use ringtier_core::manifest::checksum;
 use ringtier_core::{BufferPool, MemoryTier, PoolConfig, PosixConfig, PosixTier, ReadBatch, Tier};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
@@ -22,7 +23,7 @@ pub(crate) enum Engine {
     Memory,
     /// Buffered pread from a pool of N threads (tf.data / PyTorch workers).
     PosixThreads,
-    /// io_uring, O_DIRECT, N requests in flight on one ring.
+    /// io_uring, O_DIRECT, N requests in flight per ring.
     UringDirect,
     /// io_uring through the page cache.
     UringBuffered,
@@ -49,6 +50,10 @@ impl Engine {
             Engine::UringDirect | Engine::UringBuffered => "depth",
         }
     }
+
+    pub(crate) fn is_uring(self) -> bool {
+        matches!(self, Engine::UringDirect | Engine::UringBuffered)
+    }
 }
 
 impl fmt::Display for Engine {
@@ -67,17 +72,30 @@ impl FromStr for Engine {
     }
 }
 
-/// io_uring knobs for the uring engines.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct UringKnobs {
-    pub rings: usize,
-    pub sqpoll: bool,
-    pub register_buffers: bool,
+/// What a pass does with a file that cannot be read as the manifest says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum OnError {
+    /// Count it and go on.
+    Skip,
+    /// Stop with an error naming the file.
+    Fail,
 }
 
-impl Default for UringKnobs {
+/// Knobs shared by every point of a run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Knobs {
+    /// Largest single read (fio's --bs); 0 reads each file with one read.
+    pub read_size: usize,
+    pub sqpoll: bool,
+    pub register_buffers: bool,
+    pub verify: bool,
+    pub on_error: OnError,
+}
+
+impl Default for Knobs {
     fn default() -> Self {
-        UringKnobs { rings: 1, sqpoll: false, register_buffers: true }
+        Knobs { read_size: 0, sqpoll: false, register_buffers: true, verify: false, on_error: OnError::Fail }
     }
 }
 
@@ -85,18 +103,27 @@ impl Default for UringKnobs {
 pub(crate) struct Reader {
     pub engine: Engine,
     pub concurrency: usize,
+    pub rings: usize,
+    knobs: Knobs,
     tier: Arc<dyn Tier>,
     pool: BufferPool,
     batch_size: usize,
 }
 
 /// Measurements of one pass.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct PassResult {
     pub bytes: u64,
     pub files: u64,
+    pub skipped: u64,
     pub wall_seconds: f64,
     pub cpu_seconds: f64,
+    /// Per-file service time percentiles, milliseconds.
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    /// The first few errors of skipped files.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
 }
 
 impl PassResult {
@@ -113,12 +140,21 @@ impl PassResult {
     }
 }
 
+/// The `q` quantile (0..=1) of sorted samples.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
 impl Reader {
-    /// Sets up `engine` with `concurrency` over `ds`.
-    pub(crate) fn new(engine: Engine, concurrency: usize, ds: &Dataset, knobs: UringKnobs) -> Result<Reader> {
+    /// Sets up `engine` with `concurrency` (threads or depth) and `rings` over `ds`.
+    pub(crate) fn new(engine: Engine, concurrency: usize, rings: usize, ds: &Dataset, knobs: Knobs) -> Result<Reader> {
         let concurrency = concurrency.max(1);
         // Two batches in flight, each large enough to keep every thread or ring slot busy.
-        let batch_size = (2 * concurrency).max(32);
+        let batch_size = (concurrency * rings.max(1)).max(16);
         let buf_size = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
         let pool = BufferPool::new(PoolConfig { buf_size, count: 2 * batch_size, align: 4096 })
             .context("allocating the buffer pool")?;
@@ -128,7 +164,7 @@ impl Reader {
                 let src = PosixTier::new(PosixConfig::new(&ds.root)).context("opening the dataset")?;
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async {
-                    for f in &ds.files {
+                    for f in &ds.manifest.entries {
                         let data = ringtier_core::ops::get(&src, &f.key).await?;
                         ringtier_core::ops::put(&mem, &f.key, &data, 1 << 20).await?;
                     }
@@ -138,13 +174,17 @@ impl Reader {
                 Arc::new(mem)
             }
             Engine::PosixThreads => Arc::new(
-                PosixTier::new(PosixConfig { threads: concurrency, ..PosixConfig::new(&ds.root) })
-                    .context("opening the posix tier")?,
+                PosixTier::new(PosixConfig {
+                    threads: concurrency,
+                    read_chunk: knobs.read_size,
+                    ..PosixConfig::new(&ds.root)
+                })
+                .context("opening the posix tier")?,
             ),
             Engine::UringDirect | Engine::UringBuffered => {
                 let config = UringConfig {
                     queue_depth: concurrency as u32,
-                    rings: knobs.rings,
+                    rings: rings.max(1),
                     sqpoll_idle_ms: knobs.sqpoll.then_some(50),
                     register_buffers: knobs.register_buffers,
                     direct_io: if engine == Engine::UringDirect {
@@ -152,28 +192,40 @@ impl Reader {
                     } else {
                         DirectIoPolicy::Off
                     },
+                    max_read_bytes: knobs.read_size as u32,
                     ..UringConfig::default()
                 };
                 let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
                 Arc::new(UringTier::with_options(&ds.root, config, options).context("opening the io_uring tier")?)
             }
         };
-        Ok(Reader { engine, concurrency, tier, pool, batch_size })
+        Ok(Reader { engine, concurrency, rings: rings.max(1), knobs, tier, pool, batch_size })
     }
 
     /// One pass over every file of `ds` in an order shuffled by `seed`; cold unless `warm`.
     pub(crate) async fn pass(&self, ds: &Dataset, seed: u64, warm: bool) -> Result<PassResult> {
+        let skip = self.knobs.on_error == OnError::Skip;
         if !warm {
-            for f in &ds.files {
-                evict(&ds.root.join(&f.key)).with_context(|| format!("evicting {}", f.key))?;
+            for f in &ds.manifest.entries {
+                if let Err(e) = evict(&ds.root.join(&f.key)) {
+                    if !skip {
+                        bail!(
+                            "{}: {e} (evicting it from the page cache before a cold pass; use --on-error skip to go on)",
+                            ds.root.join(&f.key).display()
+                        );
+                    }
+                }
             }
         }
-        let mut order: Vec<usize> = (0..ds.files.len()).collect();
+        let mut order: Vec<u32> = (0..ds.len() as u32).collect();
         Rng::new(seed).shuffle(&mut order);
+        let mut latencies: Vec<f64> = Vec::with_capacity(ds.len());
+        let (mut bytes, mut files, mut skipped) = (0u64, 0u64, 0u64);
+        let mut errors = Vec::new();
         let cpu0 = process_cpu();
         let t0 = Instant::now();
-        let mut bytes = 0u64;
-        let mut in_flight: VecDeque<tokio::task::JoinHandle<ReadBatch>> = VecDeque::new();
+        // (batch handle, manifest indices of its requests)
+        let mut in_flight: VecDeque<(tokio::task::JoinHandle<ReadBatch>, &[u32])> = VecDeque::new();
         let mut spare: Vec<ReadBatch> =
             (0..2).map(|_| ReadBatch::with_capacity(self.batch_size, self.batch_size * 32)).collect();
         let mut chunks = order.chunks(self.batch_size);
@@ -182,29 +234,83 @@ impl Reader {
                 let Some(chunk) = chunks.next() else { break };
                 let mut batch = spare.pop().unwrap_or_default();
                 for &i in chunk {
-                    let f = &ds.files[i];
-                    batch.push(&f.key, 0, f.size as usize, self.pool.acquire().await);
+                    let f = &ds.manifest.entries[i as usize];
+                    // Ask for one byte more than the manifest says, to notice a file that grew.
+                    batch.push(&f.key, 0, f.size as usize + 1, self.pool.acquire().await);
                 }
                 let tier = Arc::clone(&self.tier);
-                in_flight.push_back(tokio::spawn(async move { tier.read_batch(batch).await }));
+                in_flight.push_back((tokio::spawn(async move { tier.read_batch(batch).await }), chunk));
             }
-            let Some(h) = in_flight.pop_front() else {
-                break;
-            };
+            let Some((h, chunk)) = in_flight.pop_front() else { break };
             let mut batch = h.await.context("reader task failed")?;
-            for (key, _, res, _buf) in batch.drain() {
-                match res {
-                    Ok(n) => bytes += n as u64,
-                    Err(e) => bail!("reading {key} through {}: {e}", self.engine),
+            for ((_, entry), &i) in batch.iter().zip(chunk) {
+                let f = &ds.manifest.entries[i as usize];
+                let outcome = match entry.result() {
+                    Some(Ok(n)) if *n as u64 != f.size => {
+                        Err(format!("{}: size mismatch, the manifest says {} bytes, read {n}", f.key, f.size))
+                    }
+                    Some(Ok(n)) => {
+                        let bad_sum = self.knobs.verify
+                            && ds.has_checksums
+                            && entry.buf().map(|b| checksum(b.as_slice())) != Some(f.crc32c);
+                        if bad_sum {
+                            Err(format!("{}: checksum mismatch against the manifest", f.key))
+                        } else {
+                            Ok(*n as u64)
+                        }
+                    }
+                    Some(Err(e)) => Err(format!("{}: {e}", f.key)),
+                    None => Err(format!("{}: not executed", f.key)),
+                };
+                match outcome {
+                    Ok(n) => {
+                        bytes += n;
+                        files += 1;
+                        if let Some(l) = entry.latency() {
+                            latencies.push(l.as_secs_f64() * 1e3);
+                        }
+                    }
+                    Err(msg) if skip => {
+                        skipped += 1;
+                        if errors.len() < 5 {
+                            errors.push(msg);
+                        }
+                    }
+                    Err(msg) => bail!(
+                        "reading {} through {}: {msg} (use --on-error skip to go on)",
+                        ds.root.display(),
+                        self.engine
+                    ),
                 }
             }
+            batch.clear();
             spare.push(batch);
         }
         let wall = t0.elapsed().as_secs_f64();
         let cpu = (process_cpu() - cpu0).as_secs_f64();
-        if bytes != ds.total_bytes() {
-            bail!("read {bytes} bytes but the dataset holds {}", ds.total_bytes());
-        }
-        Ok(PassResult { bytes, files: ds.files.len() as u64, wall_seconds: wall, cpu_seconds: cpu })
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        Ok(PassResult {
+            bytes,
+            files,
+            skipped,
+            wall_seconds: wall,
+            cpu_seconds: cpu,
+            latency_p50_ms: quantile(&latencies, 0.50),
+            latency_p99_ms: quantile(&latencies, 0.99),
+            errors,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 51.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert!(quantile(&[], 0.5).is_nan());
     }
 }

@@ -25,7 +25,7 @@ fn demo_reads_every_tier_and_writes_a_report() {
     }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
-    assert_eq!(report["schema"], "ringtier.bench.tiers/1");
+    assert_eq!(report["schema"], "ringtier.bench.read/1");
     assert_eq!(report["dataset"]["files"], 60);
     let points = report["points"].as_array().expect("points");
     assert_eq!(points.len(), 4);
@@ -54,7 +54,9 @@ fn bad_input_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
         (&["--files", "0"], "--files must be at least 1"),
         (&["--median", "2M", "--max-size", "1M"], "--median"),
-        (&["bench", "tiers", "--threads", "0"], "at least 1"),
+        (&["bench", "read", "--dir", "/nonexistent-dataset"], "/nonexistent-dataset"),
+        (&["gen", "--dir", "/proc/ringtier-cannot-create"], "/proc/ringtier-cannot-create"),
+        (&["gen", "--dir", "x", "--sigma", "9"], "--sigma"),
         (
             &["bench", "randread", "--file", "/nonexistent-dir/x", "--bs", "1000"],
             "--bs must be a positive multiple of 4096",
@@ -103,4 +105,103 @@ fn randread_reads_a_file_direct() {
     assert_eq!(v["runs"].as_array().map(Vec::len), Some(2));
     assert!(v["uring_stats"]["reads_direct"].as_u64().expect("reads") > 0);
     assert!(v["uring_stats"]["fixed_buffer_reads"].as_u64().expect("fixed") > 0);
+}
+
+fn gen(dir: &std::path::Path, files: &str) {
+    let out = ringtier()
+        .args(["gen", "--preset", "caltech101", "--files", files, "--classes", "4", "--dir"])
+        .arg(dir)
+        .output()
+        .expect("run ringtier gen");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn bench_read(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    ringtier()
+        .args(["bench", "read", "--repeats", "1", "--concurrency", "1,4", "--engines", "posix-threads,uring-direct"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .output()
+        .expect("run ringtier bench read")
+}
+
+#[test]
+fn gen_then_bench_read_writes_json_and_plot() {
+    let dir = tempfile::Builder::new().prefix("cli-read").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let ds = dir.path().join("ds");
+    gen(&ds, "200");
+    let manifest = std::fs::read_to_string(ds.join(".ringtier-manifest.tsv")).expect("manifest");
+    assert_eq!(manifest.lines().filter(|l| !l.starts_with('#')).count(), 200);
+    let (json, svg) = (dir.path().join("r.json"), dir.path().join("r.svg"));
+    let out = bench_read(
+        &ds,
+        &["--verify", "--rings", "1,2", "--json", json.to_str().expect("utf8"), "--plot", svg.to_str().expect("utf8")],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(v["schema"], "ringtier.bench.read/1");
+    assert_eq!(v["dataset"]["files"], 200);
+    assert_eq!(v["dataset"]["checksums"], true);
+    // posix at 1 and 4 threads; uring-direct at depth 1 and 4 with 1 and 2 rings.
+    let points = v["points"].as_array().expect("points");
+    assert_eq!(points.len(), 6);
+    for p in points {
+        assert!(
+            p["latency_p99_ms"]["median"].as_f64().expect("p99")
+                >= p["latency_p50_ms"]["median"].as_f64().expect("p50")
+        );
+        assert_eq!(p["runs"][0]["files"], 200);
+        if p["concurrency"] == 1 {
+            assert_eq!(p["speedup_vs_concurrency_1"]["median"], 1.0);
+        }
+    }
+    let plot = std::fs::read_to_string(&svg).expect("svg");
+    assert!(plot.starts_with("<svg") && plot.contains("uring-direct"), "an SVG plot with a legend");
+}
+
+#[test]
+fn bad_datasets_fail_clearly_or_skip_and_count() {
+    let dir = tempfile::Builder::new().prefix("cli-bad").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let ds = dir.path().join("ds");
+    gen(&ds, "40");
+    let manifest = std::fs::read_to_string(ds.join(".ringtier-manifest.tsv")).expect("manifest");
+    let keys: Vec<&str> =
+        manifest.lines().filter(|l| !l.starts_with('#')).map(|l| l.split('\t').next().unwrap_or("")).collect();
+    // One file vanishes, one shrinks, one is corrupted in place (same size).
+    std::fs::remove_file(ds.join(keys[3])).expect("rm");
+    let shrink = ds.join(keys[5]);
+    let data = std::fs::read(&shrink).expect("read");
+    std::fs::write(&shrink, &data[..data.len() / 2]).expect("shrink");
+    let flip = ds.join(keys[7]);
+    let mut data = std::fs::read(&flip).expect("read");
+    data[0] ^= 0xFF;
+    std::fs::write(&flip, &data).expect("flip");
+
+    let out = bench_read(&ds, &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(keys[3]) || err.contains(keys[5]), "names the file: {err}");
+    assert!(err.contains("--on-error skip"), "suggests the way on: {err}");
+
+    let json = dir.path().join("skip.json");
+    let out = bench_read(&ds, &["--on-error", "skip", "--verify", "--json", json.to_str().expect("utf8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    for p in v["points"].as_array().expect("points") {
+        let run = &p["runs"][0];
+        assert_eq!(run["skipped"], 3, "{p}");
+        assert_eq!(run["files"], 37);
+        let errors = run["errors"].to_string();
+        assert!(errors.contains("size mismatch") && errors.contains("checksum mismatch"), "{errors}");
+    }
+
+    // A corrupt manifest and an empty directory.
+    std::fs::write(ds.join(".ringtier-manifest.tsv"), "# ringtier-manifest v1\nonly-one-field\n").expect("write");
+    let out = bench_read(&ds, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corrupt manifest, line 2"));
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let out = bench_read(&empty, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no files"));
 }

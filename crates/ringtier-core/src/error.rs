@@ -183,6 +183,12 @@ impl Error {
         &self.message
     }
 
+    /// Changes the kind.
+    pub fn set_kind(mut self, kind: ErrorKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// Marks the error as temporary (or not).
     pub fn set_temporary(mut self, temporary: bool) -> Self {
         self.temporary = temporary;

@@ -56,6 +56,9 @@ pub(crate) struct DatasetSpec {
     pub classes: usize,
     pub seed: u64,
     pub format: Format,
+    /// Every drawn size is rounded up to a multiple of this (1: no rounding). fio reads only
+    /// whole blocks of each file, so a comparison with fio at block size B uses multiples of B.
+    pub size_multiple: u64,
 }
 
 impl DatasetSpec {
@@ -65,7 +68,17 @@ impl DatasetSpec {
             Preset::Caltech101 => (9_144, 12_000, 0.5, 1_000, 256 << 10, 102),
             Preset::Small => (2_000, 112_000, 0.6, 1_000, 1 << 20, 16),
         };
-        DatasetSpec { files, median_bytes, sigma, min_bytes, max_bytes, classes, seed: 1, format: Format::Raw }
+        DatasetSpec {
+            files,
+            median_bytes,
+            sigma,
+            min_bytes,
+            max_bytes,
+            classes,
+            seed: 1,
+            format: Format::Raw,
+            size_multiple: 1,
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -77,6 +90,9 @@ impl DatasetSpec {
         }
         if self.median_bytes == 0 || self.median_bytes > self.max_bytes || self.min_bytes > self.median_bytes {
             bail!("sizes must satisfy 0 < --min <= --median <= --max-size");
+        }
+        if self.size_multiple == 0 || self.size_multiple > self.max_bytes {
+            bail!("--size-multiple must be between 1 and --max-size");
         }
         if !(0.0..=3.0).contains(&self.sigma) {
             bail!("--sigma must be between 0 and 3");
@@ -134,13 +150,42 @@ impl Dataset {
     }
 }
 
+/// Manifest indices in the order a recursive directory walk meets the files, each directory's
+/// entries in `readdir` order, descending into a subdirectory as it is met: the order fio's
+/// `--opendir` reads a file set in. Files not in the manifest are ignored.
+pub(crate) fn readdir_order(ds: &Dataset) -> Result<Vec<u32>> {
+    let index: std::collections::HashMap<&str, u32> =
+        ds.manifest.entries.iter().enumerate().map(|(i, e)| (e.key.as_str(), i as u32)).collect();
+    let mut out = Vec::with_capacity(ds.len());
+    fn walk(dir: &Path, rel: &str, index: &std::collections::HashMap<&str, u32>, out: &mut Vec<u32>) -> Result<()> {
+        for ent in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let ent = ent.with_context(|| format!("listing {}", dir.display()))?;
+            let name = ent.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let key = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
+            if ent.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                walk(&ent.path(), &key, index, out)?;
+            } else if let Some(&i) = index.get(key.as_str()) {
+                out.push(i);
+            }
+        }
+        Ok(())
+    }
+    walk(&ds.root, "", &index, &mut out)?;
+    if out.len() != ds.len() {
+        bail!("{} files of the manifest are missing from {}", ds.len() - out.len(), ds.root.display());
+    }
+    Ok(out)
+}
+
 /// The sizes a spec draws, in file order.
 pub(crate) fn sizes(spec: &DatasetSpec) -> Vec<u64> {
     let mut rng = Rng::new(spec.seed);
     (0..spec.files)
         .map(|_| {
             let s = (spec.median_bytes as f64) * (spec.sigma * rng.normal()).exp();
-            (s as u64).clamp(spec.min_bytes, spec.max_bytes)
+            (s as u64).clamp(spec.min_bytes, spec.max_bytes).div_ceil(spec.size_multiple.max(1))
+                * spec.size_multiple.max(1)
         })
         .collect()
 }

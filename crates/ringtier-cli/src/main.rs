@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use ringtier_uring::DirectIoPolicy;
 
 use crate::dataset::{Dataset, DatasetSpec, Format, Preset};
-use crate::passes::{Engine, Knobs, OnError};
+use crate::passes::{Engine, Knobs, OnError, Order};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,6 +30,15 @@ use crate::passes::{Engine, Knobs, OnError};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Serve Prometheus metrics on this address while the command runs, e.g. 127.0.0.1:9464.
+    #[arg(long, global = true)]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Allow a metrics address that is not loopback (serving to the network).
+    #[arg(long, global = true)]
+    metrics_allow_remote: bool,
+    /// Keep serving metrics this many seconds after the command finishes (for a last scrape).
+    #[arg(long, global = true, default_value_t = 0.0)]
+    metrics_linger: f64,
     /// Options of the demo, which runs when no command is given.
     #[command(flatten)]
     demo: DemoArgs,
@@ -44,6 +53,15 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The metric catalog.
+    #[command(subcommand)]
+    Metrics(MetricsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum MetricsCommand {
+    /// Print the catalog as Markdown (docs/METRICS.md).
+    Catalog,
 }
 
 #[derive(Subcommand, Debug)]
@@ -81,6 +99,10 @@ struct ShapeArgs {
     /// File contents: raw random bytes or real JPEG images.
     #[arg(long, value_enum, default_value = "raw")]
     format: Format,
+    /// Round every size up to a multiple of this (raw format), e.g. 128k for a comparison
+    /// with fio at that block size: fio reads only whole blocks of each file.
+    #[arg(long, default_value = "1", value_parser = parse_size)]
+    size_multiple: u64,
 }
 
 impl ShapeArgs {
@@ -95,6 +117,7 @@ impl ShapeArgs {
             classes: self.classes.unwrap_or(d.classes),
             seed: self.seed,
             format: self.format,
+            size_multiple: self.size_multiple,
         };
         spec.validate()?;
         Ok(spec)
@@ -136,6 +159,10 @@ struct IoArgs {
     /// What to do with a file that cannot be read as the manifest says.
     #[arg(long, value_enum, default_value = "fail")]
     on_error: OnError,
+    /// Order of the files in a pass: shuffled (seeded, per pass), manifest, or readdir (fio's
+    /// --opendir order, for comparisons with fio).
+    #[arg(long, value_enum, default_value = "shuffled")]
+    order: Order,
     /// Passes per point (interleaved).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
@@ -161,6 +188,7 @@ impl IoArgs {
             register_buffers: !self.no_register_buffers,
             verify: self.verify,
             on_error: self.on_error,
+            order: self.order,
         }
     }
 }
@@ -273,7 +301,26 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Demo(cli.demo)) {
+    if let Some(addr) = cli.metrics_addr {
+        // Before any tier exists: metric handles bind to the recorder when tiers are built.
+        let cfg = ringtier_metrics::ExporterConfig { addr, allow_remote: cli.metrics_allow_remote };
+        let exporter = ringtier_metrics::install(&cfg)?;
+        eprintln!("serving Prometheus metrics on http://{}/metrics", exporter.addr());
+    }
+    let result = run(cli.command.unwrap_or(Command::Demo(cli.demo)));
+    if cli.metrics_addr.is_some() && cli.metrics_linger > 0.0 {
+        eprintln!("done; serving metrics for {} more seconds", cli.metrics_linger);
+        std::thread::sleep(std::time::Duration::from_secs_f64(cli.metrics_linger));
+    }
+    result
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Metrics(MetricsCommand::Catalog) => {
+            print!("{}", ringtier_metrics::catalog_markdown());
+            Ok(())
+        }
         Command::Demo(a) => demo(a),
         Command::Gen(a) => {
             let spec = a.shape.spec(a.preset)?;

@@ -15,6 +15,31 @@ use serde::Serialize;
 use crate::dataset::Dataset;
 use crate::stats::{evict, process_cpu, Rng};
 
+/// The order a pass reads files in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Order {
+    /// A seeded shuffle per pass, as a training epoch reads.
+    Shuffled,
+    /// Manifest order.
+    Manifest,
+    /// Directory-walk order, as fio's `--opendir` reads (for comparisons with fio).
+    Readdir,
+}
+
+/// The order of one pass.
+pub(crate) fn order_of(ds: &Dataset, order: Order, seed: u64) -> Result<Vec<u32>> {
+    Ok(match order {
+        Order::Shuffled => {
+            let mut v: Vec<u32> = (0..ds.len() as u32).collect();
+            Rng::new(seed).shuffle(&mut v);
+            v
+        }
+        Order::Manifest => (0..ds.len() as u32).collect(),
+        Order::Readdir => crate::dataset::readdir_order(ds)?,
+    })
+}
+
 /// How files are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -91,12 +116,7 @@ pub(crate) struct Knobs {
     pub register_buffers: bool,
     pub verify: bool,
     pub on_error: OnError,
-}
-
-impl Default for Knobs {
-    fn default() -> Self {
-        Knobs { read_size: 0, sqpoll: false, register_buffers: true, verify: false, on_error: OnError::Fail }
-    }
+    pub order: Order,
 }
 
 /// An engine set up over a dataset, reusable across passes.
@@ -160,7 +180,7 @@ impl Reader {
             .context("allocating the buffer pool")?;
         let tier: Arc<dyn Tier> = match engine {
             Engine::Memory => {
-                let mem = MemoryTier::new();
+                let mem = MemoryTier::new().named(engine.as_str());
                 let src = PosixTier::new(PosixConfig::new(&ds.root)).context("opening the dataset")?;
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async {
@@ -177,6 +197,7 @@ impl Reader {
                 PosixTier::new(PosixConfig {
                     threads: concurrency,
                     read_chunk: knobs.read_size,
+                    name: engine.as_str().to_string(),
                     ..PosixConfig::new(&ds.root)
                 })
                 .context("opening the posix tier")?,
@@ -195,15 +216,21 @@ impl Reader {
                     max_read_bytes: knobs.read_size as u32,
                     ..UringConfig::default()
                 };
-                let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+                let options = UringTierOptions {
+                    pool: Some(pool.clone()),
+                    name: Some(engine.as_str().to_string()),
+                    ..Default::default()
+                };
                 Arc::new(UringTier::with_options(&ds.root, config, options).context("opening the io_uring tier")?)
             }
         };
+        // Every operation is metered (no-ops when no recorder is installed).
+        let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(tier));
         Ok(Reader { engine, concurrency, rings: rings.max(1), knobs, tier, pool, batch_size })
     }
 
-    /// One pass over every file of `ds` in an order shuffled by `seed`; cold unless `warm`.
-    pub(crate) async fn pass(&self, ds: &Dataset, seed: u64, warm: bool) -> Result<PassResult> {
+    /// One pass over the files of `ds` in `order` (manifest indices); cold unless `warm`.
+    pub(crate) async fn pass(&self, ds: &Dataset, order: &[u32], warm: bool) -> Result<PassResult> {
         let skip = self.knobs.on_error == OnError::Skip;
         if !warm {
             for f in &ds.manifest.entries {
@@ -217,8 +244,6 @@ impl Reader {
                 }
             }
         }
-        let mut order: Vec<u32> = (0..ds.len() as u32).collect();
-        Rng::new(seed).shuffle(&mut order);
         let mut latencies: Vec<f64> = Vec::with_capacity(ds.len());
         let (mut bytes, mut files, mut skipped) = (0u64, 0u64, 0u64);
         let mut errors = Vec::new();

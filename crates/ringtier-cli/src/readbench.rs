@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::passes::{Engine, Knobs, PassResult, Reader};
+use crate::passes::{order_of, Engine, Knobs, PassResult, Reader};
 use crate::stats::{drop_caches, peak_rss_bytes, Machine, Summary};
 
 /// Settings of a read sweep.
@@ -148,7 +148,8 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
             if cfg.drop_caches && !cfg.warm {
                 drop_caches().context("dropping the page cache (needs root)")?;
             }
-            let res = rt.block_on(reader.pass(ds, cfg.seed + r as u64, cfg.warm))?;
+            let order = order_of(ds, cfg.knobs.order, cfg.seed + r as u64)?;
+            let res = rt.block_on(reader.pass(ds, &order, cfg.warm))?;
             eprintln!(
                 "  repeat {}/{}: {:<15} {:>3} {:<7} {:>2} ring(s) {:>8.1} MB/s {:>6.2} CPU s/GiB p99 {:.2} ms{}",
                 r + 1,

@@ -281,6 +281,8 @@ struct PoolShared {
     available: Condvar,
     notify: tokio::sync::Notify,
     in_use: AtomicUsize,
+    in_use_gauge: metrics::Gauge,
+    bytes_gauge: metrics::Gauge,
 }
 
 // SAFETY: the slab is only reached through AlignedBuf slots, each owned by one buffer at a
@@ -296,6 +298,7 @@ impl PoolShared {
         free.push(index);
         drop(free);
         self.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.in_use_gauge.decrement(1.0);
         self.available.notify_one();
         self.notify.notify_one();
     }
@@ -303,6 +306,7 @@ impl PoolShared {
 
 impl Drop for PoolShared {
     fn drop(&mut self) {
+        self.bytes_gauge.decrement(self.slab_len as f64);
         let f = self.dealloc.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(f) = f {
             f()
@@ -403,6 +407,8 @@ impl BufferPool {
     ) -> Self {
         // Hand out low indices first.
         let free: Vec<u32> = (0..count as u32).rev().collect();
+        let bytes_gauge = metrics::gauge!(crate::catalog::BUFFER_POOL_BYTES);
+        bytes_gauge.increment(slab_len as f64);
         BufferPool {
             shared: Arc::new(PoolShared {
                 id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
@@ -416,6 +422,8 @@ impl BufferPool {
                 available: Condvar::new(),
                 notify: tokio::sync::Notify::new(),
                 in_use: AtomicUsize::new(0),
+                in_use_gauge: metrics::gauge!(crate::catalog::BUFFER_POOL_IN_USE),
+                bytes_gauge,
             }),
         }
     }
@@ -459,6 +467,7 @@ impl BufferPool {
 
     fn take(&self, index: u32) -> AlignedBuf {
         self.shared.in_use.fetch_add(1, Ordering::Relaxed);
+        self.shared.in_use_gauge.increment(1.0);
         // SAFETY: buffer_ptr is inside the slab and non-null.
         let ptr = unsafe { NonNull::new_unchecked(self.buffer_ptr(index)) };
         AlignedBuf {

@@ -30,6 +30,10 @@ pub const DIRECT_IO_FALLBACKS_TOTAL: &str = "ringtier_direct_io_fallbacks_total"
 pub const URING_IN_FLIGHT: &str = "ringtier_uring_in_flight";
 /// Submission queue entries per `io_uring_enter`.
 pub const URING_SUBMIT_BATCH: &str = "ringtier_uring_submit_batch_entries";
+/// Buffers of buffer pools handed out.
+pub const BUFFER_POOL_IN_USE: &str = "ringtier_buffer_pool_in_use_buffers";
+/// Bytes of buffer pools allocated.
+pub const BUFFER_POOL_BYTES: &str = "ringtier_buffer_pool_bytes";
 /// Registered-buffer fallbacks (memlock too low, registration refused).
 pub const URING_REGISTER_FALLBACKS_TOTAL: &str = "ringtier_uring_register_fallbacks_total";
 
@@ -84,6 +88,13 @@ pub const CATALOG: &[MetricDef] = &[
         labels: &["tier"],
     },
     MetricDef {
+        name: BUFFER_POOL_IN_USE,
+        kind: "gauge",
+        help: "Buffers of the buffer pools currently handed out.",
+        labels: &[],
+    },
+    MetricDef { name: BUFFER_POOL_BYTES, kind: "gauge", help: "Bytes allocated by buffer pools.", labels: &[] },
+    MetricDef {
         name: URING_REGISTER_FALLBACKS_TOTAL,
         kind: "counter",
         help: "Times registered buffers or files could not be used and plain ones were.",
@@ -92,7 +103,7 @@ pub const CATALOG: &[MetricDef] = &[
 ];
 
 /// Operation label values.
-pub const OPS: &[&str] = &["stat", "list", "delete", "read", "write", "create", "commit", "abort"];
+pub const OPS: &[&str] = &["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch"];
 
 /// Result label values.
 pub const RESULTS: &[&str] = &["ok", "error"];

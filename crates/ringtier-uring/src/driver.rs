@@ -51,13 +51,30 @@ pub(crate) struct Shared {
     pub policy: DirectIoPolicy,
     pub stats: Stats,
     pub fallback_counter: metrics::Counter,
+    /// Direct-I/O alignment `(memory, offset)` of new files under the root, when known: whole-
+    /// file reads then skip `statx` and let the kernel confirm the alignment (EINVAL sends the
+    /// file through the `statx` path).
+    pub root_align: Option<(u64, u64)>,
     warned_fallback: Once,
 }
 
 impl Shared {
-    pub(crate) fn new(name: String, fs_type: &'static str, policy: DirectIoPolicy) -> Self {
+    pub(crate) fn new(
+        name: String,
+        fs_type: &'static str,
+        policy: DirectIoPolicy,
+        root_align: Option<(u64, u64)>,
+    ) -> Self {
         let fallback_counter = metrics::counter!(catalog::DIRECT_IO_FALLBACKS_TOTAL, "tier" => name.clone());
-        Shared { name, fs_type, policy, stats: Stats::default(), fallback_counter, warned_fallback: Once::new() }
+        Shared {
+            name,
+            fs_type,
+            policy,
+            stats: Stats::default(),
+            fallback_counter,
+            root_align,
+            warned_fallback: Once::new(),
+        }
     }
 
     pub(crate) fn count_fallback(&self, why: &str) {
@@ -107,6 +124,12 @@ struct EntryState {
     started: Option<Instant>,
     latency: Option<Duration>,
     last_len: usize,
+    /// Opened without statx (whole-file read, alignment from the root probe).
+    fast: bool,
+    /// After closing, restart through the statx path (the kernel refused the fast guess).
+    restart: bool,
+    /// Restarted once already: statx path only.
+    no_fast: bool,
 }
 
 impl EntryState {
@@ -170,6 +193,9 @@ impl BatchJob {
                 started: None,
                 latency: None,
                 last_len: 0,
+                fast: false,
+                restart: false,
+                no_fast: false,
             });
         }
         Box::new(BatchJob { batch, target, shared, paths, states, next: 0, active: 0, done: Some(done) })
@@ -558,7 +584,9 @@ impl Driver {
             }
             b.active += 1;
             b.states[i].started = Some(Instant::now());
-            match b.target {
+            let target = b.target;
+            match target {
+                Target::Keys { root_fd } if self.try_fast_open(b, i) => self.submit_open(id, b, i, root_fd),
                 Target::Keys { root_fd } => {
                     let st = &mut b.states[i];
                     st.phase = Phase::Statx;
@@ -589,6 +617,53 @@ impl Driver {
             return true;
         }
         false
+    }
+
+    /// Whole-file reads (offset 0) skip statx when the policy is off or the root's direct-I/O
+    /// alignment is known and the buffer fits it: open, read, close. The kernel has the last
+    /// word: EINVAL on open or read sends the file through the statx path.
+    fn try_fast_open(&self, b: &mut BatchJob, i: usize) -> bool {
+        let (offset, len) = match b.batch.get(i) {
+            Some((_, e)) => (e.offset(), e.len()),
+            None => return false,
+        };
+        if offset != 0 || len == 0 || b.states[i].no_fast {
+            return false;
+        }
+        let (direct, align) = match (self.shared.policy, self.shared.root_align) {
+            (DirectIoPolicy::Off, _) => (false, 1),
+            (_, None) => return false,
+            (_, Some((mem, off))) => {
+                let Some(buf) = b.states[i].buf.as_ref() else { return false };
+                let align = mem.max(off);
+                let fits = (buf.as_ptr() as u64) % mem == 0 && direct_span(0, len, align).1 <= buf.capacity();
+                if !fits {
+                    return false; // statx path: it decides and reports fallbacks or errors
+                }
+                (true, align)
+            }
+        };
+        match self.plan_read(b, i, u64::MAX, direct, align) {
+            Ok(true) => {
+                b.states[i].fast = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends an entry back through the statx path (after its descriptor is closed).
+    fn restart_slow(&mut self, id: u32, b: &mut BatchJob, i: usize) {
+        let st = &mut b.states[i];
+        st.fast = false;
+        st.restart = false;
+        st.no_fast = true;
+        st.fd = -1;
+        st.filled = 0;
+        st.phase = Phase::Idle;
+        b.next = b.next.min(i);
+        b.active -= 1;
+        self.requeue(id);
     }
 
     /// Works out the span to read. Returns false when no read is needed (empty range).
@@ -881,6 +956,10 @@ impl Driver {
                         b.states[i].retries += 1;
                         return self.submit_open(id, b, i, root_fd);
                     }
+                    if errno == libc::EINVAL && b.states[i].fast {
+                        // The guess from the root probe was wrong for this file: ask statx.
+                        return self.restart_slow(id, b, i);
+                    }
                     if errno == libc::EINVAL && b.states[i].direct && self.shared.policy == DirectIoPolicy::Auto {
                         // The filesystem refused O_DIRECT at open: read buffered.
                         self.shared.count_fallback("open with O_DIRECT returned EINVAL");
@@ -909,7 +988,18 @@ impl Driver {
                         self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
                         return self.submit_read(id, b, i);
                     }
-                    let e = b.err(i, Error::from_errno(errno, "read failed"));
+                    if errno == libc::EINVAL && st.fast && st.direct {
+                        // This file's direct-I/O alignment differs from the root's: close it,
+                        // then go through statx.
+                        st.restart = true;
+                        return self.submit_close(id, b, i);
+                    }
+                    let e = if errno == libc::EISDIR {
+                        Error::new(ErrorKind::NotFound, "not a regular file")
+                    } else {
+                        Error::from_errno(errno, "read failed")
+                    };
+                    let e = b.err(i, e);
                     b.states[i].result = Some(Err(e));
                 } else {
                     let n = res as usize;
@@ -944,6 +1034,9 @@ impl Driver {
             Phase::Close => {
                 if res < 0 {
                     tracing::debug!("close failed: {}", io::Error::from_raw_os_error(-res));
+                }
+                if b.states[i].restart {
+                    return self.restart_slow(id, b, i);
                 }
                 self.entry_done(b, i)
             }

@@ -148,6 +148,10 @@ pub struct UringTierOptions {
     pub create_root: bool,
     /// The buffer pool reads use; registered as fixed buffers when the config says so.
     pub pool: Option<BufferPool>,
+    /// Use this `(memory, offset)` direct-I/O alignment for new files instead of probing the
+    /// root with an `O_TMPFILE`. Whole-file reads open files with O_DIRECT on this guess and
+    /// fall back to `statx` when the kernel refuses; `(0, 0)` disables the guess.
+    pub assume_dio_alignment: Option<(u32, u32)>,
 }
 
 impl UringTier {
@@ -165,7 +169,7 @@ impl UringTier {
             );
         }
         let root = FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?;
-        let probed = probe_dio_align(root.root_fd());
+        let probed = options.assume_dio_alignment.or_else(|| probe_dio_align(root.root_fd()));
         let root_align = probed.unwrap_or((0, 0));
         let fs_type = fs_type_name(root.path());
         if config.direct_io == DirectIoPolicy::Required && probed.is_some() && root_align.0 == 0 {
@@ -179,7 +183,8 @@ impl UringTier {
             .with_operation(Operation::Open)
             .with_tier(&name));
         }
-        let shared = Arc::new(Shared::new(name, fs_type, config.direct_io));
+        let known = (root_align.0 > 0 && root_align.1 > 0).then(|| (u64::from(root_align.0), u64::from(root_align.1)));
+        let shared = Arc::new(Shared::new(name, fs_type, config.direct_io, known));
         let mut drivers = Vec::with_capacity(config.rings);
         for i in 0..config.rings {
             drivers.push(driver::spawn(i, &config, options.pool.clone(), Arc::clone(&shared))?);

@@ -127,8 +127,9 @@ async fn many_small_files_in_one_batch_with_a_registered_pool() {
     let s = t.stats();
     assert_eq!(s.fixed_buffer_reads, n as u64, "{s:?}");
     assert_eq!(s.reads_direct, n as u64, "{s:?}");
-    // statx + openat2 + read + close per file, plus the driver's wake-up read.
-    assert!(s.sqes >= 4 * n as u64 && s.sqes <= 4 * n as u64 + 8, "{s:?}");
+    // Whole-file reads skip statx (the root's alignment is known): openat2 + read + close per
+    // file, plus the driver's wake-up read.
+    assert_eq!(s.sqes, 3 * n as u64 + 1, "{s:?}");
     assert!(s.submits < s.sqes, "submissions are batched: {s:?}");
     drop(batch);
     assert_eq!(pool.in_use(), 0, "every buffer returned to the pool");
@@ -261,7 +262,25 @@ async fn max_read_bytes_reads_a_file_in_chunks_through_one_open() {
     assert!(e.buf().expect("buf").as_slice() == data.as_slice());
     assert!(e.latency().is_some(), "service time recorded");
     let s = t.stats();
-    // statx, openat2, 9 reads of at most 128 KiB, close, plus the driver's wake-up read.
-    assert_eq!(s.sqes, 1 + 1 + 9 + 1 + 1, "{s:?}");
+    // openat2, 9 reads of at most 128 KiB, close, plus the driver's wake-up read.
+    assert_eq!(s.sqes, 1 + 9 + 1 + 1, "{s:?}");
     assert_eq!(s.resubmits, 0, "chunks are not short reads: {s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_alignment_guess_is_corrected_through_statx() {
+    let dir = ext4_dir();
+    let data = pattern(12, 10_000);
+    write_file(dir.path(), "x", &data);
+    // Pretend new files need no alignment; ext4 needs 512 bytes, so the kernel refuses the
+    // unaligned direct read of the fast path and statx decides instead.
+    let options = UringTierOptions { assume_dio_alignment: Some((1, 1)), ..Default::default() };
+    let t = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier");
+    let (res, buf) = t.read_at("x", 0, 10_000, AlignedBuf::new(16_384, 4096).expect("buf")).await;
+    assert_eq!(res.expect("read"), 10_000);
+    assert_eq!(buf.as_slice(), data.as_slice());
+    let s = t.stats();
+    assert_eq!((s.reads_direct, s.direct_io_fallbacks), (2, 0), "refused fast read, then the statx path: {s:?}");
+    // openat2 + refused read + close, then statx + openat2 + read + close, plus the wake-up read.
+    assert_eq!(s.sqes, 3 + 4 + 1, "{s:?}");
 }

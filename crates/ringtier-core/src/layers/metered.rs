@@ -150,6 +150,10 @@ impl Tier for Metered {
                 }
                 _ => err += 1,
             }
+            // Per-request service time where the tier measured it.
+            if let Some(l) = e.latency() {
+                h.duration.record(l.as_secs_f64());
+            }
         }
         h.ok.increment(ok);
         h.error.increment(err);

@@ -1,0 +1,138 @@
+//! The catalog, its documentation and the Grafana dashboard cannot drift apart; the series
+//! count does not grow with the dataset.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ringtier_core::layers::Metered;
+use ringtier_core::{AlignedBuf, ReadBatch, Tier};
+use ringtier_metrics::{catalog_markdown, CATALOG};
+use ringtier_uring::{UringConfig, UringTier};
+
+fn repo_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+}
+
+#[test]
+fn metrics_md_matches_the_catalog() {
+    let path = repo_file("docs/METRICS.md");
+    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    if doc != catalog_markdown() {
+        panic!(
+            "docs/METRICS.md is out of date with the catalog; regenerate it with\n  \
+             cargo run -p ringtier-cli -- metrics catalog > docs/METRICS.md\n--- expected ---\n{}",
+            catalog_markdown()
+        );
+    }
+}
+
+/// Metric names in a PromQL expression (histogram series suffixes stripped).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("ringtier_") {
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+        let known_histogram = CATALOG.iter().any(|m| m.name == base && m.kind == "histogram");
+        out.push(if known_histogram { base.to_string() } else { name.to_string() });
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn grafana_dashboard_is_valid_and_queries_only_catalog_metrics() {
+    let text = std::fs::read_to_string(repo_file("docs/grafana/ringtier.json")).expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    assert!(dash["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(dash["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    assert!(dash["schemaVersion"].as_u64().is_some());
+    let vars = dash["templating"]["list"].as_array().expect("templating.list");
+    let ds = vars.iter().find(|v| v["type"] == "datasource").expect("a data source variable");
+    assert_eq!(ds["query"], "prometheus");
+    let ds_ref = format!("${{{}}}", ds["name"].as_str().expect("name"));
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8, "throughput, IOPS, latency, in-flight, fallbacks, pool, ...");
+    let mut ids = std::collections::HashSet::new();
+    let mut used = std::collections::HashSet::new();
+    for p in panels {
+        assert!(ids.insert(p["id"].as_u64().expect("panel id")), "duplicate panel id");
+        for k in ["h", "w", "x", "y"] {
+            assert!(p["gridPos"][k].as_u64().is_some(), "gridPos.{k} of {}", p["title"]);
+        }
+        assert_eq!(p["datasource"]["uid"], ds_ref.as_str(), "panel {} uses the data source variable", p["title"]);
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {} has queries", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{expr}");
+            for n in names {
+                assert!(CATALOG.iter().any(|m| m.name == n), "panel {} queries {n}, not in the catalog", p["title"]);
+                used.insert(n);
+            }
+        }
+    }
+    for must in [
+        "ringtier_tier_bytes_total",
+        "ringtier_tier_operations_total",
+        "ringtier_tier_operation_duration_seconds",
+        "ringtier_uring_in_flight",
+    ] {
+        assert!(used.contains(must), "dashboard shows {must}");
+    }
+}
+
+/// Reads `n` files of a fresh dataset through a metered uring tier with a local recorder and
+/// returns the exposition.
+fn exposition_after_reading(n: usize) -> (String, usize) {
+    let dir = tempfile::Builder::new().prefix("card").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    for i in 0..n {
+        let p = dir.path().join(format!("c{}/f{i}", i % 10));
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, [i as u8; 100]).expect("write");
+    }
+    let recorder = ringtier_metrics::builder().expect("builder").build_recorder();
+    let handle = recorder.handle();
+    let tier = metrics::with_local_recorder(&recorder, || {
+        let uring: Arc<dyn Tier> = Arc::new(UringTier::new(dir.path(), UringConfig::default()).expect("tier"));
+        Metered::new(uring)
+    });
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("rt");
+    rt.block_on(async {
+        let mut batch = ReadBatch::new();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
+            for &i in chunk {
+                batch.push(&format!("c{}/f{i}", i % 10), 0, 100, AlignedBuf::new(4096, 4096).expect("buf"));
+            }
+            batch = tier.read_batch(batch).await;
+            assert!(batch.iter().all(|(_, e)| matches!(e.result(), Some(Ok(100)))));
+            batch.clear();
+        }
+        let _ = tier.stat("missing").await;
+    });
+    let text = handle.render();
+    let series = text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
+    (text, series)
+}
+
+#[test]
+fn series_count_is_independent_of_dataset_size() {
+    let (small, n_small) = exposition_after_reading(1_000);
+    let (large, n_large) = exposition_after_reading(10_000);
+    assert_eq!(n_small, n_large, "series must not grow with the number of files");
+    assert!(!large.contains("f9999") && !large.contains("c1/"), "no key or file name in any label");
+    let bytes = |t: &str| -> f64 {
+        t.lines()
+            .find(|l| l.starts_with("ringtier_tier_bytes_total{") && l.contains("op=\"read\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(bytes(&small), 100_000.0);
+    assert_eq!(bytes(&large), 1_000_000.0);
+    assert!(large.contains("ringtier_tier_operation_duration_seconds_bucket{"), "latency histogram with buckets");
+    assert!(large.contains("le=\"0.00001\""), "a 10 us bucket: {large}");
+}

@@ -2,6 +2,7 @@
 //! engine against fio and a thread pool. Run with no arguments for the demo on embedded
 //! defaults (a generated dataset in a temp dir, no configuration).
 
+mod ckpt;
 mod dataset;
 mod passes;
 mod randread;
@@ -53,6 +54,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Checkpoints in a burst-buffer store: save, ls, restore, verify, drain.
+    Ckpt(CkptArgs),
     /// The metric catalog.
     #[command(subcommand)]
     Metrics(MetricsCommand),
@@ -71,6 +74,128 @@ enum BenchCommand {
     Read(ReadArgs),
     /// Random reads of one file at a fixed block size and depth (compare with fio).
     Randread(RandReadArgs),
+    /// The paper's burst-buffer experiment: checkpoint blocking time, burst buffer versus
+    /// writing straight to slow storage, over a range of slow-tier speeds.
+    Ckpt(BenchCkptArgs),
+}
+
+#[derive(Args, Debug)]
+struct CkptArgs {
+    /// Tier directories, fastest first, comma-separated (created when missing).
+    #[arg(long, value_delimiter = ',', required = true)]
+    tiers: Vec<PathBuf>,
+    /// Throttle the last tier to this many bytes per second (an emulated slow disk), e.g. 100M.
+    #[arg(long, value_parser = parse_size)]
+    throttle_last: Option<u64>,
+    /// Key prefix of the store on every tier.
+    #[arg(long, default_value = "ckpt")]
+    prefix: String,
+    /// Drained checkpoints kept on each faster tier.
+    #[arg(long, default_value_t = 2)]
+    keep_last: usize,
+    /// Drain bandwidth cap in bytes per second, e.g. 200M.
+    #[arg(long, value_parser = parse_size)]
+    drain_bw: Option<u64>,
+    /// Bytes the fastest tier may hold, e.g. 10G.
+    #[arg(long, value_parser = parse_size)]
+    fast_capacity: Option<u64>,
+    /// When the fast tier is full: wait for the drain, or write through to the next tier.
+    #[arg(long, value_enum, default_value = "wait")]
+    on_full: OnFullArg,
+    #[command(subcommand)]
+    action: CkptAction,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OnFullArg {
+    Wait,
+    WriteThrough,
+}
+
+#[derive(Subcommand, Debug)]
+enum CkptAction {
+    /// Save files as the parts of a checkpoint; waits for the drain unless --no-drain.
+    Save {
+        /// The training step.
+        #[arg(long)]
+        step: u64,
+        /// A part as NAME=PATH (repeat for several).
+        #[arg(long = "part", required = true)]
+        parts: Vec<String>,
+        /// Write straight to the slowest tier.
+        #[arg(long)]
+        direct: bool,
+        /// Return once the checkpoint is durable on the fast tier (the drain resumes the next
+        /// time the store is opened).
+        #[arg(long)]
+        no_drain: bool,
+    },
+    /// List checkpoints and the tiers holding them.
+    Ls,
+    /// Restore a checkpoint (default: the latest) into a directory, one file per part.
+    Restore {
+        /// The step (default: the latest).
+        #[arg(long)]
+        step: Option<u64>,
+        /// Directory to write the parts into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Verify every copy of a checkpoint (default: all checkpoints).
+    Verify {
+        /// The step (default: all).
+        #[arg(long)]
+        step: Option<u64>,
+    },
+    /// Recover and drain everything queued to the slowest tier.
+    Drain,
+    /// Crash-test child: save until killed, printing each step once durable.
+    #[command(hide = true)]
+    CrashHelper {
+        #[arg(long, default_value_t = 1)]
+        start: u64,
+        #[arg(long, default_value_t = 1000)]
+        count: u64,
+        #[arg(long, default_value_t = 200_000)]
+        size: usize,
+    },
+}
+
+#[derive(Args, Debug)]
+struct BenchCkptArgs {
+    /// Working directory (default: a new directory under the current one, removed after).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Fast tier directory (default: DIR/fast), e.g. on /dev/shm for a tmpfs fast tier.
+    #[arg(long)]
+    fast_dir: Option<PathBuf>,
+    /// Checkpoints per run.
+    #[arg(long, default_value_t = 3)]
+    count: usize,
+    /// Checkpoint size (default: AlexNet, 61M fp32 parameters, 244 MB).
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Size preset: alexnet (244 MB) or paper (600 MB, the paper's checkpoints).
+    #[arg(long, value_enum, default_value = "alexnet")]
+    preset: CkptPreset,
+    /// Seconds of emulated compute between checkpoints.
+    #[arg(long, default_value_t = 1.0)]
+    compute: f64,
+    /// Slow-tier slowdowns relative to the fast tier's raw write bandwidth.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    ratios: Vec<f64>,
+    /// Repeats (interleaved).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CkptPreset {
+    Alexnet,
+    Paper,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -317,6 +442,35 @@ fn main() -> Result<()> {
 
 fn run(command: Command) -> Result<()> {
     match command {
+        Command::Ckpt(a) => {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(ckpt_command(a))
+        }
+        Command::Bench(BenchCommand::Ckpt(a)) => {
+            let tmp;
+            let base = match a.dir {
+                Some(d) => d,
+                None => {
+                    tmp = tempfile::Builder::new().prefix("ringtier-bench-ckpt-").tempdir_in(".")?;
+                    tmp.path().to_path_buf()
+                }
+            };
+            let size = a.size.unwrap_or(match a.preset {
+                CkptPreset::Alexnet => 61_000_000 * 4,
+                CkptPreset::Paper => 600_000_000,
+            });
+            let cfg = ckpt::CkptBenchConfig {
+                base,
+                fast_dir: a.fast_dir,
+                count: a.count,
+                size,
+                compute_secs: a.compute,
+                ratios: a.ratios,
+                repeats: a.repeats,
+                json: a.json,
+            };
+            ckpt::bench(&cfg).map(|_| ())
+        }
         Command::Metrics(MetricsCommand::Catalog) => {
             print!("{}", ringtier_metrics::catalog_markdown());
             Ok(())
@@ -376,6 +530,110 @@ fn run(command: Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+async fn ckpt_command(a: CkptArgs) -> Result<()> {
+    let cfg = ringtier_migrate::StoreConfig {
+        prefix: a.prefix.clone(),
+        keep_last: a.keep_last,
+        drain_bytes_per_sec: a.drain_bw,
+        fast_capacity_bytes: a.fast_capacity,
+        on_full: match a.on_full {
+            OnFullArg::Wait => ringtier_migrate::OnFull::Wait,
+            OnFullArg::WriteThrough => ringtier_migrate::OnFull::WriteThrough,
+        },
+        ..ringtier_migrate::StoreConfig::default()
+    };
+    let store = ckpt::open_store(&a.tiers, a.throttle_last, cfg).await?;
+    match a.action {
+        CkptAction::Save { step, parts, direct, no_drain } => {
+            let mut files = Vec::new();
+            for p in &parts {
+                let Some((name, path)) = p.split_once('=') else {
+                    anyhow::bail!("--part takes NAME=PATH, got {p:?}");
+                };
+                let f = std::fs::File::open(path).with_context(|| format!("part {name}: opening {path}"))?;
+                let size = f.metadata()?.len();
+                files.push((name.to_string(), f, size));
+            }
+            let parts = files
+                .into_iter()
+                .map(|(n, f, size)| ringtier_migrate::Part::reader(n, std::io::BufReader::new(f), Some(size)))
+                .collect();
+            let r = if direct { store.save_direct(step, parts).await? } else { store.save(step, parts).await? };
+            println!(
+                "saved step {} ({:.1} MB) on {} in {:.3} s{}",
+                r.step,
+                r.bytes as f64 / 1e6,
+                r.tier,
+                r.blocking.as_secs_f64(),
+                if r.wrote_through { " (fast tier full: written through)" } else { "" }
+            );
+            if !no_drain {
+                let t = std::time::Instant::now();
+                store.drain().await?;
+                println!("drained to the slowest tier in {:.3} s", t.elapsed().as_secs_f64());
+            }
+        }
+        CkptAction::Ls => {
+            println!("{:>20}  {:>12}  tiers", "step", "MB");
+            for c in store.list().await? {
+                println!("{:>20}  {:>12.1}  {}", c.step, c.bytes as f64 / 1e6, c.tiers.join(", "));
+            }
+            let backlog = store.drain_backlog_bytes();
+            if backlog > 0 {
+                println!("drain backlog: {:.1} MB (run `ringtier ckpt ... drain`)", backlog as f64 / 1e6);
+            }
+        }
+        CkptAction::Restore { step, out } => {
+            let step = match step {
+                Some(s) => s,
+                None => store.latest().await?.context("no checkpoint to restore")?,
+            };
+            let r = store.load(step).await?;
+            for f in &r.fallbacks {
+                eprintln!("warning: checkpoint {step}: {f}");
+            }
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            for (name, data) in &r.parts {
+                let tmp = out.join(format!(".{name}.tmp"));
+                std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+                std::fs::rename(&tmp, out.join(name))?;
+            }
+            println!("restored step {step} from {} ({} parts) into {}", r.tier, r.parts.len(), out.display());
+        }
+        CkptAction::Verify { step } => {
+            let steps: Vec<u64> = match step {
+                Some(s) => vec![s],
+                None => store.list().await?.iter().map(|c| c.step).collect(),
+            };
+            let mut bad = 0;
+            for s in steps {
+                for (tier, res) in store.verify(s).await? {
+                    match res {
+                        Ok(()) => println!("step {s} on {tier}: ok"),
+                        Err(e) => {
+                            bad += 1;
+                            println!("step {s} on {tier}: BAD: {e}");
+                        }
+                    }
+                }
+            }
+            if bad > 0 {
+                anyhow::bail!("{bad} bad cop{}", if bad == 1 { "y" } else { "ies" });
+            }
+        }
+        CkptAction::Drain => {
+            let backlog = store.drain_backlog_bytes();
+            store.drain().await?;
+            println!("drained {:.1} MB to the slowest tier", backlog as f64 / 1e6);
+        }
+        CkptAction::CrashHelper { start, count, size } => {
+            let start = start.max(store.latest().await?.map_or(0, |s| s + 1));
+            ckpt::crash_helper(&store, start, count, size).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The demo: a small generated dataset, read through every tier.

@@ -37,6 +37,23 @@ pub const BUFFER_POOL_BYTES: &str = "ringtier_buffer_pool_bytes";
 /// Registered-buffer fallbacks (memlock too low, registration refused).
 pub const URING_REGISTER_FALLBACKS_TOTAL: &str = "ringtier_uring_register_fallbacks_total";
 
+/// Time `save` kept the training loop waiting.
+pub const CKPT_SAVE_BLOCKING_SECONDS: &str = "ringtier_checkpoint_save_blocking_seconds";
+/// Checkpoints saved, by the tier they were written to and result.
+pub const CKPT_SAVES_TOTAL: &str = "ringtier_checkpoint_saves_total";
+/// Bytes of committed checkpoints not yet copied to the next tier.
+pub const CKPT_DRAIN_BACKLOG_BYTES: &str = "ringtier_checkpoint_drain_backlog_bytes";
+/// Checkpoints waiting for or in the drain.
+pub const CKPT_PENDING: &str = "ringtier_checkpoint_drain_pending";
+/// Time to drain one checkpoint to the next tier.
+pub const CKPT_DRAIN_SECONDS: &str = "ringtier_checkpoint_drain_seconds";
+/// Bytes copied by the drain.
+pub const CKPT_DRAINED_BYTES_TOTAL: &str = "ringtier_checkpoint_drained_bytes_total";
+/// Checkpoints evicted from a faster tier after their slower copy was committed.
+pub const CKPT_EVICTIONS_TOTAL: &str = "ringtier_checkpoint_evictions_total";
+/// Restores that fell back to a slower copy (checksum mismatch or unreadable fast copy).
+pub const CKPT_RESTORE_FALLBACKS_TOTAL: &str = "ringtier_checkpoint_restore_fallbacks_total";
+
 /// Every metric above, with its type, help and labels.
 pub const CATALOG: &[MetricDef] = &[
     MetricDef {
@@ -94,6 +111,49 @@ pub const CATALOG: &[MetricDef] = &[
         labels: &[],
     },
     MetricDef { name: BUFFER_POOL_BYTES, kind: "gauge", help: "Bytes allocated by buffer pools.", labels: &[] },
+    MetricDef {
+        name: CKPT_SAVE_BLOCKING_SECONDS,
+        kind: "histogram",
+        help: "Seconds a checkpoint save kept the training loop waiting.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_SAVES_TOTAL,
+        kind: "counter",
+        help: "Checkpoint saves, by the tier written to and result.",
+        labels: &["tier", "result"],
+    },
+    MetricDef {
+        name: CKPT_DRAIN_BACKLOG_BYTES,
+        kind: "gauge",
+        help: "Bytes of committed checkpoints not yet copied to the next tier.",
+        labels: &[],
+    },
+    MetricDef { name: CKPT_PENDING, kind: "gauge", help: "Checkpoints waiting for or in the drain.", labels: &[] },
+    MetricDef {
+        name: CKPT_DRAIN_SECONDS,
+        kind: "histogram",
+        help: "Seconds to copy, verify and commit one checkpoint on the next tier.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_DRAINED_BYTES_TOTAL,
+        kind: "counter",
+        help: "Bytes copied to a slower tier by the drain.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_EVICTIONS_TOTAL,
+        kind: "counter",
+        help: "Checkpoints evicted from a faster tier after their slower copy was committed.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_RESTORE_FALLBACKS_TOTAL,
+        kind: "counter",
+        help: "Restores that used a slower copy because the faster one failed verification.",
+        labels: &["tier"],
+    },
     MetricDef {
         name: URING_REGISTER_FALLBACKS_TOTAL,
         kind: "counter",

@@ -8,4 +8,4 @@ mod throttled;
 
 pub use faults::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
 pub use metered::Metered;
-pub use throttled::{Throttle, Throttled};
+pub use throttled::{Throttle, Throttled, TokenBucket};

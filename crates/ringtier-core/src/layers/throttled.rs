@@ -47,21 +47,22 @@ impl Throttle {
 /// A token bucket: `rate` bytes per second, at most `burst` bytes banked. Callers take tokens
 /// in arrival order; a deficit is paid by waiting, so the long-run rate never exceeds `rate`.
 #[derive(Debug)]
-struct Bucket {
+pub struct TokenBucket {
     rate: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
 }
 
-impl Bucket {
-    fn new(rate: u64, burst: Option<u64>) -> Self {
+impl TokenBucket {
+    /// A bucket of `rate` bytes per second banking at most `burst` bytes (default 50 ms worth).
+    pub fn new(rate: u64, burst: Option<u64>) -> Self {
         let rate = rate.max(1) as f64;
         let burst = burst.map(|b| b as f64).unwrap_or(rate / 20.0).max(1.0);
-        Bucket { rate, burst, state: Mutex::new((burst, Instant::now())) }
+        TokenBucket { rate, burst, state: Mutex::new((burst, Instant::now())) }
     }
 
     /// Takes `bytes` tokens and returns how long the caller must wait for them.
-    fn take(&self, bytes: u64) -> Duration {
+    pub fn take(&self, bytes: u64) -> Duration {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let refill = now.duration_since(st.1).as_secs_f64() * self.rate;
@@ -78,13 +79,13 @@ impl Bucket {
 #[derive(Debug)]
 struct Shared {
     throttle: Throttle,
-    read: Option<Bucket>,
-    write: Option<Bucket>,
+    read: Option<TokenBucket>,
+    write: Option<TokenBucket>,
     waited: metrics::Histogram,
 }
 
 impl Shared {
-    async fn pace(&self, bucket: Option<&Bucket>, bytes: u64) {
+    async fn pace(&self, bucket: Option<&TokenBucket>, bytes: u64) {
         let mut wait = self.throttle.latency;
         if let Some(b) = bucket {
             wait += b.take(bytes);
@@ -115,8 +116,8 @@ impl Throttled {
     pub fn new(inner: Arc<dyn Tier>, throttle: Throttle) -> Self {
         let waited = metrics::histogram!(catalog::THROTTLE_WAIT_SECONDS, "tier" => inner.name().to_string());
         let shared = Shared {
-            read: throttle.read_bytes_per_sec.map(|r| Bucket::new(r, throttle.burst_bytes)),
-            write: throttle.write_bytes_per_sec.map(|r| Bucket::new(r, throttle.burst_bytes)),
+            read: throttle.read_bytes_per_sec.map(|r| TokenBucket::new(r, throttle.burst_bytes)),
+            write: throttle.write_bytes_per_sec.map(|r| TokenBucket::new(r, throttle.burst_bytes)),
             throttle,
             waited,
         };
@@ -211,7 +212,7 @@ mod tests {
 
     #[test]
     fn bucket_rate_holds_over_time() {
-        let b = Bucket::new(1000, Some(100));
+        let b = TokenBucket::new(1000, Some(100));
         // The burst covers the first 100 bytes; the next 1000 cost one second of waiting.
         assert_eq!(b.take(100), Duration::ZERO);
         let w = b.take(1000);

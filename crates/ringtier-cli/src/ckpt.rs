@@ -1,0 +1,323 @@
+//! `ringtier ckpt ...` (the checkpoint store from the command line) and `ringtier bench ckpt`
+//! (the paper's burst-buffer experiment).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ringtier_core::layers::{Metered, Throttle, Throttled};
+use ringtier_core::{AlignedBuf, Tier};
+use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use serde::Serialize;
+
+use crate::stats::{peak_rss_bytes, Machine, Rng, Summary};
+
+/// A tier over a directory, through io_uring (O_DIRECT where the filesystem allows), metered.
+pub(crate) fn dir_tier(dir: &Path, name: &str, throttle: Option<u64>) -> Result<Arc<dyn Tier>> {
+    let options = UringTierOptions { name: Some(name.to_string()), create_root: true, ..Default::default() };
+    let tier: Arc<dyn Tier> = Arc::new(
+        UringTier::with_options(
+            dir,
+            UringConfig { direct_io: DirectIoPolicy::Auto, ..UringConfig::default() },
+            options,
+        )
+        .with_context(|| format!("opening tier {name} at {}", dir.display()))?,
+    );
+    let tier: Arc<dyn Tier> = match throttle {
+        Some(bps) => Arc::new(Throttled::new(tier, Throttle::bandwidth(bps))),
+        None => tier,
+    };
+    Ok(Arc::new(Metered::new(tier)))
+}
+
+/// Tier names for a list of directories: fast/slow for two, tier0.. otherwise.
+pub(crate) fn tier_names(n: usize) -> Vec<String> {
+    match n {
+        1 => vec!["fast".into()],
+        2 => vec!["fast".into(), "slow".into()],
+        _ => (0..n).map(|i| format!("tier{i}")).collect(),
+    }
+}
+
+/// Opens a store over `dirs` (fastest first); the last tier throttled to `throttle_last`.
+pub(crate) async fn open_store(
+    dirs: &[PathBuf],
+    throttle_last: Option<u64>,
+    cfg: StoreConfig,
+) -> Result<CheckpointStore> {
+    if dirs.is_empty() {
+        bail!("--tiers needs at least one directory");
+    }
+    let names = tier_names(dirs.len());
+    let mut tiers = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let throttle = if i + 1 == dirs.len() { throttle_last } else { None };
+        tiers.push(dir_tier(d, &names[i], throttle)?);
+    }
+    Ok(CheckpointStore::open(tiers, cfg).await?)
+}
+
+/// Deterministic contents of a crash-test checkpoint part (the test regenerates them with the
+/// same formula to check restored bytes).
+pub(crate) fn crash_part(step: u64, part: usize, size: usize) -> Vec<u8> {
+    (0..size as u64).map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) ^ (step * 31 + part as u64)) as u8).collect()
+}
+
+/// The crash-test child: saves steps from `start` on, printing `saved STEP` after each save
+/// returns (and is therefore durable), until killed.
+pub(crate) async fn crash_helper(store: &CheckpointStore, start: u64, count: u64, size: usize) -> Result<()> {
+    let mut out = std::io::stdout();
+    for step in start..start + count {
+        let a = crash_part(step, 0, size);
+        let b = crash_part(step, 1, size / 3 + 1);
+        store.save(step, vec![Part::bytes("a", &a), Part::bytes("b", &b)]).await?;
+        writeln!(out, "saved {step}")?;
+        out.flush()?;
+    }
+    store.drain().await?;
+    writeln!(out, "drained")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Settings of `bench ckpt`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct CkptBenchConfig {
+    pub base: PathBuf,
+    pub fast_dir: Option<PathBuf>,
+    pub count: usize,
+    pub size: u64,
+    pub compute_secs: f64,
+    pub ratios: Vec<f64>,
+    pub repeats: usize,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    mode: &'static str,
+    ratio: f64,
+    slow_bytes_per_sec: f64,
+    blocking_seconds: Vec<f64>,
+    all_on_slow_seconds: f64,
+    total_seconds: f64,
+    drain_mb_per_sec: Option<f64>,
+    peak_rss_over_data_bytes: u64,
+    /// The raw fast-tier write of the same bytes, measured just before this run's pair.
+    raw_write_seconds: f64,
+}
+
+/// Writes `data` with O_DIRECT to a new file in `dir` and fsyncs it: the raw fast-tier write.
+fn raw_write(dir: &Path, data: &[u8]) -> Result<f64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("raw-write.bin");
+    let start = Instant::now();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let chunk = 8 << 20;
+    let mut buf = AlignedBuf::new(chunk, 4096)?;
+    for piece in data.chunks(chunk) {
+        let padded = piece.len().next_multiple_of(4096);
+        buf.capacity_mut()[..piece.len()].copy_from_slice(piece);
+        buf.capacity_mut()[piece.len()..padded].fill(0);
+        buf.set_window(0, padded)?;
+        f.write_all(buf.as_slice()).with_context(|| format!("writing {}", path.display()))?;
+    }
+    f.set_len(data.len() as u64)?;
+    f.sync_all()?;
+    let secs = start.elapsed().as_secs_f64();
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(secs)
+}
+
+/// One run of a mode: `count` checkpoints, `compute` of emulated training between them.
+async fn one_run(cfg: &CkptBenchConfig, data: &[u8], mode: &'static str, ratio: f64, slow_bps: f64) -> Result<Run> {
+    let fast = cfg.fast_dir.clone().unwrap_or_else(|| cfg.base.join("fast")).join(format!("run-{mode}-{ratio}"));
+    let slow = cfg.base.join("slow").join(format!("run-{mode}-{ratio}"));
+    for d in [&fast, &slow] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let store_cfg = StoreConfig { keep_last: 1, on_full: OnFull::Wait, ..StoreConfig::default() };
+    let store = open_store(&[fast.clone(), slow.clone()], Some(slow_bps as u64), store_cfg).await?;
+    let rss0 = peak_rss_bytes();
+    let start = Instant::now();
+    let mut blocking = Vec::new();
+    let meta = format!("{{\"mode\": \"{mode}\"}}");
+    for step in 0..cfg.count as u64 {
+        tokio::time::sleep(Duration::from_secs_f64(cfg.compute_secs)).await;
+        let parts = vec![Part::bytes("model", data), Part::bytes("meta", meta.as_bytes())];
+        let t = Instant::now();
+        if mode == "direct" {
+            store.save_direct(step, parts).await?;
+        } else {
+            store.save(step, parts).await?;
+        }
+        blocking.push(t.elapsed().as_secs_f64());
+    }
+    let train_end = start.elapsed().as_secs_f64();
+    store.drain().await?;
+    let all_on_slow = start.elapsed().as_secs_f64();
+    let drain = store.drain_stats();
+    drop(store);
+    for d in [&fast, &slow] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(Run {
+        mode,
+        ratio,
+        slow_bytes_per_sec: slow_bps,
+        blocking_seconds: blocking,
+        all_on_slow_seconds: all_on_slow,
+        total_seconds: train_end,
+        drain_mb_per_sec: (drain.busy_seconds > 0.0).then(|| drain.bytes as f64 / drain.busy_seconds / 1e6),
+        peak_rss_over_data_bytes: peak_rss_bytes().saturating_sub(rss0),
+        raw_write_seconds: 0.0,
+    })
+}
+
+/// Runs the burst-buffer experiment and prints a table; returns the JSON report.
+pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
+    if cfg.count == 0 || cfg.repeats == 0 || cfg.size == 0 || cfg.ratios.is_empty() {
+        bail!("--count, --repeats, --size and --ratios must be positive");
+    }
+    if cfg.ratios.iter().any(|r| *r < 1.0 || !r.is_finite()) {
+        bail!("--ratios are slowdowns of the slow tier, each at least 1");
+    }
+    let fast_root = cfg.fast_dir.clone().unwrap_or_else(|| cfg.base.join("fast"));
+    std::fs::create_dir_all(&fast_root).with_context(|| format!("creating {}", fast_root.display()))?;
+    std::fs::create_dir_all(cfg.base.join("slow")).with_context(|| format!("creating {}", cfg.base.display()))?;
+    let fast_fs = ringtier_core::fs::fs_type_name(&fast_root);
+    let slow_fs = ringtier_core::fs::fs_type_name(&cfg.base.join("slow"));
+    eprintln!("generating a {} MB checkpoint of real bytes", cfg.size / 1_000_000);
+    let mut data = vec![0u8; cfg.size as usize];
+    Rng::new(7).fill(&mut data);
+    // The raw fast-tier write sets the throttled slow tier's bandwidth.
+    let raws: Vec<f64> = (0..3).map(|_| raw_write(&fast_root, &data)).collect::<Result<_>>()?;
+    let fast_bps = cfg.size as f64 / Summary::of(&raws).median;
+    eprintln!(
+        "fast tier: {} ({fast_fs}), raw O_DIRECT write + fsync {:.0} MB/s; slow tier: throttled layer over {} ({slow_fs})",
+        fast_root.display(),
+        fast_bps / 1e6,
+        cfg.base.join("slow").display()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut raw_runs = Vec::new();
+    for r in 0..cfg.repeats {
+        for &ratio in &cfg.ratios {
+            let slow_bps = fast_bps / ratio;
+            let raw_secs = raw_write(&fast_root, &data)?;
+            raw_runs.push(raw_secs);
+            for mode in ["direct", "burst"] {
+                let mut run = rt.block_on(one_run(cfg, &data, mode, ratio, slow_bps))?;
+                run.raw_write_seconds = raw_secs;
+                eprintln!(
+                    "  repeat {}/{} slow 1/{ratio}: {mode:<6} blocking median {:.3} s, all on slow after {:.2} s",
+                    r + 1,
+                    cfg.repeats,
+                    Summary::of(&run.blocking_seconds).median,
+                    run.all_on_slow_seconds
+                );
+                runs.push(run);
+            }
+        }
+    }
+    let raw = Summary::of(&raw_runs);
+    println!();
+    println!(
+        "{} checkpoints of {:.0} MB every {} s of compute; fast {fast_fs} (raw write {:.0} MB/s, {:.3} s per checkpoint); \
+         slow = throttled layer; {} repeats; min/median/max",
+        cfg.count,
+        cfg.size as f64 / 1e6,
+        cfg.compute_secs,
+        fast_bps / 1e6,
+        raw.median,
+        cfg.repeats
+    );
+    println!(
+        "{:>8} {:>10}  {:>22}  {:>22}  {:>17}  {:>12}  {:>12}  {:>11}",
+        "slowdown",
+        "slow MB/s",
+        "direct blocking s",
+        "burst blocking s",
+        "speedup",
+        "burst/raw",
+        "drain MB/s",
+        "all on slow"
+    );
+    let mut points = Vec::new();
+    for &ratio in &cfg.ratios {
+        let pick = |mode: &str| runs.iter().filter(|r| r.mode == mode && r.ratio == ratio).collect::<Vec<_>>();
+        let (direct, burst) = (pick("direct"), pick("burst"));
+        let med = |rs: &[&Run]| rs.iter().map(|r| Summary::of(&r.blocking_seconds).median).collect::<Vec<_>>();
+        let (d, b) = (med(&direct), med(&burst));
+        let speed = Summary::of(&d.iter().zip(&b).map(|(d, b)| d / b).collect::<Vec<_>>());
+        let over_raw = Summary::of(
+            &burst.iter().map(|r| Summary::of(&r.blocking_seconds).median / r.raw_write_seconds).collect::<Vec<_>>(),
+        );
+        let drain = Summary::of(&burst.iter().filter_map(|r| r.drain_mb_per_sec).collect::<Vec<_>>());
+        let slow_mb = fast_bps / ratio / 1e6;
+        let (ds, bs) = (Summary::of(&d), Summary::of(&b));
+        let all_on_slow = Summary::of(&burst.iter().map(|r| r.all_on_slow_seconds).collect::<Vec<_>>());
+        println!(
+            "{:>7}x {:>10.0}  {:>6.3} {:>6.3} {:>6.3}  {:>6.3} {:>6.3} {:>6.3}  {:>5.2} {:>5.2} {:>5.2}  {:>12.2}  {:>5.0} ({:>3.0}%)  {:>9.1} s",
+            ratio,
+            slow_mb,
+            ds.min,
+            ds.median,
+            ds.max,
+            bs.min,
+            bs.median,
+            bs.max,
+            speed.min,
+            speed.median,
+            speed.max,
+            over_raw.median,
+            drain.median,
+            drain.median / slow_mb * 100.0,
+            all_on_slow.median
+        );
+        points.push(serde_json::json!({
+            "slowdown": ratio,
+            "slow_mb_per_sec": slow_mb,
+            "direct_blocking_seconds": ds,
+            "burst_blocking_seconds": bs,
+            "speedup_blocking": speed,
+            "burst_blocking_over_raw_write": over_raw,
+            "drain_mb_per_sec": drain,
+            "drain_fraction_of_cap": drain.median / slow_mb,
+            "burst_all_on_slow_seconds": all_on_slow,
+        }));
+    }
+    let rss = runs.iter().filter(|r| r.mode == "burst").map(|r| r.peak_rss_over_data_bytes).max().unwrap_or(0);
+    println!(
+        "peak resident memory above the checkpoint data during saves: {:.1} MiB (largest part {:.0} MiB)",
+        rss as f64 / (1 << 20) as f64,
+        cfg.size as f64 / (1 << 20) as f64
+    );
+    let report = serde_json::json!({
+        "schema": "ringtier.bench.ckpt/1",
+        "machine": Machine::probe(),
+        "fast": {"path": fast_root.display().to_string(), "filesystem": fast_fs, "raw_write_mb_per_sec": fast_bps / 1e6, "raw_write_seconds": raw},
+        "slow": {"path": cfg.base.join("slow").display().to_string(), "filesystem": slow_fs, "kind": "throttled layer (token bucket), bandwidth = fast raw write / slowdown"},
+        "config": cfg,
+        "points": points,
+        "peak_rss_over_data_bytes": rss,
+        "runs": runs,
+    });
+    if let Some(path) = &cfg.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(report)
+}

@@ -1,0 +1,948 @@
+//! The checkpoint store: save to the fastest tier, drain to slower ones, evict, restore,
+//! recover.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::Read;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ringtier_core::buf::AlignedBuf;
+use ringtier_core::catalog;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::key::validate_key;
+use ringtier_core::layers::TokenBucket;
+use ringtier_core::Tier;
+use tokio::sync::{mpsc, Notify, Semaphore};
+
+use crate::manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
+
+/// What `save` does when the fast tier has no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFull {
+    /// Wait until the drain and eviction make room.
+    Wait,
+    /// Write to the next, slower tier instead.
+    WriteThrough,
+}
+
+/// Settings of a [`CheckpointStore`].
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Key prefix of the store on every tier. Default `ckpt`.
+    pub prefix: String,
+    /// Bytes per write and per drain copy. Default 8 MiB.
+    pub chunk_bytes: usize,
+    /// Checkpoints drained at once. Default 1.
+    pub drain_concurrency: usize,
+    /// Drain bandwidth cap in bytes per second, so draining does not starve the loader.
+    /// Default none.
+    pub drain_bytes_per_sec: Option<u64>,
+    /// Committed checkpoints kept on each faster tier once drained (the newest). Default 2.
+    pub keep_last: usize,
+    /// Bytes of checkpoints the fastest tier may hold. Default none (only a real ENOSPC).
+    pub fast_capacity_bytes: Option<u64>,
+    /// What `save` does when the fast tier is full. Default [`OnFull::Wait`].
+    pub on_full: OnFull,
+    /// Retries of an operation that failed with a temporary error. Default 3.
+    pub retries: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            prefix: "ckpt".into(),
+            chunk_bytes: 8 << 20,
+            drain_concurrency: 1,
+            drain_bytes_per_sec: None,
+            keep_last: 2,
+            fast_capacity_bytes: None,
+            on_full: OnFull::Wait,
+            retries: 3,
+        }
+    }
+}
+
+/// Where a part's bytes come from.
+pub enum PartData<'a> {
+    /// A buffer the caller holds (never copied whole: written chunk by chunk).
+    Bytes(&'a [u8]),
+    /// A stream, read chunk by chunk; `size_hint` helps the capacity check.
+    Reader {
+        /// The stream.
+        reader: Box<dyn Read + Send + 'a>,
+        /// Its expected size, if known.
+        size_hint: Option<u64>,
+    },
+}
+
+impl fmt::Debug for PartData<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PartData::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            PartData::Reader { size_hint, .. } => write!(f, "Reader(size_hint {size_hint:?})"),
+        }
+    }
+}
+
+/// A named part of a checkpoint (model weights, optimizer state, metadata).
+#[derive(Debug)]
+pub struct Part<'a> {
+    /// One key component: no `/`, not `.` or `..`.
+    pub name: String,
+    /// The bytes.
+    pub data: PartData<'a>,
+}
+
+impl<'a> Part<'a> {
+    /// A part from a buffer.
+    pub fn bytes(name: impl Into<String>, data: &'a [u8]) -> Self {
+        Part { name: name.into(), data: PartData::Bytes(data) }
+    }
+
+    /// A part from a stream.
+    pub fn reader(name: impl Into<String>, reader: impl Read + Send + 'a, size_hint: Option<u64>) -> Self {
+        Part { name: name.into(), data: PartData::Reader { reader: Box::new(reader), size_hint } }
+    }
+
+    fn size_hint(&self) -> u64 {
+        match &self.data {
+            PartData::Bytes(b) => b.len() as u64,
+            PartData::Reader { size_hint, .. } => size_hint.unwrap_or(0),
+        }
+    }
+}
+
+/// What a save did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveReport {
+    /// The step saved.
+    pub step: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Name of the tier the checkpoint was committed on.
+    pub tier: String,
+    /// How long `save` blocked.
+    pub blocking: Duration,
+    /// True when the fast tier was full and the checkpoint went to a slower tier.
+    pub wrote_through: bool,
+}
+
+/// A checkpoint as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// The step.
+    pub step: u64,
+    /// Total bytes.
+    pub bytes: u64,
+    /// Names of the tiers holding a committed copy, fastest first.
+    pub tiers: Vec<String>,
+}
+
+/// A restored checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// The step.
+    pub step: u64,
+    /// The tier it was read from.
+    pub tier: String,
+    /// The parts, in save order.
+    pub parts: Vec<(String, Vec<u8>)>,
+    /// Why faster copies were not used, one line per skipped tier.
+    pub fallbacks: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// step -> (tier index it drains from, bytes)
+    pending: BTreeMap<u64, (usize, u64)>,
+    /// steps whose drain failed permanently, with the reason
+    failed: BTreeMap<u64, String>,
+}
+
+struct Metrics {
+    backlog: metrics::Gauge,
+    pending: metrics::Gauge,
+    blocking: Vec<metrics::Histogram>,
+    saves_ok: Vec<metrics::Counter>,
+    saves_err: Vec<metrics::Counter>,
+    drain_seconds: Vec<metrics::Histogram>,
+    drained_bytes: Vec<metrics::Counter>,
+    evictions: Vec<metrics::Counter>,
+    fallbacks: Vec<metrics::Counter>,
+}
+
+impl Metrics {
+    fn new(tiers: &[Arc<dyn Tier>]) -> Self {
+        let per = |f: &dyn Fn(String) -> metrics::Counter| tiers.iter().map(|t| f(t.name().to_string())).collect();
+        let hist = |name: &'static str| -> Vec<metrics::Histogram> {
+            tiers.iter().map(|t| metrics::histogram!(name, "tier" => t.name().to_string())).collect()
+        };
+        Metrics {
+            backlog: metrics::gauge!(catalog::CKPT_DRAIN_BACKLOG_BYTES),
+            pending: metrics::gauge!(catalog::CKPT_PENDING),
+            blocking: hist(catalog::CKPT_SAVE_BLOCKING_SECONDS),
+            saves_ok: per(&|t| metrics::counter!(catalog::CKPT_SAVES_TOTAL, "tier" => t, "result" => "ok")),
+            saves_err: per(&|t| metrics::counter!(catalog::CKPT_SAVES_TOTAL, "tier" => t, "result" => "error")),
+            drain_seconds: hist(catalog::CKPT_DRAIN_SECONDS),
+            drained_bytes: per(&|t| metrics::counter!(catalog::CKPT_DRAINED_BYTES_TOTAL, "tier" => t)),
+            evictions: per(&|t| metrics::counter!(catalog::CKPT_EVICTIONS_TOTAL, "tier" => t)),
+            fallbacks: per(&|t| metrics::counter!(catalog::CKPT_RESTORE_FALLBACKS_TOTAL, "tier" => t)),
+        }
+    }
+}
+
+/// What the drain has done since the store was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DrainStats {
+    /// Checkpoints copied to a slower tier.
+    pub checkpoints: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Seconds spent copying, summed over checkpoints (with a drain concurrency of 1, the time
+    /// the drain was busy).
+    pub busy_seconds: f64,
+}
+
+struct Inner {
+    tiers: Vec<Arc<dyn Tier>>,
+    cfg: StoreConfig,
+    drained: Mutex<DrainStats>,
+    tx: mpsc::UnboundedSender<(u64, usize)>,
+    state: Mutex<State>,
+    changed: Notify,
+    bucket: Option<TokenBucket>,
+    m: Metrics,
+}
+
+/// A crash-consistent checkpoint store over tiers ordered fastest first, draining
+/// asynchronously to slower ones. Cheap to clone.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.inner.tiers.iter().map(|t| t.name()).collect();
+        f.debug_struct("CheckpointStore").field("tiers", &names).field("config", &self.inner.cfg).finish()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn validate_part_name(name: &str) -> Result<()> {
+    if name.contains('/') || name == "MANIFEST.json" {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("bad part name {name:?}: one path component, not MANIFEST.json"),
+        ));
+    }
+    validate_key(name)
+}
+
+/// A committed or partial checkpoint found on a tier.
+#[derive(Debug, Default, Clone)]
+struct Found {
+    manifest: bool,
+    keys: Vec<String>,
+    bytes: u64,
+}
+
+impl Inner {
+    fn dir(&self, step: u64) -> String {
+        format!("{}/{step:020}", self.cfg.prefix)
+    }
+
+    fn part_key(&self, step: u64, name: &str) -> String {
+        format!("{}/parts/{name}", self.dir(step))
+    }
+
+    fn manifest_key(&self, step: u64) -> String {
+        format!("{}/MANIFEST.json", self.dir(step))
+    }
+
+    /// Every checkpoint directory on tier `t`.
+    async fn scan(&self, t: usize) -> Result<BTreeMap<u64, Found>> {
+        let prefix = format!("{}/", self.cfg.prefix);
+        let mut out: BTreeMap<u64, Found> = BTreeMap::new();
+        for meta in self.tiers[t].list(&prefix).await? {
+            let rest = &meta.key[prefix.len()..];
+            let Some((step, tail)) = rest.split_once('/') else { continue };
+            let Ok(step) = step.parse::<u64>() else { continue };
+            let f = out.entry(step).or_default();
+            if tail == "MANIFEST.json" {
+                f.manifest = true;
+            } else {
+                f.bytes += meta.size;
+            }
+            f.keys.push(meta.key);
+        }
+        Ok(out)
+    }
+
+    async fn committed(&self, t: usize) -> Result<BTreeSet<u64>> {
+        Ok(self.scan(t).await?.into_iter().filter(|(_, f)| f.manifest).map(|(s, _)| s).collect())
+    }
+
+    async fn read_all(&self, t: usize, key: &str, size: u64) -> Result<Vec<u8>> {
+        let data = ringtier_core::ops::read_exact_at(self.tiers[t].as_ref(), key, 0, size as usize).await?;
+        if data.len() as u64 != size {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{key}: {} of {size} bytes present (truncated)", data.len()),
+            ));
+        }
+        Ok(data)
+    }
+
+    async fn manifest(&self, t: usize, step: u64) -> Result<CheckpointManifest> {
+        let key = self.manifest_key(step);
+        let tier = self.tiers[t].as_ref();
+        let bytes = ringtier_core::ops::get(tier, &key).await?;
+        CheckpointManifest::parse(&bytes, step, &format!("{key} on tier {:?}", tier.name()))
+    }
+
+    async fn write_object(&self, t: usize, key: &str, data: &[u8]) -> Result<()> {
+        let mut attempt = 0;
+        loop {
+            match ringtier_core::ops::put(self.tiers[t].as_ref(), key, data, self.cfg.chunk_bytes).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_temporary() && attempt < self.cfg.retries => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Streams `next_chunk` into a new object `key` on tier `t`, returning its size and CRC.
+    /// Temporary write errors are retried; anything else aborts the staged object.
+    async fn write_stream(
+        &self,
+        t: usize,
+        key: &str,
+        throttle: bool,
+        mut next_chunk: impl AsyncChunks,
+    ) -> Result<(u64, u32)> {
+        let tier = self.tiers[t].as_ref();
+        let align = tier.capabilities().alignment.max(4096);
+        let chunk = ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize;
+        let mut buf = AlignedBuf::new(chunk, align)?;
+        let mut writer = tier.create(key).await?;
+        let (mut off, mut crc) = (0u64, 0u32);
+        loop {
+            let n = match next_chunk.fill(&mut buf.capacity_mut()[..chunk]).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e);
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            buf.set_window(0, n)?;
+            crc = crc32c::crc32c_append(crc, buf.as_slice());
+            if throttle {
+                if let Some(b) = &self.bucket {
+                    let wait = b.take(n as u64);
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+            let mut attempt = 0;
+            loop {
+                let (res, b) = writer.write_at(off, buf).await;
+                buf = b;
+                match res {
+                    Ok(()) => break,
+                    Err(e) if e.is_temporary() && attempt < self.cfg.retries => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                    }
+                    Err(e) => {
+                        let _ = writer.abort().await;
+                        return Err(e);
+                    }
+                }
+            }
+            off += n as u64;
+        }
+        writer.commit().await?;
+        Ok((off, crc))
+    }
+
+    /// Removes every object of `step` on tier `t`, manifest first (so a crash midway leaves a
+    /// partial checkpoint that recovery removes, never a committed one with missing parts).
+    async fn remove(&self, t: usize, step: u64) -> Result<()> {
+        let tier = self.tiers[t].as_ref();
+        let mkey = self.manifest_key(step);
+        match tier.delete(&mkey).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        for meta in tier.list(&format!("{}/", self.dir(step))).await? {
+            match tier.delete(&meta.key).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn update_gauges(&self, st: &State) {
+        self.m.pending.set(st.pending.len() as f64);
+        self.m.backlog.set(st.pending.values().map(|(_, b)| *b as f64).sum::<f64>());
+    }
+
+    fn enqueue(&self, step: u64, from: usize, bytes: u64) {
+        {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.pending.insert(step, (from, bytes));
+            st.failed.remove(&step);
+            self.update_gauges(&st);
+        }
+        let _ = self.tx.send((step, from));
+    }
+
+    fn finish_drain(&self, step: u64, failure: Option<String>) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.pending.remove(&step);
+        if let Some(f) = failure {
+            st.failed.insert(step, f);
+        }
+        self.update_gauges(&st);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Copies `step` from tier `from` to `from + 1`, verifying every checksum, then commits
+    /// its manifest there.
+    async fn drain_one(&self, step: u64, from: usize) -> Result<u64> {
+        let to = from + 1;
+        let manifest = self.manifest(from, step).await?;
+        if self.committed(to).await?.contains(&step) {
+            return Ok(0); // already there (recovered after a crash between commit and eviction)
+        }
+        // A partial copy from an interrupted drain is replaced part by part.
+        let mut bytes = 0;
+        for p in &manifest.parts {
+            let key = self.part_key(step, &p.name);
+            let src = TierChunks { tier: Arc::clone(&self.tiers[from]), key: key.clone(), size: p.size, off: 0 };
+            let (size, crc) = self.write_stream(to, &key, true, src).await?;
+            if size != p.size || crc != p.crc32c {
+                let _ = self.tiers[to].delete(&key).await;
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "part {:?} of step {step} on tier {:?} does not match its manifest (size {size} vs {}, crc32c {crc:08x} vs {:08x}); not drained",
+                        p.name,
+                        self.tiers[from].name(),
+                        p.size,
+                        p.crc32c
+                    ),
+                ));
+            }
+            bytes += size;
+        }
+        self.write_object(to, &self.manifest_key(step), &manifest.to_bytes()).await?;
+        Ok(bytes)
+    }
+
+    /// Applies the eviction policy to tier `t` (not the slowest): drained checkpoints beyond
+    /// the newest `keep_last`, then the oldest drained ones while the fast tier's capacity bound
+    /// leaves no room for `need` more bytes.
+    async fn evict(&self, t: usize, need: u64) -> Result<()> {
+        if t + 1 >= self.tiers.len() {
+            return Ok(());
+        }
+        let here = self.scan(t).await?;
+        let mut slower = BTreeSet::new();
+        for s in t + 1..self.tiers.len() {
+            slower.extend(self.committed(s).await?);
+        }
+        let committed: Vec<u64> = here.iter().filter(|(_, f)| f.manifest).map(|(s, _)| *s).collect();
+        let keep_from = committed.len().saturating_sub(self.cfg.keep_last);
+        let mut used: u64 = here.values().filter(|f| f.manifest).map(|f| f.bytes).sum();
+        for (i, step) in committed.iter().enumerate() {
+            if !slower.contains(step) {
+                continue; // never evict the only copy
+            }
+            let over_capacity = t == 0 && self.cfg.fast_capacity_bytes.is_some_and(|c| used + need > c);
+            if i < keep_from || over_capacity {
+                self.remove(t, *step).await?;
+                used -= here[step].bytes;
+                self.m.evictions[t].increment(1);
+                tracing::debug!(step, tier = self.tiers[t].name(), "evicted");
+            }
+        }
+        Ok(())
+    }
+
+    async fn fast_used(&self) -> Result<u64> {
+        Ok(self.scan(0).await?.values().filter(|f| f.manifest).map(|f| f.bytes).sum())
+    }
+}
+
+/// A source of chunks, filled asynchronously.
+trait AsyncChunks: Send {
+    /// Fills `buf` as far as possible; 0 at the end.
+    fn fill(&mut self, buf: &mut [u8]) -> impl std::future::Future<Output = Result<usize>> + Send;
+}
+
+struct BytesChunks<'a> {
+    data: &'a [u8],
+}
+
+impl AsyncChunks for BytesChunks<'_> {
+    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = buf.len().min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+struct ReaderChunks<'r, 'a> {
+    reader: &'r mut (dyn Read + Send + 'a),
+}
+
+impl AsyncChunks for ReaderChunks<'_, '_> {
+    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match self.reader.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::from(e).with_operation(Operation::Write)),
+            }
+        }
+        Ok(n)
+    }
+}
+
+struct TierChunks {
+    tier: Arc<dyn Tier>,
+    key: String,
+    size: u64,
+    off: u64,
+}
+
+impl AsyncChunks for TierChunks {
+    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let want = (buf.len() as u64).min(self.size - self.off) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let data = ringtier_core::ops::read_exact_at(self.tier.as_ref(), &self.key, self.off, want).await?;
+        if data.len() != want {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{} on tier {:?} is truncated at {} bytes",
+                    self.key,
+                    self.tier.name(),
+                    self.off + data.len() as u64
+                ),
+            ));
+        }
+        buf[..want].copy_from_slice(&data);
+        self.off += want as u64;
+        Ok(want)
+    }
+}
+
+async fn drain_loop(weak: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<(u64, usize)>, concurrency: usize) {
+    let sem = Arc::new(Semaphore::new(concurrency.max(1)));
+    while let Some((step, from)) = rx.recv().await {
+        let Ok(permit) = Arc::clone(&sem).acquire_owned().await else { break };
+        let Some(inner) = weak.upgrade() else { break };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let start = Instant::now();
+            let mut attempt = 0;
+            let result = loop {
+                match inner.drain_one(step, from).await {
+                    Err(e) if e.is_temporary() && attempt < inner.cfg.retries => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                    }
+                    other => break other,
+                }
+            };
+            match result {
+                Ok(bytes) => {
+                    let secs = start.elapsed().as_secs_f64();
+                    {
+                        let mut d = inner.drained.lock().unwrap_or_else(|p| p.into_inner());
+                        d.checkpoints += 1;
+                        d.bytes += bytes;
+                        d.busy_seconds += secs;
+                    }
+                    inner.m.drain_seconds[from + 1].record(secs);
+                    inner.m.drained_bytes[from + 1].increment(bytes);
+                    tracing::debug!(step, bytes, "drained to {}", inner.tiers[from + 1].name());
+                    // Onward to an even slower tier, then eviction here.
+                    let next_bytes =
+                        inner.state.lock().unwrap_or_else(|p| p.into_inner()).pending.get(&step).map(|p| p.1);
+                    let onward = from + 2 < inner.tiers.len();
+                    if onward {
+                        inner.enqueue(step, from + 1, next_bytes.unwrap_or(bytes));
+                    }
+                    // Evict before reporting the drain done, so `drain()` returns on a settled
+                    // store.
+                    if let Err(e) = inner.evict(from, 0).await {
+                        tracing::warn!("evicting from {}: {e}", inner.tiers[from].name());
+                    }
+                    if !onward {
+                        inner.finish_drain(step, None);
+                    }
+                    inner.changed.notify_waiters();
+                }
+                Err(e) => {
+                    tracing::error!(step, "drain to {} failed: {e}", inner.tiers[from + 1].name());
+                    inner.finish_drain(step, Some(e.to_string()));
+                }
+            }
+        });
+    }
+}
+
+impl CheckpointStore {
+    /// Opens a store over `tiers` (fastest first) and recovers: partial checkpoints (no
+    /// manifest) are removed, committed ones not yet on the next tier are queued for the drain,
+    /// the eviction policy is applied. Must be called inside a tokio runtime (the drain runs on
+    /// it).
+    pub async fn open(tiers: Vec<Arc<dyn Tier>>, cfg: StoreConfig) -> Result<Self> {
+        if tiers.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, "a checkpoint store needs at least one tier"));
+        }
+        validate_key(&cfg.prefix).map_err(|e| e.with_operation(Operation::Open))?;
+        if cfg.chunk_bytes == 0 {
+            return Err(Error::new(ErrorKind::InvalidInput, "chunk_bytes must be positive"));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let m = Metrics::new(&tiers);
+        let bucket = cfg.drain_bytes_per_sec.map(|r| TokenBucket::new(r, Some(cfg.chunk_bytes as u64)));
+        let concurrency = cfg.drain_concurrency;
+        let inner = Arc::new(Inner {
+            tiers,
+            cfg,
+            drained: Mutex::default(),
+            tx,
+            state: Mutex::default(),
+            changed: Notify::new(),
+            bucket,
+            m,
+        });
+        tokio::spawn(drain_loop(Arc::downgrade(&inner), rx, concurrency));
+        let store = CheckpointStore { inner };
+        store.recover().await?;
+        Ok(store)
+    }
+
+    async fn recover(&self) -> Result<()> {
+        let inner = &self.inner;
+        let n = inner.tiers.len();
+        let mut scans = Vec::with_capacity(n);
+        for t in 0..n {
+            let mut found = inner.scan(t).await?;
+            let partial: Vec<u64> = found.iter().filter(|(_, f)| !f.manifest).map(|(s, _)| *s).collect();
+            for step in partial {
+                tracing::info!(step, tier = inner.tiers[t].name(), "removing a partial checkpoint (no manifest)");
+                inner.remove(t, step).await?;
+                found.remove(&step);
+            }
+            scans.push(found);
+        }
+        for t in 0..n.saturating_sub(1) {
+            for (step, f) in &scans[t] {
+                if !scans[t + 1].contains_key(step) && !(t + 2..n).any(|s| scans[s].contains_key(step)) {
+                    inner.enqueue(*step, t, f.bytes);
+                }
+            }
+        }
+        for t in 0..n.saturating_sub(1) {
+            inner.evict(t, 0).await?;
+        }
+        Ok(())
+    }
+
+    /// The tiers, fastest first.
+    pub fn tiers(&self) -> &[Arc<dyn Tier>] {
+        &self.inner.tiers
+    }
+
+    /// Saves `parts` as checkpoint `step` on the fastest tier (or, when it is full, as
+    /// configured) and returns once it is durable: every part committed, then the manifest.
+    /// The copy to slower tiers is queued. On error nothing of `step` stays visible and earlier
+    /// checkpoints are untouched.
+    pub async fn save(&self, step: u64, parts: Vec<Part<'_>>) -> Result<SaveReport> {
+        self.save_to(step, parts, false).await
+    }
+
+    /// Saves straight to the slowest tier (no drain): the baseline the burst buffer beats.
+    pub async fn save_direct(&self, step: u64, parts: Vec<Part<'_>>) -> Result<SaveReport> {
+        self.save_to(step, parts, true).await
+    }
+
+    async fn save_to(&self, step: u64, mut parts: Vec<Part<'_>>, direct: bool) -> Result<SaveReport> {
+        let inner = &self.inner;
+        let start = Instant::now();
+        let mut names = BTreeSet::new();
+        for p in &parts {
+            validate_part_name(&p.name).map_err(|e| e.with_operation(Operation::Write))?;
+            if !names.insert(p.name.clone()) {
+                return Err(Error::new(ErrorKind::InvalidInput, format!("part {:?} given twice", p.name)));
+            }
+        }
+        for t in 0..inner.tiers.len() {
+            if inner.committed(t).await?.contains(&step) {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("checkpoint {step} already exists on tier {:?}", inner.tiers[t].name()),
+                ));
+            }
+        }
+        let last = inner.tiers.len() - 1;
+        let estimate: u64 = parts.iter().map(Part::size_hint).sum();
+        let mut target = if direct { last } else { 0 };
+        let mut wrote_through = false;
+        // The capacity bound of the fast tier.
+        if target == 0 && last > 0 {
+            if let Some(cap) = inner.cfg.fast_capacity_bytes {
+                loop {
+                    inner.evict(0, estimate).await?;
+                    if inner.fast_used().await? + estimate <= cap {
+                        break;
+                    }
+                    if inner.cfg.on_full == OnFull::WriteThrough {
+                        target = 1;
+                        wrote_through = true;
+                        break;
+                    }
+                    if !self.wait_for_drain_progress().await {
+                        return Err(Error::from_errno(
+                            libc_enospc(),
+                            format!(
+                                "the fast tier's capacity of {cap} bytes cannot hold checkpoint {step} ({estimate} bytes) \
+                                 and nothing is left to drain"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        loop {
+            match self.write_checkpoint(target, step, &mut parts).await {
+                Ok(bytes) => {
+                    let blocking = start.elapsed();
+                    inner.m.blocking[target].record(blocking.as_secs_f64());
+                    inner.m.saves_ok[target].increment(1);
+                    if target < last {
+                        inner.enqueue(step, target, bytes);
+                    }
+                    return Ok(SaveReport {
+                        step,
+                        bytes,
+                        tier: inner.tiers[target].name().to_string(),
+                        blocking,
+                        wrote_through,
+                    });
+                }
+                Err((e, restartable)) => {
+                    let _ = inner.remove(target, step).await;
+                    let full = e.kind() == ErrorKind::NoSpace;
+                    if full && restartable && target < last {
+                        match inner.cfg.on_full {
+                            OnFull::WriteThrough => {
+                                tracing::warn!(step, "tier {:?} is full; writing through", inner.tiers[target].name());
+                                target += 1;
+                                wrote_through = true;
+                                continue;
+                            }
+                            OnFull::Wait => {
+                                let _ = inner.evict(target, estimate).await;
+                                if self.wait_for_drain_progress().await {
+                                    continue;
+                                }
+                            }
+                        }
+                    }
+                    inner.m.saves_err[target].increment(1);
+                    return Err(e.with_operation(Operation::Write));
+                }
+            }
+        }
+    }
+
+    /// Writes every part, then the manifest, on tier `t`. The bool says whether the parts can
+    /// be written again (buffers can, a consumed stream cannot).
+    async fn write_checkpoint(
+        &self,
+        t: usize,
+        step: u64,
+        parts: &mut [Part<'_>],
+    ) -> std::result::Result<u64, (Error, bool)> {
+        let inner = &self.inner;
+        let mut metas = Vec::with_capacity(parts.len());
+        let mut consumed_stream = false;
+        for p in parts.iter_mut() {
+            let key = inner.part_key(step, &p.name);
+            let res = match &mut p.data {
+                PartData::Bytes(b) => inner.write_stream(t, &key, false, BytesChunks { data: b }).await,
+                PartData::Reader { reader, .. } => {
+                    consumed_stream = true;
+                    inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
+                }
+            };
+            let (size, crc32c) = res.map_err(|e| (e, !consumed_stream))?;
+            metas.push(PartMeta { name: p.name.clone(), size, crc32c });
+        }
+        let manifest = CheckpointManifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step,
+            created_unix_ms: now_ms(),
+            parts: metas,
+        };
+        inner
+            .write_object(t, &inner.manifest_key(step), &manifest.to_bytes())
+            .await
+            .map_err(|e| (e, !consumed_stream))?;
+        Ok(manifest.total_bytes())
+    }
+
+    /// Waits until some drain finishes. False when nothing is pending (waiting cannot help).
+    async fn wait_for_drain_progress(&self) -> bool {
+        let notified = self.inner.changed.notified();
+        let pending = !self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).pending.is_empty();
+        if !pending {
+            return false;
+        }
+        notified.await;
+        true
+    }
+
+    /// Waits until every queued checkpoint has reached the slowest tier. Errors list the
+    /// checkpoints whose drain failed.
+    pub async fn drain(&self) -> Result<()> {
+        loop {
+            let notified = self.inner.changed.notified();
+            {
+                let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                if st.pending.is_empty() {
+                    if st.failed.is_empty() {
+                        return Ok(());
+                    }
+                    let list: Vec<String> = st.failed.iter().map(|(s, e)| format!("step {s}: {e}")).collect();
+                    return Err(Error::new(ErrorKind::Io, format!("drain failed for {}", list.join("; "))));
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// What the drain has done since the store was opened.
+    pub fn drain_stats(&self) -> DrainStats {
+        *self.inner.drained.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes of committed checkpoints waiting for or in the drain.
+    pub fn drain_backlog_bytes(&self) -> u64 {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).pending.values().map(|p| p.1).sum()
+    }
+
+    /// Every checkpoint with a committed copy somewhere, by step.
+    pub async fn list(&self) -> Result<Vec<CheckpointInfo>> {
+        let inner = &self.inner;
+        let mut out: BTreeMap<u64, CheckpointInfo> = BTreeMap::new();
+        for t in 0..inner.tiers.len() {
+            for (step, f) in inner.scan(t).await? {
+                if !f.manifest {
+                    continue;
+                }
+                let e = out.entry(step).or_insert(CheckpointInfo { step, bytes: f.bytes, tiers: Vec::new() });
+                e.tiers.push(inner.tiers[t].name().to_string());
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// The newest step with a committed copy.
+    pub async fn latest(&self) -> Result<Option<u64>> {
+        Ok(self.list().await?.last().map(|c| c.step))
+    }
+
+    /// Reads and verifies checkpoint `step` from the fastest tier holding a committed copy,
+    /// falling back to slower copies when one fails verification (and saying why).
+    pub async fn load(&self, step: u64) -> Result<Restored> {
+        let inner = &self.inner;
+        let mut fallbacks = Vec::new();
+        for t in 0..inner.tiers.len() {
+            if !inner.committed(t).await?.contains(&step) {
+                continue;
+            }
+            match self.load_from(t, step).await {
+                Ok(parts) => {
+                    for f in &fallbacks {
+                        tracing::warn!("checkpoint {step}: {f}");
+                    }
+                    return Ok(Restored { step, tier: inner.tiers[t].name().to_string(), parts, fallbacks });
+                }
+                Err(e) => {
+                    inner.m.fallbacks[t].increment(1);
+                    fallbacks.push(format!("copy on tier {:?} unusable: {e}", inner.tiers[t].name()));
+                }
+            }
+        }
+        if fallbacks.is_empty() {
+            return Err(Error::new(ErrorKind::NotFound, format!("no committed copy of checkpoint {step} on any tier")));
+        }
+        Err(Error::new(ErrorKind::Corrupt, format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; "))))
+    }
+
+    async fn load_from(&self, t: usize, step: u64) -> Result<Vec<(String, Vec<u8>)>> {
+        let inner = &self.inner;
+        let manifest = inner.manifest(t, step).await?;
+        let mut parts = Vec::with_capacity(manifest.parts.len());
+        for p in &manifest.parts {
+            let key = inner.part_key(step, &p.name);
+            let data = inner.read_all(t, &key, p.size).await?;
+            let crc = crc32c::crc32c(&data);
+            if crc != p.crc32c {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("part {:?}: checksum mismatch (crc32c {crc:08x}, manifest {:08x})", p.name, p.crc32c),
+                ));
+            }
+            parts.push((p.name.clone(), data));
+        }
+        Ok(parts)
+    }
+
+    /// Verifies every committed copy of `step`: one line per tier, `Ok` or the reason.
+    pub async fn verify(&self, step: u64) -> Result<Vec<(String, Result<()>)>> {
+        let inner = &self.inner;
+        let mut out = Vec::new();
+        for t in 0..inner.tiers.len() {
+            if inner.committed(t).await?.contains(&step) {
+                let res = self.load_from(t, step).await.map(|_| ());
+                out.push((inner.tiers[t].name().to_string(), res));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn libc_enospc() -> i32 {
+    28
+}

@@ -1,0 +1,243 @@
+//! The checkpoint store on memory and real file tiers: durability, drain, eviction, fallbacks,
+//! recovery and injected faults.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringtier_core::conformance::pattern;
+use ringtier_core::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Throttle, Throttled, Trigger};
+use ringtier_core::{ops, ErrorKind, MemoryTier, Tier};
+use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+
+fn mem(name: &str) -> Arc<dyn Tier> {
+    Arc::new(MemoryTier::new().named(name))
+}
+
+fn parts_of(step: u64) -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("model".to_string(), pattern(step * 3, 300_000 + step as usize)),
+        ("optimizer".to_string(), pattern(step * 3 + 1, 200_001)),
+        ("meta".to_string(), format!("{{\"step\": {step}}}").into_bytes()),
+    ]
+}
+
+async fn save(store: &CheckpointStore, step: u64) -> ringtier_core::Result<ringtier_migrate::SaveReport> {
+    let data = parts_of(step);
+    store.save(step, data.iter().map(|(n, d)| Part::bytes(n.clone(), d)).collect()).await
+}
+
+fn small_chunks() -> StoreConfig {
+    StoreConfig { chunk_bytes: 64 << 10, ..StoreConfig::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn save_drain_evict_and_restore() {
+    let (fast, slow) = (mem("fast"), mem("slow"));
+    let cfg = StoreConfig { keep_last: 1, ..small_chunks() };
+    let store = CheckpointStore::open(vec![Arc::clone(&fast), Arc::clone(&slow)], cfg).await.expect("open");
+    for step in [10, 20, 30] {
+        let r = save(&store, step).await.expect("save");
+        assert_eq!(r.tier, "fast");
+        assert!(!r.wrote_through);
+    }
+    store.drain().await.expect("drain");
+    assert_eq!(store.drain_backlog_bytes(), 0);
+    let list = store.list().await.expect("list");
+    let where_: Vec<(u64, Vec<String>)> = list.iter().map(|c| (c.step, c.tiers.clone())).collect();
+    assert_eq!(
+        where_,
+        [
+            (10, vec!["slow".to_string()]),
+            (20, vec!["slow".to_string()]),
+            (30, vec!["fast".to_string(), "slow".to_string()])
+        ],
+        "keep_last 1 on the fast tier, everything on the slow one"
+    );
+    assert_eq!(store.latest().await.expect("latest"), Some(30));
+    for step in [10, 20, 30] {
+        let r = store.load(step).await.expect("load");
+        assert_eq!(r.parts, parts_of(step));
+        assert!(r.fallbacks.is_empty());
+        assert_eq!(r.tier, if step == 30 { "fast" } else { "slow" });
+    }
+    let err = store.load(99).await.expect_err("missing");
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_parts_and_bad_parts() {
+    let store = CheckpointStore::open(vec![mem("fast"), mem("slow")], small_chunks()).await.expect("open");
+    let big = pattern(9, 1_000_003);
+    store
+        .save(1, vec![Part::reader("weights", std::io::Cursor::new(big.clone()), Some(big.len() as u64))])
+        .await
+        .expect("streamed save");
+    assert_eq!(store.load(1).await.expect("load").parts, [("weights".to_string(), big)]);
+    for bad in ["a/b", "..", "MANIFEST.json", "", "x\0"] {
+        let err = store.save(2, vec![Part::bytes(bad, b"x")]).await.expect_err(bad);
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{bad}: {err}");
+    }
+    let err = store.save(2, vec![Part::bytes("a", b"x"), Part::bytes("a", b"y")]).await.expect_err("dup");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = store.save(1, vec![Part::bytes("a", b"x")]).await.expect_err("same step");
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_copies_fall_back_to_slower_ones() {
+    let (fast, slow) = (mem("fast"), mem("slow"));
+    let cfg = StoreConfig { keep_last: 10, ..small_chunks() };
+    let store = CheckpointStore::open(vec![Arc::clone(&fast), Arc::clone(&slow)], cfg).await.expect("open");
+    for step in 1..=4 {
+        save(&store, step).await.expect("save");
+    }
+    store.drain().await.expect("drain");
+    let key = |step: u64, what: &str| format!("ckpt/{step:020}/{what}");
+    // 1: a flipped byte; 2: a truncated part; 3: a corrupt manifest; 4: an unknown version.
+    let mut model = ops::get(fast.as_ref(), &key(1, "parts/model")).await.expect("get");
+    model[1000] ^= 1;
+    ops::put(fast.as_ref(), &key(1, "parts/model"), &model, 1 << 20).await.expect("put");
+    let opt = ops::get(fast.as_ref(), &key(2, "parts/optimizer")).await.expect("get");
+    ops::put(fast.as_ref(), &key(2, "parts/optimizer"), &opt[..opt.len() / 2], 1 << 20).await.expect("put");
+    ops::put(fast.as_ref(), &key(3, "MANIFEST.json"), b"{ not json", 4096).await.expect("put");
+    let m = String::from_utf8(ops::get(fast.as_ref(), &key(4, "MANIFEST.json")).await.expect("get")).expect("utf8");
+    ops::put(fast.as_ref(), &key(4, "MANIFEST.json"), m.replace("\"version\": 1", "\"version\": 7").as_bytes(), 4096)
+        .await
+        .expect("put");
+    for (step, why) in [(1, "checksum mismatch"), (2, "truncated"), (3, "not JSON"), (4, "unknown version 7")] {
+        let r = store.load(step).await.expect("falls back");
+        assert_eq!(r.tier, "slow", "step {step}");
+        assert_eq!(r.parts, parts_of(step));
+        assert!(r.fallbacks.len() == 1 && r.fallbacks[0].contains(why), "step {step}: {:?}", r.fallbacks);
+        assert!(r.fallbacks[0].contains("fast"), "names the tier");
+        let v = store.verify(step).await.expect("verify");
+        assert!(v[0].1.is_err() && v[1].1.is_ok(), "step {step}: {v:?}");
+    }
+    // With no good copy left, the error names every reason.
+    ops::put(slow.as_ref(), &key(1, "parts/model"), &model, 1 << 20).await.expect("put");
+    let err = store.load(1).await.expect_err("both corrupt");
+    assert_eq!(err.kind(), ErrorKind::Corrupt);
+    assert!(err.to_string().contains("\"fast\"") && err.to_string().contains("\"slow\""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_removes_partials_and_requeues_undrained() {
+    let (fast, slow) = (mem("fast"), mem("slow"));
+    // A store over the fast tier alone stands in for a process that died before draining.
+    let alone = CheckpointStore::open(vec![Arc::clone(&fast)], small_chunks()).await.expect("open");
+    save(&alone, 5).await.expect("save");
+    save(&alone, 6).await.expect("save");
+    drop(alone);
+    // A torn save: parts without a manifest.
+    ops::put(fast.as_ref(), "ckpt/00000000000000000007/parts/model", b"half", 4096).await.expect("put");
+    let store = CheckpointStore::open(
+        vec![Arc::clone(&fast), Arc::clone(&slow)],
+        StoreConfig { keep_last: 1, ..small_chunks() },
+    )
+    .await
+    .expect("open recovers");
+    assert!(fast.list("ckpt/00000000000000000007/").await.expect("list").is_empty(), "partial removed");
+    store.drain().await.expect("the drain resumes");
+    let steps: Vec<(u64, usize)> = store.list().await.expect("list").iter().map(|c| (c.step, c.tiers.len())).collect();
+    assert_eq!(steps, [(5, 1), (6, 2)]);
+    assert_eq!(store.load(5).await.expect("load").parts, parts_of(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_faults_are_retried_or_reported_and_lose_nothing() {
+    let fast_inner = mem("fast");
+    let rules = vec![
+        FaultRule { op: FaultOp::Write, fault: Fault::Eagain, trigger: Trigger::AtOp(2) },
+        FaultRule { op: FaultOp::Write, fault: Fault::Eio, trigger: Trigger::AtOp(40) },
+    ];
+    let fast: Arc<dyn Tier> = Arc::new(FaultInjecting::new(Arc::clone(&fast_inner), rules, 1));
+    let store = CheckpointStore::open(vec![fast, mem("slow")], small_chunks()).await.expect("open");
+    save(&store, 1).await.expect("a temporary EAGAIN is retried");
+    let mut step = 2;
+    let err = loop {
+        match save(&store, step).await {
+            Ok(_) => step += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert!(store.list().await.expect("list").iter().all(|c| c.step < step), "the failed step is not listed");
+    for s in 1..step {
+        assert_eq!(store.load(s).await.expect("earlier checkpoints intact").parts, parts_of(s));
+    }
+    store.drain().await.expect("drain");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_fast_tier_writes_through_or_waits() {
+    // Real ENOSPC from the fast tier: write through to the slow one.
+    let full: Arc<dyn Tier> = Arc::new(MemoryTier::with_capacity(100_000).named("tiny"));
+    let cfg = StoreConfig { on_full: OnFull::WriteThrough, ..small_chunks() };
+    let store = CheckpointStore::open(vec![full, mem("slow")], cfg).await.expect("open");
+    let r = save(&store, 1).await.expect("written through");
+    assert!(r.wrote_through && r.tier == "slow", "{r:?}");
+    assert_eq!(store.load(1).await.expect("load").parts, parts_of(1));
+
+    // With Wait and nothing to drain, ENOSPC is reported, not hidden.
+    let full: Arc<dyn Tier> = Arc::new(MemoryTier::with_capacity(100_000).named("tiny"));
+    let store = CheckpointStore::open(vec![full, mem("slow")], small_chunks()).await.expect("open");
+    let err = save(&store, 1).await.expect_err("cannot fit");
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+
+    // A capacity bound of about two checkpoints, with Wait: every save succeeds, the fast tier
+    // never holds more than the bound, nothing is dropped.
+    let (fast, slow) = (mem("fast"), mem("slow"));
+    let throttled: Arc<dyn Tier> = Arc::new(Throttled::new(Arc::clone(&slow), Throttle::bandwidth(50 << 20)));
+    let cfg = StoreConfig { fast_capacity_bytes: Some(1_100_000), keep_last: 100, ..small_chunks() };
+    let store = CheckpointStore::open(vec![Arc::clone(&fast), throttled], cfg).await.expect("open");
+    for step in 1..=6 {
+        let r = save(&store, step).await.expect("waits for room");
+        assert_eq!(r.tier, "fast");
+        let used: u64 = fast.list("").await.expect("list").iter().map(|m| m.size).sum();
+        assert!(used <= 1_100_000 + 4096, "fast tier over its bound: {used}");
+    }
+    store.drain().await.expect("drain");
+    assert_eq!(store.list().await.expect("list").len(), 6);
+    for step in 1..=6 {
+        assert_eq!(store.load(step).await.expect("load").parts, parts_of(step));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_buffer_on_real_directories_with_direct_io() {
+    let base = tempfile::Builder::new().prefix("ckpt").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let open = |name: &str| -> Arc<dyn Tier> {
+        let options = UringTierOptions { name: Some(name.into()), create_root: true, ..Default::default() };
+        Arc::new(UringTier::with_options(base.path().join(name), UringConfig::default(), options).expect("tier"))
+    };
+    let store = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect("open");
+    let weights = pattern(1, (6 << 20) + 123);
+    let r = store.save(100, vec![Part::bytes("weights", &weights), Part::bytes("meta", b"{}")]).await.expect("save");
+    assert_eq!(r.bytes, weights.len() as u64 + 2);
+    // Durable and visible on disk the moment save returns.
+    let on_disk = std::fs::read(base.path().join("fast/ckpt/00000000000000000100/parts/weights")).expect("file");
+    assert!(on_disk == weights);
+    assert!(base.path().join("fast/ckpt/00000000000000000100/MANIFEST.json").exists());
+    store.drain().await.expect("drain");
+    assert!(base.path().join("slow/ckpt/00000000000000000100/MANIFEST.json").exists());
+    // Reopening finds it; nothing left to drain.
+    drop(store);
+    let store = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect("reopen");
+    assert_eq!(store.drain_backlog_bytes(), 0);
+    assert_eq!(store.load(100).await.expect("load").parts[0].1, weights);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_drain_respects_its_bandwidth_cap() {
+    let cfg = StoreConfig { drain_bytes_per_sec: Some(1 << 20), chunk_bytes: 64 << 10, ..StoreConfig::default() };
+    let store = CheckpointStore::open(vec![mem("fast"), mem("slow")], cfg).await.expect("open");
+    let data = pattern(2, 4 << 20);
+    store.save(1, vec![Part::bytes("w", &data)]).await.expect("save");
+    let start = tokio::time::Instant::now();
+    store.drain().await.expect("drain");
+    let took = start.elapsed();
+    // 4 MiB at 1 MiB/s, less the one-chunk burst: just under four seconds of (paused) time.
+    assert!(took >= Duration::from_millis(3800) && took <= Duration::from_millis(4300), "{took:?}");
+}

@@ -331,11 +331,14 @@ impl Inner {
         let tier = self.tiers[t].as_ref();
         let align = tier.capabilities().alignment.max(4096);
         let chunk = ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize;
-        let mut buf = AlignedBuf::new(chunk, align)?;
+        // One extra alignment block: a direct read of a chunk may need the aligned span.
+        let mut buf = AlignedBuf::new(chunk + align, align)?;
         let mut writer = tier.create(key).await?;
         let (mut off, mut crc) = (0u64, 0u32);
         loop {
-            let n = match next_chunk.fill(&mut buf.capacity_mut()[..chunk]).await {
+            let (res, b) = next_chunk.fill(buf, chunk).await;
+            buf = b;
+            let n = match res {
                 Ok(n) => n,
                 Err(e) => {
                     let _ = writer.abort().await;
@@ -345,7 +348,6 @@ impl Inner {
             if n == 0 {
                 break;
             }
-            buf.set_window(0, n)?;
             crc = crc32c::crc32c_append(crc, buf.as_slice());
             if throttle {
                 if let Some(b) = &self.bucket {
@@ -491,10 +493,21 @@ impl Inner {
     }
 }
 
-/// A source of chunks, filled asynchronously.
+/// A source of chunks, filled asynchronously into an owned buffer.
 trait AsyncChunks: Send {
-    /// Fills `buf` as far as possible; 0 at the end.
-    fn fill(&mut self, buf: &mut [u8]) -> impl std::future::Future<Output = Result<usize>> + Send;
+    /// Fills up to `max` bytes of `buf` (setting its data window); 0 at the end.
+    fn fill(
+        &mut self,
+        buf: AlignedBuf,
+        max: usize,
+    ) -> impl std::future::Future<Output = (Result<usize>, AlignedBuf)> + Send;
+}
+
+fn fill_from_slice(mut buf: AlignedBuf, src: &[u8]) -> (Result<usize>, AlignedBuf) {
+    let n = src.len();
+    buf.capacity_mut()[..n].copy_from_slice(src);
+    let res = buf.set_window(0, n).map(|()| n);
+    (res, buf)
 }
 
 struct BytesChunks<'a> {
@@ -502,11 +515,11 @@ struct BytesChunks<'a> {
 }
 
 impl AsyncChunks for BytesChunks<'_> {
-    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = buf.len().min(self.data.len());
-        buf[..n].copy_from_slice(&self.data[..n]);
-        self.data = &self.data[n..];
-        Ok(n)
+    async fn fill(&mut self, buf: AlignedBuf, max: usize) -> (Result<usize>, AlignedBuf) {
+        let n = max.min(self.data.len());
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        fill_from_slice(buf, head)
     }
 }
 
@@ -515,20 +528,23 @@ struct ReaderChunks<'r, 'a> {
 }
 
 impl AsyncChunks for ReaderChunks<'_, '_> {
-    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
+    async fn fill(&mut self, mut buf: AlignedBuf, max: usize) -> (Result<usize>, AlignedBuf) {
         let mut n = 0;
-        while n < buf.len() {
-            match self.reader.read(&mut buf[n..]) {
+        let dst = &mut buf.capacity_mut()[..max];
+        while n < max {
+            match self.reader.read(&mut dst[n..]) {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::from(e).with_operation(Operation::Write)),
+                Err(e) => return (Err(Error::from(e).with_operation(Operation::Write)), buf),
             }
         }
-        Ok(n)
+        let res = buf.set_window(0, n).map(|()| n);
+        (res, buf)
     }
 }
 
+/// Reads an object of a tier straight into the buffer that is then written (no copy).
 struct TierChunks {
     tier: Arc<dyn Tier>,
     key: String,
@@ -537,26 +553,27 @@ struct TierChunks {
 }
 
 impl AsyncChunks for TierChunks {
-    async fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let want = (buf.len() as u64).min(self.size - self.off) as usize;
+    async fn fill(&mut self, buf: AlignedBuf, max: usize) -> (Result<usize>, AlignedBuf) {
+        let want = (max as u64).min(self.size - self.off) as usize;
         if want == 0 {
-            return Ok(0);
+            let mut buf = buf;
+            buf.clear();
+            return (Ok(0), buf);
         }
-        let data = ringtier_core::ops::read_exact_at(self.tier.as_ref(), &self.key, self.off, want).await?;
-        if data.len() != want {
-            return Err(Error::new(
+        let (res, buf) = self.tier.read_at(&self.key, self.off, want, buf).await;
+        let res = match res {
+            Ok(n) if n == want && buf.head() == 0 => {
+                self.off += n as u64;
+                Ok(n)
+            }
+            Ok(n) if n < want => Err(Error::new(
                 ErrorKind::Corrupt,
-                format!(
-                    "{} on tier {:?} is truncated at {} bytes",
-                    self.key,
-                    self.tier.name(),
-                    self.off + data.len() as u64
-                ),
-            ));
-        }
-        buf[..want].copy_from_slice(&data);
-        self.off += want as u64;
-        Ok(want)
+                format!("{} on tier {:?} is truncated at {} bytes", self.key, self.tier.name(), self.off + n as u64),
+            )),
+            Ok(_) => Err(Error::new(ErrorKind::Misaligned, "chunk read landed off the start of the buffer")),
+            Err(e) => Err(e),
+        };
+        (res, buf)
     }
 }
 

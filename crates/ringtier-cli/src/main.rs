@@ -275,6 +275,9 @@ struct IoArgs {
     /// Do not register the buffer pool as fixed buffers.
     #[arg(long)]
     no_register_buffers: bool,
+    /// Registered files: each open returns a direct descriptor (io_uring fixed-file slot).
+    #[arg(long)]
+    register_files: bool,
     /// Largest single read (fio's --bs), e.g. 128k; 0 reads each file with one read.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     read_size: u64,
@@ -311,6 +314,7 @@ impl IoArgs {
             read_size: self.read_size as usize,
             sqpoll: self.sqpoll,
             register_buffers: !self.no_register_buffers,
+            register_files: self.register_files,
             verify: self.verify,
             on_error: self.on_error,
             order: self.order,

@@ -114,6 +114,7 @@ pub(crate) struct Knobs {
     pub read_size: usize,
     pub sqpoll: bool,
     pub register_buffers: bool,
+    pub register_files: bool,
     pub verify: bool,
     pub on_error: OnError,
     pub order: Order,
@@ -208,6 +209,7 @@ impl Reader {
                     rings: rings.max(1),
                     sqpoll_idle_ms: knobs.sqpoll.then_some(50),
                     register_buffers: knobs.register_buffers,
+                    register_files: knobs.register_files,
                     direct_io: if engine == Engine::UringDirect {
                         DirectIoPolicy::Required
                     } else {

@@ -80,6 +80,8 @@ fn grafana_dashboard_is_valid_and_queries_only_catalog_metrics() {
         "ringtier_tier_operations_total",
         "ringtier_tier_operation_duration_seconds",
         "ringtier_uring_in_flight",
+        "ringtier_checkpoint_drain_backlog_bytes",
+        "ringtier_checkpoint_save_blocking_seconds",
     ] {
         assert!(used.contains(must), "dashboard shows {must}");
     }

@@ -320,7 +320,9 @@ impl Inner {
     }
 
     /// Streams `next_chunk` into a new object `key` on tier `t`, returning its size and CRC.
-    /// Temporary write errors are retried; anything else aborts the staged object.
+    /// Two buffers: the next chunk is filled (copied or read, and checksummed) while the
+    /// current one is written. Temporary write errors are retried; anything else aborts the
+    /// staged object.
     async fn write_stream(
         &self,
         t: usize,
@@ -332,48 +334,55 @@ impl Inner {
         let align = tier.capabilities().alignment.max(4096);
         let chunk = ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize;
         // One extra alignment block: a direct read of a chunk may need the aligned span.
-        let mut buf = AlignedBuf::new(chunk + align, align)?;
+        let mut spare = AlignedBuf::new(chunk + align, align)?;
+        let first = AlignedBuf::new(chunk + align, align)?;
         let mut writer = tier.create(key).await?;
         let (mut off, mut crc) = (0u64, 0u32);
-        loop {
-            let (res, b) = next_chunk.fill(buf, chunk).await;
-            buf = b;
-            let n = match res {
-                Ok(n) => n,
-                Err(e) => {
+        let (res, mut cur) = next_chunk.fill(first, chunk).await;
+        let mut n = match res {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+        };
+        while n > 0 {
+            crc = crc32c::crc32c_append(crc, cur.as_slice());
+            let write = async {
+                if throttle {
+                    if let Some(b) = &self.bucket {
+                        let wait = b.take(n as u64);
+                        if !wait.is_zero() {
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
+                }
+                let mut attempt = 0;
+                let mut buf = cur;
+                loop {
+                    let (res, b) = writer.write_at(off, buf).await;
+                    buf = b;
+                    match res {
+                        Err(e) if e.is_temporary() && attempt < self.cfg.retries => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                        }
+                        other => return (other, buf),
+                    }
+                }
+            };
+            let ((wres, written), (fres, next)) = tokio::join!(write, next_chunk.fill(spare, chunk));
+            let filled = match (wres, fres) {
+                (Ok(()), Ok(m)) => m,
+                (Err(e), _) | (Ok(()), Err(e)) => {
                     let _ = writer.abort().await;
                     return Err(e);
                 }
             };
-            if n == 0 {
-                break;
-            }
-            crc = crc32c::crc32c_append(crc, buf.as_slice());
-            if throttle {
-                if let Some(b) = &self.bucket {
-                    let wait = b.take(n as u64);
-                    if !wait.is_zero() {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-            }
-            let mut attempt = 0;
-            loop {
-                let (res, b) = writer.write_at(off, buf).await;
-                buf = b;
-                match res {
-                    Ok(()) => break,
-                    Err(e) if e.is_temporary() && attempt < self.cfg.retries => {
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
-                    }
-                    Err(e) => {
-                        let _ = writer.abort().await;
-                        return Err(e);
-                    }
-                }
-            }
             off += n as u64;
+            n = filled;
+            spare = written;
+            cur = next;
         }
         writer.commit().await?;
         Ok((off, crc))

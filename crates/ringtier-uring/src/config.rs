@@ -61,8 +61,9 @@ pub struct UringConfig {
     /// the kernel refuses (memlock limit too low), plain buffers are used and a warning is
     /// logged once.
     pub register_buffers: bool,
-    /// Register the descriptors of files opened with [`crate::UringTier::open_file`] as fixed
-    /// files. Default false.
+    /// Registered (fixed) files: files opened with [`crate::UringTier::open_file`] are
+    /// registered in a slot, and each per-file open of a batch read returns a direct
+    /// descriptor (no file-table entry; read and closed by slot; Linux 6.0). Default false.
     pub register_files: bool,
     /// Direct-I/O policy. Default [`DirectIoPolicy::Auto`].
     pub direct_io: DirectIoPolicy,

@@ -130,6 +130,8 @@ struct EntryState {
     restart: bool,
     /// Restarted once already: statx path only.
     no_fast: bool,
+    /// The direct descriptor (fixed-file slot) the open returned, when files are registered.
+    slot: Option<u32>,
 }
 
 impl EntryState {
@@ -196,6 +198,7 @@ impl BatchJob {
                 fast: false,
                 restart: false,
                 no_fast: false,
+                slot: None,
             });
         }
         Box::new(BatchJob { batch, target, shared, paths, states, next: 0, active: 0, done: Some(done) })
@@ -351,9 +354,16 @@ pub(crate) fn spawn(
         }
     }
     let mut fixed_files = false;
+    let mut direct_files = false;
     if config.register_files {
-        match ring.submitter().register_files_sparse(FIXED_FILE_SLOTS) {
-            Ok(()) => fixed_files = true,
+        // Slots [0, FIXED_FILE_SLOTS) for opened files (UringFile); the rest, one per request
+        // in flight, for the kernel to allocate to per-file opens (direct descriptors).
+        let per_file = depth + 64;
+        match ring.submitter().register_files_sparse(FIXED_FILE_SLOTS + per_file) {
+            Ok(()) => {
+                fixed_files = true;
+                direct_files = set_file_alloc_range(&ring, FIXED_FILE_SLOTS, per_file).is_ok();
+            }
             Err(e) => {
                 shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(catalog::URING_REGISTER_FALLBACKS_TOTAL, "tier" => shared.name.clone(), "what" => "files")
@@ -382,6 +392,7 @@ pub(crate) fn spawn(
         registered_pool,
         _pool: pool,
         fixed_files,
+        direct_files,
         shared,
         wake_buf: 0,
         in_flight_gauge,
@@ -410,6 +421,8 @@ struct Driver {
     registered_pool: Option<u64>,
     _pool: Option<BufferPool>,
     fixed_files: bool,
+    /// Per-file opens return direct descriptors (fixed-file slots allocated by the kernel).
+    direct_files: bool,
     shared: Arc<Shared>,
     wake_buf: u64,
     in_flight_gauge: metrics::Gauge,
@@ -720,7 +733,7 @@ impl Driver {
     fn submit_read(&mut self, id: u32, b: &mut BatchJob, i: usize) {
         let fixed_file = match b.target {
             Target::File { fixed, .. } => fixed,
-            Target::Keys { .. } => None,
+            Target::Keys { .. } => b.states[i].slot,
         };
         let st = &mut b.states[i];
         st.phase = Phase::Read;
@@ -766,14 +779,19 @@ impl Driver {
     fn submit_open(&mut self, id: u32, b: &mut BatchJob, i: usize, root_fd: RawFd) {
         let st = &mut b.states[i];
         st.phase = Phase::Open;
-        let mut flags = libc::O_RDONLY | libc::O_CLOEXEC;
+        // Direct descriptors have no file-table entry, so O_CLOEXEC is meaningless there
+        // (and the kernel refuses it).
+        let mut flags = if self.direct_files { libc::O_RDONLY } else { libc::O_RDONLY | libc::O_CLOEXEC };
         if st.direct {
             flags |= libc::O_DIRECT;
         }
         st.how = types::OpenHow::new().flags(flags as u64).resolve(libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS);
         let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
-        let sqe =
-            opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how).build().user_data(((id as u64) << 32) | i as u64);
+        let mut op = opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how);
+        if self.direct_files {
+            op = op.file_index(Some(types::DestinationSlot::auto_target()));
+        }
+        let sqe = op.build().user_data(((id as u64) << 32) | i as u64);
         // SAFETY: path and how point into the boxed job, owned until the completion is reaped.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
@@ -782,7 +800,11 @@ impl Driver {
     fn submit_close(&mut self, id: u32, b: &mut BatchJob, i: usize) {
         let st = &mut b.states[i];
         st.phase = Phase::Close;
-        let sqe = opcode::Close::new(types::Fd(st.fd)).build().user_data(((id as u64) << 32) | i as u64);
+        let sqe = match st.slot.take() {
+            Some(slot) => opcode::Close::new(types::Fixed(slot)).build(),
+            None => opcode::Close::new(types::Fd(st.fd)).build(),
+        }
+        .user_data(((id as u64) << 32) | i as u64);
         // SAFETY: close takes no pointers.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
@@ -976,7 +998,11 @@ impl Driver {
                     b.states[i].result = Some(Err(e));
                     return self.entry_done(b, i);
                 }
-                b.states[i].fd = res;
+                if self.direct_files {
+                    b.states[i].slot = Some(res as u32);
+                } else {
+                    b.states[i].fd = res;
+                }
                 self.submit_read(id, b, i)
             }
             Phase::Read => {
@@ -1117,6 +1143,34 @@ impl Drop for Driver {
             let _ = self.ring.submit_and_wait(1);
         }
     }
+}
+
+/// `IORING_REGISTER_FILE_ALLOC_RANGE`: the kernel allocates direct descriptors only from
+/// `[off, off + len)` (Linux 6.0). The io-uring crate has no wrapper for it.
+fn set_file_alloc_range(ring: &IoUring, off: u32, len: u32) -> io::Result<()> {
+    #[repr(C)]
+    struct FileIndexRange {
+        off: u32,
+        len: u32,
+        resv: u64,
+    }
+    const IORING_REGISTER_FILE_ALLOC_RANGE: libc::c_long = 25;
+    let range = FileIndexRange { off, len, resv: 0 };
+    // SAFETY: io_uring_register on our ring's descriptor with a pointer to a correctly laid
+    // out io_uring_file_index_range that lives across the call; nr_args must be 0.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring.as_raw_fd(),
+            IORING_REGISTER_FILE_ALLOC_RANGE,
+            &range as *const FileIndexRange,
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn is_retryable(errno: i32) -> bool {

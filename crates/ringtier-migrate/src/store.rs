@@ -208,6 +208,12 @@ struct Inner {
     tiers: Vec<Arc<dyn Tier>>,
     cfg: StoreConfig,
     drained: Mutex<DrainStats>,
+    /// Chunk buffers kept for reuse (at most a few: two per concurrent stream).
+    buffers: Mutex<Vec<AlignedBuf>>,
+    /// Saves in progress: the drain pauses between chunks while any runs, so it never slows
+    /// the training loop's blocking save.
+    saving: std::sync::atomic::AtomicUsize,
+    save_done: Notify,
     tx: mpsc::UnboundedSender<(u64, usize)>,
     state: Mutex<State>,
     changed: Notify,
@@ -333,12 +339,14 @@ impl Inner {
         let tier = self.tiers[t].as_ref();
         let align = tier.capabilities().alignment.max(4096);
         let chunk = ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize;
-        // One extra alignment block: a direct read of a chunk may need the aligned span.
-        let mut spare = AlignedBuf::new(chunk + align, align)?;
-        let first = AlignedBuf::new(chunk + align, align)?;
+        // Buffers are reused across parts and saves (first-touch page faults cost more than the
+        // disk); one extra alignment block, as a direct read of a chunk may need the aligned span.
+        let mut spare = self.take_buffer(chunk + align, align)?;
+        let first = self.take_buffer(chunk + align, align)?;
         let mut writer = tier.create(key).await?;
-        let (mut off, mut crc) = (0u64, 0u32);
+        let mut off = 0u64;
         let (res, mut cur) = next_chunk.fill(first, chunk).await;
+        let mut crc = crc32c::crc32c(cur.as_slice());
         let mut n = match res {
             Ok(n) => n,
             Err(e) => {
@@ -347,9 +355,16 @@ impl Inner {
             }
         };
         while n > 0 {
-            crc = crc32c::crc32c_append(crc, cur.as_slice());
             let write = async {
                 if throttle {
+                    // A drain: give way to saves in progress.
+                    loop {
+                        let done = self.save_done.notified();
+                        if self.saving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                            break;
+                        }
+                        done.await;
+                    }
                     if let Some(b) = &self.bucket {
                         let wait = b.take(n as u64);
                         if !wait.is_zero() {
@@ -371,7 +386,13 @@ impl Inner {
                     }
                 }
             };
-            let ((wres, written), (fres, next)) = tokio::join!(write, next_chunk.fill(spare, chunk));
+            // The next chunk is filled and checksummed while this one is written.
+            let fill = async {
+                let (res, next) = next_chunk.fill(spare, chunk).await;
+                crc = crc32c::crc32c_append(crc, next.as_slice());
+                (res, next)
+            };
+            let ((wres, written), (fres, next)) = tokio::join!(write, fill);
             let filled = match (wres, fres) {
                 (Ok(()), Ok(m)) => m,
                 (Err(e), _) | (Ok(()), Err(e)) => {
@@ -384,8 +405,28 @@ impl Inner {
             spare = written;
             cur = next;
         }
+        self.give_buffer(spare);
+        self.give_buffer(cur);
         writer.commit().await?;
         Ok((off, crc))
+    }
+
+    fn take_buffer(&self, size: usize, align: usize) -> Result<AlignedBuf> {
+        let mut free = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.iter().position(|b| b.capacity() >= size && b.align() >= align) {
+            let mut b = free.swap_remove(i);
+            b.clear();
+            return Ok(b);
+        }
+        drop(free);
+        AlignedBuf::new(size, align)
+    }
+
+    fn give_buffer(&self, buf: AlignedBuf) {
+        let mut free = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < 2 * (self.cfg.drain_concurrency + 1) {
+            free.push(buf);
+        }
     }
 
     /// Removes every object of `step` on tier `t`, manifest first (so a crash midway leaves a
@@ -499,6 +540,23 @@ impl Inner {
 
     async fn fast_used(&self) -> Result<u64> {
         Ok(self.scan(0).await?.values().filter(|f| f.manifest).map(|f| f.bytes).sum())
+    }
+}
+
+/// Counts a save in progress for as long as it lives.
+struct SavingGuard<'a>(&'a Inner);
+
+impl<'a> SavingGuard<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        inner.saving.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SavingGuard(inner)
+    }
+}
+
+impl Drop for SavingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.saving.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.save_done.notify_waiters();
     }
 }
 
@@ -663,6 +721,9 @@ impl CheckpointStore {
             tiers,
             cfg,
             drained: Mutex::default(),
+            buffers: Mutex::default(),
+            saving: std::sync::atomic::AtomicUsize::new(0),
+            save_done: Notify::new(),
             tx,
             state: Mutex::default(),
             changed: Notify::new(),
@@ -768,7 +829,12 @@ impl CheckpointStore {
             }
         }
         loop {
-            match self.write_checkpoint(target, step, &mut parts).await {
+            // The drain gives way while the checkpoint is written (not while waiting for room).
+            let written = {
+                let _saving = SavingGuard::new(inner);
+                self.write_checkpoint(target, step, &mut parts).await
+            };
+            match written {
                 Ok(bytes) => {
                     let blocking = start.elapsed();
                     inner.m.blocking[target].record(blocking.as_secs_f64());

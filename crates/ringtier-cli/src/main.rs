@@ -4,10 +4,12 @@
 
 mod ckpt;
 mod dataset;
+mod paper;
 mod passes;
 mod randread;
 mod readbench;
 mod stats;
+mod train;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,8 +26,9 @@ use crate::passes::{Engine, Knobs, OnError, Order};
     name = "ringtier",
     version,
     about = "io_uring storage engine for deep-learning I/O",
-    long_about = "io_uring storage engine for deep-learning I/O.\n\nWith no command, runs the demo: \
-                  `ringtier [DEMO OPTIONS]` is `ringtier demo [DEMO OPTIONS]`.",
+    long_about = "io_uring storage engine for deep-learning I/O.\n\nWith no command, runs the paper's three \
+                  experiments on generated data (about 3 minutes) and writes a report: `ringtier [OPTIONS]` is \
+                  `ringtier paper [OPTIONS]`.",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -40,14 +43,14 @@ struct Cli {
     /// Keep serving metrics this many seconds after the command finishes (for a last scrape).
     #[arg(long, global = true, default_value_t = 0.0)]
     metrics_linger: f64,
-    /// Options of the demo, which runs when no command is given.
+    /// Options of `paper`, which runs when no command is given.
     #[command(flatten)]
-    demo: DemoArgs,
+    paper: PaperArgs,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate a dataset in a temp dir and read it, cold, through every tier (the default).
+    /// Generate a dataset in a temp dir and read it, cold, through every tier.
     Demo(DemoArgs),
     /// Generate a synthetic dataset with a manifest (deterministic from a seed).
     Gen(GenArgs),
@@ -56,6 +59,10 @@ enum Command {
     Bench(BenchCommand),
     /// Checkpoints in a burst-buffer store: save, ls, restore, verify, drain.
     Ckpt(CkptArgs),
+    /// The paper's three experiments (read sweep, mini-app with and without prefetch,
+    /// checkpoints burst versus direct) on generated data, with a report directory (the
+    /// default).
+    Paper(PaperArgs),
     /// The metric catalog.
     #[command(subcommand)]
     Metrics(MetricsCommand),
@@ -77,6 +84,71 @@ enum BenchCommand {
     /// The paper's burst-buffer experiment: checkpoint blocking time, burst buffer versus
     /// writing straight to slow storage, over a range of slow-tier speeds.
     Ckpt(BenchCkptArgs),
+    /// The AlexNet mini-app: loader batches, emulated compute, checkpoints; prefetch on and off.
+    Train(TrainArgs),
+}
+
+#[derive(Args, Debug)]
+struct PaperArgs {
+    /// Report directory (created; default ./ringtier-report).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Work directory for generated data (default: a new temp dir, removed after).
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// The paper's sizes (16,384 and 9,144 files, 600 MB checkpoints) instead of the quick ones.
+    #[arg(long)]
+    full: bool,
+    /// Repeats per point.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Tiny sizes, for tests of the command itself (not meaningful figures).
+    #[arg(long, hide = true)]
+    tiny: bool,
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// The dataset directory (JPEGs for --decode; from `ringtier gen --format jpeg`).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Epochs per run.
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    /// Prefetch depths to compare (0 = no prefetch).
+    #[arg(long, value_delimiter = ',', default_value = "2,0")]
+    prefetch: Vec<usize>,
+    /// Emulated accelerator compute per batch in ms (default: 1.2 ms per image, AlexNet on a
+    /// K80-class GPU).
+    #[arg(long)]
+    compute_ms: Option<f64>,
+    /// Do not decode (read raw bytes only).
+    #[arg(long)]
+    no_decode: bool,
+    /// Decode threads.
+    #[arg(long, default_value_t = 2)]
+    decode_threads: usize,
+    /// Save a checkpoint every K steps (0: none).
+    #[arg(long, default_value_t = 0)]
+    ckpt_every: usize,
+    /// Checkpoint size (default AlexNet, 244 MB).
+    #[arg(long, default_value = "244000000", value_parser = parse_size)]
+    ckpt_size: u64,
+    /// Fast and slow checkpoint directories, comma-separated (default: under the work dir).
+    #[arg(long, value_delimiter = ',')]
+    ckpt_tiers: Option<Vec<PathBuf>>,
+    /// Throttle the slow checkpoint tier to this many bytes per second.
+    #[arg(long, value_parser = parse_size)]
+    ckpt_slow_bw: Option<u64>,
+    /// Repeats (interleaved).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -436,7 +508,7 @@ fn main() -> Result<()> {
         let exporter = ringtier_metrics::install(&cfg)?;
         eprintln!("serving Prometheus metrics on http://{}/metrics", exporter.addr());
     }
-    let result = run(cli.command.unwrap_or(Command::Demo(cli.demo)));
+    let result = run(cli.command.unwrap_or(Command::Paper(cli.paper)));
     if cli.metrics_addr.is_some() && cli.metrics_linger > 0.0 {
         eprintln!("done; serving metrics for {} more seconds", cli.metrics_linger);
         std::thread::sleep(std::time::Duration::from_secs_f64(cli.metrics_linger));
@@ -449,6 +521,53 @@ fn run(command: Command) -> Result<()> {
         Command::Ckpt(a) => {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(ckpt_command(a))
+        }
+        Command::Paper(a) => {
+            let tmp;
+            let work = match a.work {
+                Some(w) => w,
+                None => {
+                    tmp =
+                        tempfile::Builder::new().prefix("ringtier-paper-").tempdir().context("creating a temp dir")?;
+                    tmp.path().to_path_buf()
+                }
+            };
+            let cfg = paper::PaperConfig {
+                out: a.out.unwrap_or_else(paper::default_out),
+                work,
+                full: a.full,
+                tiny: a.tiny,
+                repeats: a.repeats.max(1),
+            };
+            paper::run(&cfg)
+        }
+        Command::Bench(BenchCommand::Train(a)) => {
+            let tmp;
+            let ckpt_dirs = match (a.ckpt_every, a.ckpt_tiers) {
+                (0, _) => None,
+                (_, Some(t)) if t.len() == 2 => Some((t[0].clone(), t[1].clone())),
+                (_, Some(_)) => anyhow::bail!("--ckpt-tiers takes two directories: FAST,SLOW"),
+                (_, None) => {
+                    tmp = tempfile::Builder::new().prefix("ringtier-train-").tempdir_in(".")?;
+                    Some((tmp.path().join("fast"), tmp.path().join("slow")))
+                }
+            };
+            let cfg = train::TrainConfig {
+                dir: a.dir,
+                batch: a.batch,
+                epochs: a.epochs,
+                prefetch: a.prefetch,
+                compute_ms: a.compute_ms.unwrap_or(train::DEFAULT_COMPUTE_MS_PER_IMAGE * a.batch as f64),
+                decode: !a.no_decode,
+                decode_threads: a.decode_threads,
+                ckpt_every: a.ckpt_every,
+                ckpt_bytes: a.ckpt_size,
+                ckpt_dirs,
+                ckpt_slow_bytes_per_sec: a.ckpt_slow_bw,
+                repeats: a.repeats,
+                json: a.json,
+            };
+            train::run(&cfg).map(|_| ())
         }
         Command::Bench(BenchCommand::Ckpt(a)) => {
             let tmp;

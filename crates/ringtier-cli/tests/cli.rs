@@ -12,7 +12,7 @@ fn demo_reads_every_tier_and_writes_a_report() {
     let dir = tempfile::Builder::new().prefix("cli").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json = dir.path().join("report.json");
     let out = ringtier()
-        .args(["--files", "60", "--repeats", "2", "--threads", "2", "--depth", "4", "--dir"])
+        .args(["demo", "--files", "60", "--repeats", "2", "--threads", "2", "--depth", "4", "--dir"])
         .arg(dir.path().join("ds"))
         .arg("--json")
         .arg(&json)
@@ -52,8 +52,8 @@ fn walk_files(p: &std::path::Path) -> usize {
 #[test]
 fn bad_input_is_a_clear_error() {
     let cases: &[(&[&str], &str)] = &[
-        (&["--files", "0"], "--files must be at least 1"),
-        (&["--median", "2M", "--max-size", "1M"], "--median"),
+        (&["demo", "--files", "0"], "--files must be at least 1"),
+        (&["demo", "--median", "2M", "--max-size", "1M"], "--median"),
         (&["bench", "read", "--dir", "/nonexistent-dataset"], "/nonexistent-dataset"),
         (&["gen", "--dir", "/proc/ringtier-cannot-create"], "/proc/ringtier-cannot-create"),
         (&["gen", "--dir", "x", "--sigma", "9"], "--sigma"),
@@ -204,4 +204,27 @@ fn bad_datasets_fail_clearly_or_skip_and_count() {
     std::fs::create_dir(&empty).expect("mkdir");
     let out = bench_read(&empty, &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no files"));
+}
+
+#[test]
+fn paper_writes_a_report_with_all_three_experiments() {
+    let dir = tempfile::Builder::new().prefix("cli-paper").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let out = dir.path().join("report");
+    // Tiny sizes: this tests the command, not the figures.
+    let run = ringtier()
+        .args(["--repeats", "1", "--tiny", "--out"])
+        .arg(&out)
+        .arg("--work")
+        .arg(dir.path().join("work"))
+        .output()
+        .expect("run ringtier");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    for want in ["## 1. Read micro-benchmark", "## 2. AlexNet mini-app", "## 3. Burst buffer", "2.3x", "2.6x"] {
+        assert!(report.contains(want), "report has {want:?}");
+    }
+    for f in ["read.json", "read.svg", "train.json", "ckpt.json"] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+    assert!(!dir.path().join("work/imagenet").exists(), "generated data removed");
 }

@@ -54,6 +54,17 @@ pub const CKPT_EVICTIONS_TOTAL: &str = "ringtier_checkpoint_evictions_total";
 /// Restores that fell back to a slower copy (checksum mismatch or unreadable fast copy).
 pub const CKPT_RESTORE_FALLBACKS_TOTAL: &str = "ringtier_checkpoint_restore_fallbacks_total";
 
+/// Time the training loop waited for its next batch.
+pub const LOADER_STALL_SECONDS: &str = "ringtier_loader_stall_seconds";
+/// Batches delivered by loaders.
+pub const LOADER_BATCHES_TOTAL: &str = "ringtier_loader_batches_total";
+/// Samples loaders left out (unreadable, wrong size, bad checksum, undecodable).
+pub const LOADER_SKIPPED_TOTAL: &str = "ringtier_loader_samples_skipped_total";
+/// Time to read one batch.
+pub const LOADER_READ_SECONDS: &str = "ringtier_loader_batch_read_seconds";
+/// Time to decode one batch.
+pub const LOADER_DECODE_SECONDS: &str = "ringtier_loader_batch_decode_seconds";
+
 /// Every metric above, with its type, help and labels.
 pub const CATALOG: &[MetricDef] = &[
     MetricDef {
@@ -154,6 +165,21 @@ pub const CATALOG: &[MetricDef] = &[
         help: "Restores that used a slower copy because the faster one failed verification.",
         labels: &["tier"],
     },
+    MetricDef {
+        name: LOADER_STALL_SECONDS,
+        kind: "histogram",
+        help: "Seconds the training loop waited for its next batch.",
+        labels: &[],
+    },
+    MetricDef { name: LOADER_BATCHES_TOTAL, kind: "counter", help: "Batches delivered by loaders.", labels: &[] },
+    MetricDef {
+        name: LOADER_SKIPPED_TOTAL,
+        kind: "counter",
+        help: "Samples left out: unreadable, wrong size, bad checksum or undecodable.",
+        labels: &[],
+    },
+    MetricDef { name: LOADER_READ_SECONDS, kind: "histogram", help: "Seconds to read one batch.", labels: &[] },
+    MetricDef { name: LOADER_DECODE_SECONDS, kind: "histogram", help: "Seconds to decode one batch.", labels: &[] },
     MetricDef {
         name: URING_REGISTER_FALLBACKS_TOTAL,
         kind: "counter",

@@ -82,6 +82,7 @@ fn grafana_dashboard_is_valid_and_queries_only_catalog_metrics() {
         "ringtier_uring_in_flight",
         "ringtier_checkpoint_drain_backlog_bytes",
         "ringtier_checkpoint_save_blocking_seconds",
+        "ringtier_loader_stall_seconds",
     ] {
         assert!(used.contains(must), "dashboard shows {must}");
     }

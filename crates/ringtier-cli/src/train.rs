@@ -1,0 +1,240 @@
+//! `ringtier bench train`: the AlexNet mini-app. Each step takes a batch from the loader, then
+//! spends an emulated accelerator compute time; every K steps it saves an AlexNet-sized
+//! checkpoint through the checkpoint store. Prefetch on and off, side by side.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ringtier_core::Tier;
+use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
+use ringtier_migrate::{Part, StoreConfig};
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+use serde::Serialize;
+
+use crate::stats::{peak_rss_bytes, Machine, Summary};
+
+/// Emulated compute per image: AlexNet training on one K80-class GPU processes on the order
+/// of 800 images per second at 224x224 (1.2 ms per image); set `--compute-ms` to your own
+/// accelerator's step time. DLIO emulates compute the same way.
+pub(crate) const DEFAULT_COMPUTE_MS_PER_IMAGE: f64 = 1.2;
+
+/// Settings of the mini-app.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TrainConfig {
+    pub dir: PathBuf,
+    pub batch: usize,
+    pub epochs: usize,
+    pub prefetch: Vec<usize>,
+    pub compute_ms: f64,
+    pub decode: bool,
+    pub decode_threads: usize,
+    pub ckpt_every: usize,
+    pub ckpt_bytes: u64,
+    pub ckpt_dirs: Option<(PathBuf, PathBuf)>,
+    pub ckpt_slow_bytes_per_sec: Option<u64>,
+    pub repeats: usize,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    prefetch: usize,
+    steps: u64,
+    samples: u64,
+    skipped: u64,
+    total_seconds: f64,
+    compute_seconds: f64,
+    stall_seconds: f64,
+    read_seconds: f64,
+    decode_seconds: f64,
+    ckpt_blocking_seconds: f64,
+    checkpoints: u64,
+    /// (stall + checkpoint blocking) / total: the share of the step time I/O was exposed.
+    exposed_io_fraction: f64,
+    stall_fraction: f64,
+    /// Stall after the first batch of each epoch (the pipeline filled) over total time.
+    steady_stall_fraction: f64,
+    images_per_sec: f64,
+    peak_rss_bytes: u64,
+}
+
+async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> {
+    let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(Arc::new(
+        UringTier::with_options(
+            &cfg.dir,
+            UringConfig::default(),
+            UringTierOptions { name: Some("dataset".into()), ..Default::default() },
+        )
+        .with_context(|| format!("opening {}", cfg.dir.display()))?,
+    )));
+    let dataset = Dataset::from_dir(tier, &cfg.dir).await?;
+    let lcfg = LoaderConfig {
+        batch_size: cfg.batch,
+        prefetch,
+        seed: rep as u64,
+        decode: cfg.decode.then_some(DecodeConfig { size: 224, threads: cfg.decode_threads }),
+        on_bad: OnBadSample::Skip,
+        ..LoaderConfig::default()
+    };
+    let loader = Loader::new(dataset, lcfg)?;
+    let store = match &cfg.ckpt_dirs {
+        Some((fast, slow)) if cfg.ckpt_every > 0 => {
+            let dirs = [fast.join(format!("p{prefetch}-r{rep}")), slow.join(format!("p{prefetch}-r{rep}"))];
+            for d in &dirs {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            let cfg_store = StoreConfig { keep_last: 1, ..StoreConfig::default() };
+            Some(crate::ckpt::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, cfg_store).await?)
+        }
+        _ => None,
+    };
+    let weights = if store.is_some() { vec![0x5Au8; cfg.ckpt_bytes as usize] } else { Vec::new() };
+    let compute = Duration::from_secs_f64(cfg.compute_ms / 1e3);
+    let (mut steps, mut compute_secs, mut ckpt_secs, mut checkpoints) = (0u64, 0.0, 0.0, 0u64);
+    let (mut stall, mut read, mut decode, mut samples, mut skipped) = (0.0, 0.0, 0.0, 0u64, 0u64);
+    let mut first_stalls = 0.0;
+    let start = Instant::now();
+    for epoch in 0..cfg.epochs as u64 {
+        let mut e = loader.epoch(epoch, 0)?;
+        while let Some(batch) = e.next().await {
+            let batch = batch?;
+            drop(batch); // the step consumes the batch, then computes
+            let t = Instant::now();
+            tokio::time::sleep(compute).await;
+            compute_secs += t.elapsed().as_secs_f64();
+            steps += 1;
+            if let Some(store) = &store {
+                if steps % cfg.ckpt_every as u64 == 0 {
+                    let t = Instant::now();
+                    store.save(steps, vec![Part::bytes("weights", &weights)]).await?;
+                    ckpt_secs += t.elapsed().as_secs_f64();
+                    checkpoints += 1;
+                }
+            }
+        }
+        let st = e.stats();
+        stall += st.stall_seconds;
+        first_stalls += st.first_stall_seconds;
+        read += st.read_seconds;
+        decode += st.decode_seconds;
+        samples += st.samples;
+        skipped += st.skipped;
+    }
+    let total = start.elapsed().as_secs_f64();
+    if let Some(store) = store {
+        store.drain().await?;
+    }
+    if let Some((fast, slow)) = &cfg.ckpt_dirs {
+        let _ = std::fs::remove_dir_all(fast.join(format!("p{prefetch}-r{rep}")));
+        let _ = std::fs::remove_dir_all(slow.join(format!("p{prefetch}-r{rep}")));
+    }
+    Ok(Run {
+        prefetch,
+        steps,
+        samples,
+        skipped,
+        total_seconds: total,
+        compute_seconds: compute_secs,
+        stall_seconds: stall,
+        read_seconds: read,
+        decode_seconds: decode,
+        ckpt_blocking_seconds: ckpt_secs,
+        checkpoints,
+        exposed_io_fraction: (stall + ckpt_secs) / total,
+        stall_fraction: stall / total,
+        steady_stall_fraction: (stall - first_stalls) / total,
+        images_per_sec: samples as f64 / total,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
+
+/// Runs the mini-app for each prefetch depth, repeats interleaved; prints a table.
+pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
+    if cfg.batch == 0 || cfg.epochs == 0 || cfg.repeats == 0 || cfg.prefetch.is_empty() {
+        bail!("--batch, --epochs, --repeats and --prefetch must be given and positive");
+    }
+    if !(cfg.compute_ms >= 0.0 && cfg.compute_ms.is_finite()) {
+        bail!("--compute-ms must be a non-negative number");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut runs: Vec<Run> = Vec::new();
+    for rep in 0..cfg.repeats {
+        for &p in &cfg.prefetch {
+            let r = rt.block_on(one_run(cfg, p, rep))?;
+            eprintln!(
+                "  repeat {}/{} prefetch {p}: {} steps, stall {:.3} s of {:.3} s ({:.1}%), checkpoints {:.3} s",
+                rep + 1,
+                cfg.repeats,
+                r.steps,
+                r.stall_seconds,
+                r.total_seconds,
+                r.stall_fraction * 100.0,
+                r.ckpt_blocking_seconds
+            );
+            runs.push(r);
+        }
+    }
+    println!();
+    println!(
+        "AlexNet mini-app: {} (batch {}, {} epoch(s), {:.1} ms emulated compute per batch{}{}); {} repeats; median (min..max)",
+        cfg.dir.display(),
+        cfg.batch,
+        cfg.epochs,
+        cfg.compute_ms,
+        if cfg.decode { ", JPEG decode + resize 224" } else { "" },
+        if cfg.ckpt_every > 0 && cfg.ckpt_dirs.is_some() {
+            format!(", a {:.0} MB checkpoint every {} steps", cfg.ckpt_bytes as f64 / 1e6, cfg.ckpt_every)
+        } else {
+            String::new()
+        },
+        cfg.repeats
+    );
+    println!(
+        "{:>8}  {:>16}  {:>16}  {:>18}  {:>18}  {:>18}  {:>14}  {:>12}",
+        "prefetch",
+        "step time s",
+        "stall s",
+        "stall % of time",
+        "after 1st batch %",
+        "exposed I/O %",
+        "ckpt block s",
+        "images/s"
+    );
+    let mut points = Vec::new();
+    for &p in &cfg.prefetch {
+        let rs: Vec<&Run> = runs.iter().filter(|r| r.prefetch == p).collect();
+        let s = |f: &dyn Fn(&Run) -> f64| Summary::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let step = s(&|r| r.total_seconds / r.steps.max(1) as f64);
+        let stall = s(&|r| r.stall_seconds);
+        let frac = s(&|r| r.stall_fraction * 100.0);
+        let exposed = s(&|r| r.exposed_io_fraction * 100.0);
+        let steady = s(&|r| r.steady_stall_fraction * 100.0);
+        let ckpt = s(&|r| r.ckpt_blocking_seconds);
+        let ips = s(&|r| r.images_per_sec);
+        println!(
+            "{:>8}  {:>6.4} ({:.4}..{:.4})  {:>6.3} ({:.3}..{:.3})  {:>6.2} ({:.2}..{:.2})  {:>6.2} ({:.2}..{:.2})  {:>6.2} ({:.2}..{:.2})  {:>14.3}  {:>12.0}",
+            p, step.median, step.min, step.max, stall.median, stall.min, stall.max, frac.median, frac.min, frac.max,
+            steady.median, steady.min, steady.max, exposed.median, exposed.min, exposed.max, ckpt.median, ips.median
+        );
+        points.push(serde_json::json!({
+            "prefetch": p, "step_seconds": step, "stall_seconds": stall, "stall_percent_of_time": frac,
+            "exposed_io_percent": exposed, "stall_percent_after_first_batch": steady, "ckpt_blocking_seconds": ckpt, "images_per_sec": ips,
+            "read_seconds": s(&|r| r.read_seconds), "decode_seconds": s(&|r| r.decode_seconds),
+        }));
+    }
+    let report = serde_json::json!({
+        "schema": "ringtier.bench.train/1",
+        "machine": Machine::probe(),
+        "config": cfg,
+        "points": points,
+        "runs": runs,
+    });
+    if let Some(path) = &cfg.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(report)
+}

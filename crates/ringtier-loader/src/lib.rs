@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+
+mod dataset;
+mod decode;
+mod loader;
+mod sampler;
+
+pub use dataset::{Dataset, Sample};
+pub use decode::{decode_jpeg_resized, DecodeConfig};
+pub use loader::{Batch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
+pub use sampler::Sampler;

@@ -1,0 +1,385 @@
+//! Batches with a bounded prefetch.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ringtier_core::blocking::BlockingPool;
+use ringtier_core::buf::AlignedBuf;
+use ringtier_core::catalog;
+use ringtier_core::error::{Error, ErrorKind, Result};
+use ringtier_core::manifest::checksum;
+use ringtier_core::{BufferPool, PoolConfig, ReadBatch};
+use tokio::sync::mpsc;
+
+use crate::dataset::Dataset;
+use crate::decode::{decode_jpeg_resized, DecodeConfig};
+use crate::sampler::Sampler;
+
+/// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
+/// not a JPEG when decoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBadSample {
+    /// Leave it out of its batch and count it.
+    Skip,
+    /// End the epoch with an error naming it.
+    Fail,
+}
+
+/// Settings of a [`Loader`].
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    /// Samples per batch. Default 64.
+    pub batch_size: usize,
+    /// Batches read ahead of the consumer; 0 reads each batch when asked (no overlap).
+    /// Default 2.
+    pub prefetch: usize,
+    /// Drop a last batch smaller than `batch_size`. Default false.
+    pub drop_last: bool,
+    /// Shuffle each epoch. Default true.
+    pub shuffle: bool,
+    /// Seed of the shuffle. Default 0.
+    pub seed: u64,
+    /// This process's rank. Default 0.
+    pub rank: usize,
+    /// Number of ranks. Default 1.
+    pub world: usize,
+    /// Decode JPEGs and resize them. Default none (raw bytes).
+    pub decode: Option<DecodeConfig>,
+    /// Bad samples: skip or fail. Default skip.
+    pub on_bad: OnBadSample,
+    /// Check CRC-32C against the manifest where it has one. Default false.
+    pub verify: bool,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 64,
+            prefetch: 2,
+            drop_last: false,
+            shuffle: true,
+            seed: 0,
+            rank: 0,
+            world: 1,
+            decode: None,
+            on_bad: OnBadSample::Skip,
+            verify: false,
+        }
+    }
+}
+
+/// One sample's contents.
+#[derive(Debug)]
+pub enum SampleData {
+    /// The file's bytes in a pooled buffer (returned to the pool when dropped).
+    Raw(AlignedBuf),
+    /// Decoded RGB pixels, `size * size * 3` bytes.
+    Decoded(Vec<u8>),
+}
+
+impl SampleData {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            SampleData::Raw(b) => b.as_slice(),
+            SampleData::Decoded(v) => v,
+        }
+    }
+}
+
+/// A batch of samples.
+#[derive(Debug)]
+pub struct Batch {
+    /// The epoch.
+    pub epoch: u64,
+    /// Index of the batch in this rank's epoch.
+    pub index: usize,
+    /// Dataset indices of the samples, in batch order (skipped ones left out).
+    pub indices: Vec<u32>,
+    /// The samples.
+    pub samples: Vec<SampleData>,
+    /// Samples left out, with the reason.
+    pub skipped: Vec<String>,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Seconds the batch read took.
+    pub read_seconds: f64,
+    /// Seconds the decode stage took (0 without decode).
+    pub decode_seconds: f64,
+}
+
+/// Totals of an epoch so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EpochStats {
+    /// Batches delivered.
+    pub batches: u64,
+    /// Samples delivered.
+    pub samples: u64,
+    /// Samples skipped.
+    pub skipped: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Seconds the consumer waited for batches.
+    pub stall_seconds: f64,
+    /// Seconds the consumer waited for the first batch (the pipeline filling up).
+    pub first_stall_seconds: f64,
+    /// Seconds spent reading (summed over batches).
+    pub read_seconds: f64,
+    /// Seconds spent decoding (summed over batches).
+    pub decode_seconds: f64,
+}
+
+struct Shared {
+    dataset: Dataset,
+    cfg: LoaderConfig,
+    pool: BufferPool,
+    decoders: Option<BlockingPool>,
+    stall: metrics::Histogram,
+    batches: metrics::Counter,
+    skipped: metrics::Counter,
+    read: metrics::Histogram,
+    decode: metrics::Histogram,
+}
+
+/// Reads a dataset in batches, epoch after epoch.
+pub struct Loader {
+    shared: Arc<Shared>,
+    sampler: Sampler,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").field("samples", &self.shared.dataset.len()).field("config", &self.shared.cfg).finish()
+    }
+}
+
+impl Loader {
+    /// A loader over `dataset`. Allocates its buffer pool, (prefetch + 2) x batch_size
+    /// buffers of the largest sample, once.
+    pub fn new(dataset: Dataset, cfg: LoaderConfig) -> Result<Self> {
+        if cfg.batch_size == 0 {
+            return Err(Error::new(ErrorKind::InvalidInput, "batch size must be at least 1"));
+        }
+        let sampler = Sampler::new(dataset.len(), cfg.seed, cfg.rank, cfg.world, cfg.shuffle)?;
+        if sampler.len() < cfg.batch_size && cfg.drop_last {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "the dataset gives rank {} only {} samples, fewer than one batch of {} (with drop_last nothing would be read)",
+                    cfg.rank,
+                    sampler.len(),
+                    cfg.batch_size
+                ),
+            ));
+        }
+        if dataset.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, "the dataset has no samples"));
+        }
+        let align = dataset.tier().capabilities().alignment.max(4096);
+        let buf_size = (dataset.max_size() as usize + 1).next_multiple_of(align) + align;
+        let pool = BufferPool::new(PoolConfig { buf_size, count: (cfg.prefetch + 2) * cfg.batch_size, align })?;
+        let decoders = match cfg.decode {
+            Some(d) => Some(BlockingPool::new("ringtier-decode", d.threads.max(1))?),
+            None => None,
+        };
+        let shared = Shared {
+            dataset,
+            cfg,
+            pool,
+            decoders,
+            stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
+            batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
+            skipped: metrics::counter!(catalog::LOADER_SKIPPED_TOTAL),
+            read: metrics::histogram!(catalog::LOADER_READ_SECONDS),
+            decode: metrics::histogram!(catalog::LOADER_DECODE_SECONDS),
+        };
+        Ok(Loader { shared: Arc::new(shared), sampler })
+    }
+
+    /// Samples this rank reads per epoch.
+    pub fn samples_per_epoch(&self) -> usize {
+        self.sampler.len()
+    }
+
+    /// Bytes of the buffer pool.
+    pub fn pool_bytes(&self) -> usize {
+        self.shared.pool.buf_size() * self.shared.pool.count()
+    }
+
+    /// Starts `epoch` at `position` (0 for the start; a saved position resumes with exactly
+    /// the remaining samples). With prefetch, reading starts now, in the background; must be
+    /// called inside a tokio runtime.
+    pub fn epoch(&self, epoch: u64, position: usize) -> Result<Epoch> {
+        let order = self.sampler.epoch_from(epoch, position)?;
+        let b = self.shared.cfg.batch_size;
+        let mut chunks: Vec<Vec<u32>> = order.chunks(b).map(<[u32]>::to_vec).collect();
+        if self.shared.cfg.drop_last && chunks.last().is_some_and(|c| c.len() < b) {
+            chunks.pop();
+        }
+        let first_index = position / b;
+        let source = if self.shared.cfg.prefetch == 0 {
+            Source::Direct { chunks: chunks.into_iter().enumerate().collect(), next: 0 }
+        } else {
+            let (tx, rx) = mpsc::channel(self.shared.cfg.prefetch);
+            let shared = Arc::clone(&self.shared);
+            let task = tokio::spawn(async move {
+                for (i, chunk) in chunks.into_iter().enumerate() {
+                    let batch = fetch(&shared, epoch, first_index + i, chunk).await;
+                    let failed = batch.is_err();
+                    if tx.send(batch).await.is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            Source::Prefetch { rx, task }
+        };
+        Ok(Epoch { shared: Arc::clone(&self.shared), epoch, first_index, source, stats: EpochStats::default() })
+    }
+}
+
+enum Source {
+    Direct { chunks: Vec<(usize, Vec<u32>)>, next: usize },
+    Prefetch { rx: mpsc::Receiver<Result<Batch>>, task: tokio::task::JoinHandle<()> },
+}
+
+/// One epoch's batches, in order.
+pub struct Epoch {
+    shared: Arc<Shared>,
+    epoch: u64,
+    first_index: usize,
+    source: Source,
+    stats: EpochStats,
+}
+
+impl std::fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoch").field("epoch", &self.epoch).field("stats", &self.stats).finish()
+    }
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        if let Source::Prefetch { task, .. } = &self.source {
+            task.abort();
+        }
+    }
+}
+
+impl Epoch {
+    /// The next batch; `None` at the end of the epoch. The time spent waiting here is the
+    /// consumer's stall.
+    pub async fn next(&mut self) -> Option<Result<Batch>> {
+        let start = Instant::now();
+        let item = match &mut self.source {
+            Source::Direct { chunks, next } => {
+                let (i, chunk) = chunks.get_mut(*next).map(|(i, c)| (*i, std::mem::take(c)))?;
+                *next += 1;
+                Some(fetch(&self.shared, self.epoch, self.first_index + i, chunk).await)
+            }
+            Source::Prefetch { rx, .. } => rx.recv().await,
+        };
+        let stall = start.elapsed().as_secs_f64();
+        if let Some(Ok(b)) = &item {
+            self.shared.stall.record(stall);
+            self.shared.batches.increment(1);
+            self.stats.stall_seconds += stall;
+            if self.stats.batches == 0 {
+                self.stats.first_stall_seconds = stall;
+            }
+            self.stats.batches += 1;
+            self.stats.samples += b.samples.len() as u64;
+            self.stats.skipped += b.skipped.len() as u64;
+            self.stats.bytes += b.bytes;
+            self.stats.read_seconds += b.read_seconds;
+            self.stats.decode_seconds += b.decode_seconds;
+        }
+        item
+    }
+
+    /// The next batch, blocking the thread (not inside an async context).
+    pub fn blocking_next(&mut self, rt: &tokio::runtime::Handle) -> Option<Result<Batch>> {
+        rt.block_on(self.next())
+    }
+
+    /// Totals so far.
+    pub fn stats(&self) -> EpochStats {
+        self.stats
+    }
+}
+
+async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Result<Batch> {
+    let samples = shared.dataset.samples();
+    let mut batch = ReadBatch::with_capacity(chunk.len(), chunk.len() * 32);
+    for &i in &chunk {
+        let s = &samples[i as usize];
+        // One byte more than expected, to notice a file that grew.
+        batch.push(&s.key, 0, s.size as usize + 1, shared.pool.acquire().await);
+    }
+    let t = Instant::now();
+    let mut batch = shared.dataset.tier().read_batch(batch).await;
+    let read_seconds = t.elapsed().as_secs_f64();
+    shared.read.record(read_seconds);
+    let mut out = Batch {
+        epoch,
+        index,
+        indices: Vec::with_capacity(chunk.len()),
+        samples: Vec::with_capacity(chunk.len()),
+        skipped: Vec::new(),
+        bytes: 0,
+        read_seconds,
+        decode_seconds: 0.0,
+    };
+    let bad = |out: &mut Batch, why: String| -> Result<()> {
+        shared.skipped.increment(1);
+        match shared.cfg.on_bad {
+            OnBadSample::Skip => {
+                out.skipped.push(why);
+                Ok(())
+            }
+            OnBadSample::Fail => Err(Error::new(ErrorKind::Corrupt, why)),
+        }
+    };
+    let mut raw = Vec::with_capacity(chunk.len());
+    for ((key, _, res, buf), &i) in batch.drain().zip(&chunk) {
+        let s = &samples[i as usize];
+        match (res, buf) {
+            (Ok(n), Some(buf)) if n as u64 == s.size => {
+                if shared.cfg.verify && s.crc32c.is_some_and(|c| c != checksum(buf.as_slice())) {
+                    bad(&mut out, format!("{key}: checksum mismatch"))?;
+                } else {
+                    out.bytes += n as u64;
+                    raw.push((i, buf));
+                }
+            }
+            (Ok(n), _) => bad(&mut out, format!("{key}: size mismatch, expected {} bytes, read {n}", s.size))?,
+            (Err(e), _) => bad(&mut out, format!("{key}: {e}"))?,
+        }
+    }
+    match (&shared.decoders, shared.cfg.decode) {
+        (Some(pool), Some(d)) => {
+            let t = Instant::now();
+            let jobs: Vec<_> = raw
+                .into_iter()
+                .map(|(i, buf)| (i, pool.run(move || decode_jpeg_resized(buf.as_slice(), d.size))))
+                .collect();
+            for (i, job) in jobs {
+                match job.await {
+                    Ok(pixels) => {
+                        out.indices.push(i);
+                        out.samples.push(SampleData::Decoded(pixels));
+                    }
+                    Err(e) => bad(&mut out, format!("{}: {e}", samples[i as usize].key))?,
+                }
+            }
+            out.decode_seconds = t.elapsed().as_secs_f64();
+            shared.decode.record(out.decode_seconds);
+        }
+        _ => {
+            for (i, buf) in raw {
+                out.indices.push(i);
+                out.samples.push(SampleData::Raw(buf));
+            }
+        }
+    }
+    Ok(out)
+}

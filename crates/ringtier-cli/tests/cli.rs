@@ -223,7 +223,7 @@ fn paper_writes_a_report_with_all_three_experiments() {
     for want in ["## 1. Read micro-benchmark", "## 2. AlexNet mini-app", "## 3. Burst buffer", "2.3x", "2.6x"] {
         assert!(report.contains(want), "report has {want:?}");
     }
-    for f in ["read.json", "read.svg", "train.json", "ckpt.json"] {
+    for f in ["read.json", "read.svg", "train-read.json", "train-decode.json", "ckpt.json"] {
         assert!(out.join(f).is_file(), "{f} written");
     }
     assert!(!dir.path().join("work/imagenet").exists(), "generated data removed");

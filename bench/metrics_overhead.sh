@@ -29,9 +29,10 @@ for i in $(seq 1 "$PAIRS"); do
   fi
   echo "pair $i/$PAIRS done"
 done
-python3 - "$tmp" "$PAIRS" "$OUT" "${BASE[*]}" <<'PY'
+FS=$(findmnt -n -o FSTYPE --target "$DIR" 2>/dev/null || echo unknown)
+python3 - "$tmp" "$PAIRS" "$OUT" "${BASE[*]}" "$FS" <<'PY'
 import json, os, platform, statistics, sys, datetime
-tmp, pairs, out, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+tmp, pairs, out, cmd, fs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 rows = []
 for i in range(1, pairs + 1):
     on = json.load(open(f"{tmp}/on-{i}.json"))["points"][0]["runs"][0]
@@ -45,9 +46,9 @@ summary = {k: mmm(k) for k in rows[0] if k != "pair"}
 rep = {"schema": "ringtier.bench.metrics-overhead/1",
        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
-       "command": cmd + "  [--metrics-addr 127.0.0.1:PORT for 'on']", "pairs": rows, "summary": summary}
+       "command": cmd + "  [--metrics-addr 127.0.0.1:PORT for 'on']", "filesystem": fs, "pairs": rows, "summary": summary}
 json.dump(rep, open(out + ".json", "w"), indent=2)
-md = [f"# Metrics overhead on `bench read` ({rep['date']})", "", f"Command: `{rep['command']}`; cold passes on ext4, pairs interleaved, separate processes.", "",
+md = [f"# Metrics overhead on `bench read` ({rep['date']})", "", f"Command: `{rep['command']}`; dataset on {fs}, passes cold (evicted) where the filesystem allows, pairs interleaved, separate processes.", "",
       "| | min | median | max |", "|---|---|---|---|"]
 for k in summary:
     md.append(f"| {k} | {summary[k]['min']:.3f} | {summary[k]['median']:.3f} | {summary[k]['max']:.3f} |")

@@ -7,5 +7,5 @@ mod sampler;
 
 pub use dataset::{Dataset, Sample};
 pub use decode::{decode_jpeg_resized, DecodeConfig};
-pub use loader::{Batch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
+pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
 pub use sampler::Sampler;

@@ -305,6 +305,34 @@ impl Epoch {
     pub fn stats(&self) -> EpochStats {
         self.stats
     }
+
+    /// The epoch as a blocking iterator, for synchronous training loops (call it from a
+    /// thread that is not running async code; `rt` runs the reads).
+    pub fn into_iter_blocking(self, rt: tokio::runtime::Handle) -> BlockingEpoch {
+        BlockingEpoch { epoch: self, rt }
+    }
+}
+
+/// An [`Epoch`] as an [`Iterator`] of batches.
+#[derive(Debug)]
+pub struct BlockingEpoch {
+    epoch: Epoch,
+    rt: tokio::runtime::Handle,
+}
+
+impl BlockingEpoch {
+    /// Totals so far.
+    pub fn stats(&self) -> EpochStats {
+        self.epoch.stats()
+    }
+}
+
+impl Iterator for BlockingEpoch {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rt.block_on(self.epoch.next())
+    }
 }
 
 async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Result<Batch> {

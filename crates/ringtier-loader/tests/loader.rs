@@ -161,3 +161,21 @@ async fn bad_settings_are_clear_errors() {
     let loader = Loader::new(ds, LoaderConfig { batch_size: 8, ..LoaderConfig::default() }).expect("loader");
     assert_eq!(epoch_indices(&loader, 0, 0).await.len(), 5);
 }
+
+#[test]
+fn a_synchronous_loop_iterates_an_epoch() {
+    let dir = dataset_dir(20);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let loader = rt.block_on(async {
+        Loader::new(dataset(dir.path()).await, LoaderConfig { batch_size: 6, ..LoaderConfig::default() })
+            .expect("loader")
+    });
+    let epoch = {
+        let _guard = rt.enter();
+        loader.epoch(0, 0).expect("epoch")
+    };
+    let mut it = epoch.into_iter_blocking(rt.handle().clone());
+    let sizes: Vec<usize> = it.by_ref().map(|b| b.expect("batch").samples.len()).collect();
+    assert_eq!(sizes, [6, 6, 6, 2]);
+    assert_eq!(it.stats().samples, 20);
+}

@@ -381,6 +381,29 @@ struct IoArgs {
 }
 
 impl IoArgs {
+    /// A read sweep over these settings.
+    fn read_bench(
+        &self,
+        engines: Vec<Engine>,
+        threads: Vec<usize>,
+        depths: Vec<usize>,
+        seed: u64,
+    ) -> readbench::ReadBenchConfig {
+        readbench::ReadBenchConfig {
+            engines,
+            threads,
+            depths,
+            rings: self.rings.clone(),
+            repeats: self.repeats,
+            warm: self.warm,
+            drop_caches: self.drop_caches,
+            knobs: self.knobs(),
+            json: self.json.clone(),
+            plot: self.plot.clone(),
+            seed,
+        }
+    }
+
     fn knobs(&self) -> Knobs {
         Knobs {
             read_size: self.read_size as usize,
@@ -616,19 +639,8 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Bench(BenchCommand::Read(a)) => {
             let ds = Dataset::open(&a.dir)?;
-            let cfg = readbench::ReadBenchConfig {
-                engines: a.engines,
-                threads: a.threads.unwrap_or_else(|| a.concurrency.clone()),
-                depths: a.depths.unwrap_or(a.concurrency),
-                rings: a.io.rings.clone(),
-                repeats: a.io.repeats,
-                warm: a.io.warm,
-                drop_caches: a.io.drop_caches,
-                knobs: a.io.knobs(),
-                json: a.io.json.clone(),
-                plot: a.io.plot.clone(),
-                seed: a.seed,
-            };
+            let threads = a.threads.unwrap_or_else(|| a.concurrency.clone());
+            let cfg = a.io.read_bench(a.engines, threads, a.depths.unwrap_or(a.concurrency), a.seed);
             readbench::run(&cfg, &ds)?;
             Ok(())
         }
@@ -778,19 +790,7 @@ fn demo(a: DemoArgs) -> Result<()> {
         root.display()
     );
     let ds = dataset::generate(&root, &spec, true, std::io::stderr().is_terminal())?;
-    let cfg = readbench::ReadBenchConfig {
-        engines: Engine::ALL.to_vec(),
-        threads: vec![a.threads],
-        depths: vec![a.depth],
-        rings: a.io.rings.clone(),
-        repeats: a.io.repeats,
-        warm: a.io.warm,
-        drop_caches: a.io.drop_caches,
-        knobs: a.io.knobs(),
-        json: a.io.json.clone(),
-        plot: a.io.plot.clone(),
-        seed: 1000,
-    };
+    let cfg = a.io.read_bench(Engine::ALL.to_vec(), vec![a.threads], vec![a.depth], 1000);
     let result = readbench::run(&cfg, &ds);
     if a.dir.is_some() {
         for f in &ds.manifest.entries {

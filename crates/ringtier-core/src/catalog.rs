@@ -28,8 +28,10 @@ pub const FAULTS_INJECTED_TOTAL: &str = "ringtier_faults_injected_total";
 pub const DIRECT_IO_FALLBACKS_TOTAL: &str = "ringtier_direct_io_fallbacks_total";
 /// Requests in flight on io_uring rings.
 pub const URING_IN_FLIGHT: &str = "ringtier_uring_in_flight";
-/// Submission queue entries per `io_uring_enter`.
-pub const URING_SUBMIT_BATCH: &str = "ringtier_uring_submit_batch_entries";
+/// `io_uring_enter` calls that submitted work.
+pub const URING_SUBMITS_TOTAL: &str = "ringtier_uring_submits_total";
+/// Submission queue entries handed to the kernel (over submits: the mean submission batch).
+pub const URING_SQES_TOTAL: &str = "ringtier_uring_submitted_entries_total";
 /// Buffers of buffer pools handed out.
 pub const BUFFER_POOL_IN_USE: &str = "ringtier_buffer_pool_in_use_buffers";
 /// Bytes of buffer pools allocated.
@@ -110,9 +112,15 @@ pub const CATALOG: &[MetricDef] = &[
         labels: &["tier"],
     },
     MetricDef {
-        name: URING_SUBMIT_BATCH,
-        kind: "histogram",
-        help: "Submission queue entries handed to the kernel per io_uring_enter.",
+        name: URING_SUBMITS_TOTAL,
+        kind: "counter",
+        help: "io_uring_enter calls that submitted work.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: URING_SQES_TOTAL,
+        kind: "counter",
+        help: "Submission queue entries handed to the kernel; over submits, the mean submission batch size.",
         labels: &["tier"],
     },
     MetricDef {

@@ -14,9 +14,6 @@ pub const LATENCY_BUCKETS: [f64; 19] = [
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Buckets for the submission batch size histogram (entries per `io_uring_enter`).
-pub const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
-
 /// Where and how to serve `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExporterConfig {
@@ -68,7 +65,6 @@ fn setup_err(msg: String) -> Error {
 pub fn builder() -> Result<PrometheusBuilder> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(catalog::URING_SUBMIT_BATCH.into()), &BATCH_BUCKETS))
         .map_err(|e| setup_err(format!("metric buckets: {e}")))
 }
 

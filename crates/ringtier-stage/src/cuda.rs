@@ -1,0 +1,101 @@
+//! The CUDA path (feature `cuda`): host registration, a stream, async copies and events.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::AlignedBuf;
+
+use crate::Staged;
+
+fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::new(ErrorKind::Io, format!("CUDA {what} failed: {e:?}")).with_operation(Operation::Setup)
+}
+
+/// Checks that the driver library is present (before any context is created: creating one
+/// without it panics inside cudarc).
+fn check_driver() -> Result<()> {
+    // SAFETY: only probes for the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::new(ErrorKind::Unsupported, "no CUDA driver (libcuda) on this machine")
+            .with_operation(Operation::Setup));
+    }
+    Ok(())
+}
+
+/// An open device: its context and a copy stream.
+pub(crate) struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl Device {
+    pub(crate) fn open(device: usize) -> Result<Self> {
+        check_driver()?;
+        let n = CudaContext::device_count().map_err(|e| cuda_err("device count", e))?;
+        if device >= n.max(0) as usize {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("CUDA device {device} does not exist ({n} device(s))"),
+            ));
+        }
+        let ctx = CudaContext::new(device).map_err(|e| cuda_err("context creation", e))?;
+        let stream = ctx.new_stream().map_err(|e| cuda_err("stream creation", e))?;
+        Ok(Device { ctx, stream })
+    }
+
+    /// Launches one async host-to-device copy per buffer and records an event.
+    pub(crate) fn copy(&self, bufs: Vec<AlignedBuf>) -> Result<InFlight> {
+        let mut dst = Vec::with_capacity(bufs.len());
+        for b in &bufs {
+            // SAFETY: the device memory is written by the copy before anyone reads it.
+            let mut d: CudaSlice<u8> =
+                unsafe { self.stream.alloc::<u8>(b.len().max(1)) }.map_err(|e| cuda_err("allocation", e))?;
+            {
+                let (ptr, _record) = d.device_ptr_mut(&self.stream);
+                // SAFETY: the source is registered page-locked memory that stays alive (in
+                // `InFlight::bufs`) until the event recorded below has completed.
+                unsafe { result::memcpy_htod_async(ptr, b.as_slice(), self.stream.cu_stream()) }
+                    .map_err(|e| cuda_err("copy", e))?;
+            }
+            dst.push(d);
+        }
+        let event = self.stream.record_event(None).map_err(|e| cuda_err("event", e))?;
+        let _ = &self.ctx;
+        Ok(InFlight { bufs, dst, event })
+    }
+}
+
+/// A batch's copies in flight: the pinned buffers are held until the event completes.
+pub(crate) struct InFlight {
+    bufs: Vec<AlignedBuf>,
+    dst: Vec<CudaSlice<u8>>,
+    event: CudaEvent,
+}
+
+impl InFlight {
+    pub(crate) async fn wait(self) -> Result<Vec<Staged>> {
+        while !self.event.is_complete() {
+            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
+        }
+        drop(self.bufs);
+        Ok(self.dst.into_iter().map(Staged::Device).collect())
+    }
+}
+
+/// Registers `len` bytes at `ptr` with the driver (portable, not write-combined).
+pub(crate) fn register(device: usize, ptr: NonNull<u8>, len: usize) -> Result<()> {
+    let dev = Device::open(device)?;
+    dev.ctx.bind_to_thread().map_err(|e| cuda_err("context binding", e))?;
+    // SAFETY: ptr..ptr+len is our own live allocation; unregistered before it is freed.
+    unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+        .result()
+        .map_err(|e| cuda_err("host registration", e))
+}
+
+/// Unregisters memory registered by [`register`].
+pub(crate) fn unregister(ptr: NonNull<u8>) {
+    // SAFETY: ptr was registered by `register` and is still allocated.
+    let _ = unsafe { sys::cuMemHostUnregister(ptr.as_ptr().cast()) };
+}

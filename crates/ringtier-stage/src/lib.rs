@@ -1,0 +1,307 @@
+#![doc = include_str!("../README.md")]
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ringtier_core::blocking::BlockingPool;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::{AlignedBuf, BufferPool, ReadBatch, Tier};
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+/// Where staged batches end up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Host memory (the CPU path; also what a machine without a GPU stages into).
+    Host,
+    /// A CUDA device by index (feature `cuda`).
+    Cuda(usize),
+}
+
+/// How the slab of a [`PinnedPool`] is pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pinning {
+    /// `mlock`ed page-locked host memory.
+    Mlock,
+    /// Registered with the CUDA driver (page-locked, DMA-able).
+    CudaRegistered,
+    /// Not locked: `mlock` was refused (RLIMIT_MEMLOCK too small); a warning was logged.
+    Unlocked,
+}
+
+/// A buffer pool over one page-locked slab.
+#[derive(Debug, Clone)]
+pub struct PinnedPool {
+    pool: BufferPool,
+    pinning: Pinning,
+}
+
+struct Slab {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the slab is plain memory owned by the pool's release closure.
+unsafe impl Send for Slab {}
+// SAFETY: as above; it is never accessed through this handle.
+unsafe impl Sync for Slab {}
+
+impl PinnedPool {
+    /// `count` buffers of `buf_size` bytes (rounded up to 4096), pinned for `target`.
+    pub fn new(buf_size: usize, count: usize, target: Target) -> Result<Self> {
+        if buf_size == 0 || count == 0 {
+            return Err(Error::new(ErrorKind::InvalidInput, "a pinned pool needs buf_size > 0 and count > 0"));
+        }
+        let buf_size = buf_size.next_multiple_of(4096);
+        let len = buf_size
+            .checked_mul(count)
+            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pinned pool size overflows"))?;
+        let layout = Layout::from_size_align(len, 2 << 20)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad pinned pool layout: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {len} bytes")))?;
+        for off in (0..len).step_by(4096) {
+            // SAFETY: inside the allocation; writes the zero it already holds (first touch now).
+            unsafe { ptr.as_ptr().add(off).write_volatile(0) };
+        }
+        let slab = Slab { ptr, layout };
+        let pinning = match target {
+            Target::Host => {
+                // SAFETY: mlock of our own allocation.
+                if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } == 0 {
+                    Pinning::Mlock
+                } else {
+                    let e = std::io::Error::last_os_error();
+                    tracing::warn!(
+                        "could not mlock {len} bytes of staging buffers ({e}); RLIMIT_MEMLOCK is probably too small. \
+                         Staging from unlocked memory."
+                    );
+                    Pinning::Unlocked
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Target::Cuda(device) => {
+                if let Err(e) = cuda::register(device, ptr, len) {
+                    // SAFETY: allocated above with this layout, not shared yet.
+                    unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                    return Err(e);
+                }
+                Pinning::CudaRegistered
+            }
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => {
+                // SAFETY: allocated above with this layout, not shared yet.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                return Err(no_cuda_feature());
+            }
+        };
+        let release = move || {
+            let slab = slab; // the whole struct (Send), not its fields
+            let Slab { ptr, layout } = slab;
+            match pinning {
+                // SAFETY: unlock and free our own allocation once, when the pool and every
+                // buffer taken from it are gone.
+                Pinning::Mlock => unsafe {
+                    libc::munlock(ptr.as_ptr().cast(), layout.size());
+                },
+                #[cfg(feature = "cuda")]
+                Pinning::CudaRegistered => cuda::unregister(ptr),
+                _ => {}
+            }
+            // SAFETY: as above.
+            unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+        };
+        // SAFETY: the slab is `len` initialised bytes, used only through the pool, released
+        // by `release`; 4096 divides both base (2 MiB aligned) and buf_size.
+        let pool = unsafe { BufferPool::from_raw_slab(ptr, buf_size, count, 4096, release)? };
+        Ok(PinnedPool { pool, pinning })
+    }
+
+    /// The pool (give it to the io_uring tier to have it registered as fixed buffers).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// How the slab is pinned.
+    pub fn pinning(&self) -> Pinning {
+        self.pinning
+    }
+
+    /// True when the slab is page-locked.
+    pub fn is_locked(&self) -> bool {
+        self.pinning != Pinning::Unlocked
+    }
+}
+
+fn no_cuda_feature() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "staging to a CUDA device needs ringtier built with the `cuda` feature; use the host target",
+    )
+    .with_operation(Operation::Setup)
+}
+
+/// One staged sample: on the device (feature `cuda`) or in host memory.
+#[derive(Debug)]
+pub enum Staged {
+    /// Host memory (the CPU path).
+    Host(Vec<u8>),
+    /// Device memory.
+    #[cfg(feature = "cuda")]
+    Device(cudarc::driver::CudaSlice<u8>),
+}
+
+impl Staged {
+    /// Bytes staged.
+    pub fn len(&self) -> usize {
+        match self {
+            Staged::Host(v) => v.len(),
+            #[cfg(feature = "cuda")]
+            Staged::Device(d) => d.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A batch whose copies to the target may still be running.
+pub struct StagedBatch {
+    inner: Pending,
+    bytes: u64,
+    read_seconds: f64,
+}
+
+impl std::fmt::Debug for StagedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedBatch").field("bytes", &self.bytes).finish()
+    }
+}
+
+enum Pending {
+    Host(std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Vec<u8>>>> + Send>>),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::InFlight),
+}
+
+impl StagedBatch {
+    /// Bytes in the batch.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Seconds the read into pinned buffers took.
+    pub fn read_seconds(&self) -> f64 {
+        self.read_seconds
+    }
+
+    /// Waits for the copies; the batch's pinned buffers return to the pool.
+    pub async fn wait(self) -> Result<Vec<Staged>> {
+        match self.inner {
+            Pending::Host(f) => Ok(f.await?.into_iter().map(Staged::Host).collect()),
+            #[cfg(feature = "cuda")]
+            Pending::Cuda(inflight) => inflight.wait().await,
+        }
+    }
+}
+
+/// Reads batches into pinned buffers and copies them to the target, overlapping the copy of
+/// one batch with the read of the next.
+pub struct Stager {
+    tier: Arc<dyn Tier>,
+    pool: PinnedPool,
+    target: Target,
+    copier: BlockingPool,
+    #[cfg(feature = "cuda")]
+    device: Option<cuda::Device>,
+}
+
+impl std::fmt::Debug for Stager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stager").field("target", &self.target).field("pool", &self.pool).finish()
+    }
+}
+
+impl Stager {
+    /// A stager reading from `tier` into `pool`, staging to `target`.
+    pub fn new(tier: Arc<dyn Tier>, pool: PinnedPool, target: Target) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        let device = match target {
+            Target::Cuda(d) => Some(cuda::Device::open(d)?),
+            Target::Host => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        if let Target::Cuda(_) = target {
+            return Err(no_cuda_feature());
+        }
+        let copier = BlockingPool::new("ringtier-stage-copy", 1)?;
+        Ok(Stager {
+            tier,
+            pool,
+            target,
+            copier,
+            #[cfg(feature = "cuda")]
+            device,
+        })
+    }
+
+    /// Reads `requests` (key, bytes) into pinned buffers and launches their copies to the
+    /// target; returns without waiting for the copies. A batch needs one pinned buffer per
+    /// request, each at least as large as its request.
+    pub async fn stage(&self, requests: &[(String, usize)]) -> Result<StagedBatch> {
+        let pool = self.pool.pool();
+        if requests.len() > pool.count() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "a batch of {} requests is larger than the pinned pool ({} buffers)",
+                    requests.len(),
+                    pool.count()
+                ),
+            ));
+        }
+        if let Some((k, n)) = requests.iter().find(|(_, n)| *n > pool.buf_size()) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("{k}: {n} bytes do not fit a pinned buffer of {} bytes", pool.buf_size()),
+            ));
+        }
+        let mut batch = ReadBatch::with_capacity(requests.len(), requests.len() * 32);
+        for (key, len) in requests {
+            batch.push(key, 0, *len, pool.acquire().await);
+        }
+        let t = Instant::now();
+        let mut batch = self.tier.read_batch(batch).await;
+        let read_seconds = t.elapsed().as_secs_f64();
+        let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(requests.len());
+        let mut bytes = 0;
+        for (key, _, res, buf) in batch.drain() {
+            let n = res.map_err(|e| e.with_key(key))?;
+            bytes += n as u64;
+            bufs.push(buf.ok_or_else(|| Error::new(ErrorKind::Shutdown, "buffer lost").with_key(key))?);
+        }
+        let inner = match self.target {
+            Target::Host => {
+                // The CPU path: a copy thread stands in for the DMA engine; the pinned buffers
+                // are dropped (recycled) only after their copy.
+                let fut = self.copier.run(move || Ok(bufs.iter().map(|b| b.as_slice().to_vec()).collect()));
+                Pending::Host(Box::pin(fut))
+            }
+            #[cfg(feature = "cuda")]
+            Target::Cuda(_) => match &self.device {
+                Some(d) => Pending::Cuda(d.copy(bufs)?),
+                None => return Err(no_cuda_feature()),
+            },
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => return Err(no_cuda_feature()),
+        };
+        Ok(StagedBatch { inner, bytes, read_seconds })
+    }
+}

@@ -185,8 +185,11 @@ impl std::fmt::Debug for StagedBatch {
     }
 }
 
+/// A host copy running on the copy thread.
+type HostCopy = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Vec<u8>>>> + Send>>;
+
 enum Pending {
-    Host(std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Vec<u8>>>> + Send>>),
+    Host(HostCopy),
     #[cfg(feature = "cuda")]
     Cuda(cuda::InFlight),
 }

@@ -8,6 +8,7 @@ mod paper;
 mod passes;
 mod randread;
 mod readbench;
+mod stagebench;
 mod stats;
 mod train;
 
@@ -86,6 +87,31 @@ enum BenchCommand {
     Ckpt(BenchCkptArgs),
     /// The AlexNet mini-app: loader batches, emulated compute, checkpoints; prefetch on and off.
     Train(TrainArgs),
+    /// Storage to accelerator (or pinned host memory) through pinned buffers, against raw reads,
+    /// pageable buffers plus copy, and pinned buffers without overlap.
+    Stage(StageArgs),
+}
+
+#[derive(Args, Debug)]
+struct StageArgs {
+    /// The dataset directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// host, cuda or cuda:N (cuda needs the `cuda` feature and a driver).
+    #[arg(long, default_value = "host", value_parser = stagebench::parse_target)]
+    target: ringtier_stage::Target,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Batches in flight (2 = double buffering).
+    #[arg(long, default_value_t = 2)]
+    depth: usize,
+    /// Repeats (interleaved).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -591,6 +617,17 @@ fn run(command: Command) -> Result<()> {
                 json: a.json,
             };
             train::run(&cfg).map(|_| ())
+        }
+        Command::Bench(BenchCommand::Stage(a)) => {
+            let cfg = stagebench::StageBenchConfig {
+                dir: a.dir,
+                target: a.target,
+                batch: a.batch,
+                depth: a.depth,
+                repeats: a.repeats,
+                json: a.json,
+            };
+            stagebench::run(&cfg).map(|_| ())
         }
         Command::Bench(BenchCommand::Ckpt(a)) => {
             let tmp;

@@ -67,6 +67,19 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Copies synchronously from (pageable) buffers: the baseline without pinning or overlap.
+    pub(crate) fn copy_sync(&self, bufs: &[AlignedBuf]) -> Result<()> {
+        for b in bufs {
+            // SAFETY: written by the copy before any read.
+            let mut d: CudaSlice<u8> =
+                unsafe { self.stream.alloc::<u8>(b.len().max(1)) }.map_err(|e| cuda_err("allocation", e))?;
+            self.stream.memcpy_htod(b.as_slice(), &mut d).map_err(|e| cuda_err("copy", e))?;
+        }
+        self.stream.synchronize().map_err(|e| cuda_err("synchronize", e))
+    }
+}
+
 /// A batch's copies in flight: the pinned buffers are held until the event completes.
 pub(crate) struct InFlight {
     bufs: Vec<AlignedBuf>,

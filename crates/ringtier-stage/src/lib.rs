@@ -255,11 +255,8 @@ impl Stager {
         })
     }
 
-    /// Reads `requests` (key, bytes) into pinned buffers and launches their copies to the
-    /// target; returns without waiting for the copies. A batch needs one pinned buffer per
-    /// request, each at least as large as its request.
-    pub async fn stage(&self, requests: &[(String, usize)]) -> Result<StagedBatch> {
-        let pool = self.pool.pool();
+    /// Reads `requests` into buffers of `pool`.
+    async fn read_into(&self, pool: &BufferPool, requests: &[(String, usize)]) -> Result<(Vec<AlignedBuf>, u64, f64)> {
         if requests.len() > pool.count() {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -290,6 +287,14 @@ impl Stager {
             bytes += n as u64;
             bufs.push(buf.ok_or_else(|| Error::new(ErrorKind::Shutdown, "buffer lost").with_key(key))?);
         }
+        Ok((bufs, bytes, read_seconds))
+    }
+
+    /// Reads `requests` (key, bytes) into pinned buffers and launches their copies to the
+    /// target; returns without waiting for the copies. A batch needs one pinned buffer per
+    /// request, each at least as large as its request.
+    pub async fn stage(&self, requests: &[(String, usize)]) -> Result<StagedBatch> {
+        let (bufs, bytes, read_seconds) = self.read_into(self.pool.pool(), requests).await?;
         let inner = match self.target {
             Target::Host => {
                 // The CPU path: a copy thread stands in for the DMA engine; the pinned buffers
@@ -306,5 +311,31 @@ impl Stager {
             Target::Cuda(_) => return Err(no_cuda_feature()),
         };
         Ok(StagedBatch { inner, bytes, read_seconds })
+    }
+
+    /// Baseline: reads into the pinned buffers and stops there (the raw read the staging
+    /// overhead is measured against). Returns the bytes read.
+    pub async fn read_only(&self, requests: &[(String, usize)]) -> Result<u64> {
+        Ok(self.read_into(self.pool.pool(), requests).await?.1)
+    }
+
+    /// Baseline: reads into `pageable` (ordinary, unpinned buffers) and copies to the target
+    /// synchronously, with no overlap. Returns the bytes staged.
+    pub async fn stage_pageable(&self, requests: &[(String, usize)], pageable: &BufferPool) -> Result<u64> {
+        let (bufs, bytes, _) = self.read_into(pageable, requests).await?;
+        match self.target {
+            Target::Host => {
+                let copies: Vec<Vec<u8>> = bufs.iter().map(|b| b.as_slice().to_vec()).collect();
+                drop(copies);
+            }
+            #[cfg(feature = "cuda")]
+            Target::Cuda(_) => match &self.device {
+                Some(d) => d.copy_sync(&bufs)?,
+                None => return Err(no_cuda_feature()),
+            },
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => return Err(no_cuda_feature()),
+        }
+        Ok(bytes)
     }
 }

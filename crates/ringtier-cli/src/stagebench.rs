@@ -1,0 +1,167 @@
+//! `ringtier bench stage`: bytes per second from storage to the accelerator (or to host memory
+//! on the CPU path) through pinned buffers with reads and copies overlapped, against raw reads
+//! and two baselines measured in the same run: pageable buffers plus a copy, and pinned
+//! buffers without overlap.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use ringtier_core::{BufferPool, PoolConfig, Tier};
+use ringtier_stage::{PinnedPool, Stager, Target};
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+
+use crate::dataset::Dataset;
+use crate::stats::{evict, Machine, Rng, Summary};
+
+/// Parses `host`, `cuda` or `cuda:N`.
+pub(crate) fn parse_target(s: &str) -> std::result::Result<Target, String> {
+    match s {
+        "host" | "cpu" => Ok(Target::Host),
+        "cuda" => Ok(Target::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Target::Cuda)
+            .ok_or_else(|| format!("unknown target {s:?} (host, cuda or cuda:N)")),
+    }
+}
+
+/// Settings of the staging benchmark.
+#[derive(Debug, Clone)]
+pub(crate) struct StageBenchConfig {
+    pub dir: PathBuf,
+    pub target: Target,
+    pub batch: usize,
+    pub depth: usize,
+    pub repeats: usize,
+    pub json: Option<PathBuf>,
+}
+
+const MODES: [&str; 4] = ["raw-read", "pipelined", "pinned-no-overlap", "pageable-copy"];
+
+/// Runs the benchmark; prints a table; returns JSON.
+pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
+    if cfg.batch == 0 || cfg.depth == 0 || cfg.repeats == 0 {
+        bail!("--batch, --depth and --repeats must be at least 1");
+    }
+    let ds = Dataset::open(&cfg.dir)?;
+    let buf = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
+    let pinned = PinnedPool::new(buf, cfg.depth * cfg.batch, cfg.target)?;
+    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let tier: Arc<dyn Tier> = Arc::new(UringTier::with_options(&ds.root, UringConfig::default(), options)?);
+    let stager = Stager::new(tier, pinned.clone(), cfg.target)?;
+    let pageable = BufferPool::new(PoolConfig { buf_size: buf, count: cfg.batch, align: 4096 })?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    eprintln!(
+        "staging {} files ({:.0} MB) to {:?}: batches of {}, {} in flight, pinned buffers {:?}",
+        ds.len(),
+        ds.total_bytes() as f64 / 1e6,
+        cfg.target,
+        cfg.batch,
+        cfg.depth,
+        pinned.pinning()
+    );
+    let mut mb: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    for r in 0..cfg.repeats {
+        let mut order: Vec<usize> = (0..ds.len()).collect();
+        Rng::new(r as u64).shuffle(&mut order);
+        let batches: Vec<Vec<(String, usize)>> = order
+            .chunks(cfg.batch)
+            .map(|c| {
+                c.iter().map(|&i| (ds.manifest.entries[i].key.clone(), ds.manifest.entries[i].size as usize)).collect()
+            })
+            .collect();
+        for (m, mode) in MODES.iter().enumerate() {
+            for e in &ds.manifest.entries {
+                evict(&ds.root.join(&e.key)).with_context(|| format!("evicting {}", e.key))?;
+            }
+            let t = Instant::now();
+            let bytes: u64 = rt.block_on(async {
+                let mut bytes = 0u64;
+                match *mode {
+                    "raw-read" => {
+                        for b in &batches {
+                            bytes += stager.read_only(b).await?;
+                        }
+                    }
+                    "pipelined" => {
+                        let mut in_flight = VecDeque::new();
+                        for b in &batches {
+                            if in_flight.len() == cfg.depth {
+                                let done: ringtier_stage::StagedBatch = in_flight.pop_front().context("in flight")?;
+                                bytes += done.bytes();
+                                done.wait().await?;
+                            }
+                            in_flight.push_back(stager.stage(b).await?);
+                        }
+                        for done in in_flight {
+                            bytes += done.bytes();
+                            done.wait().await?;
+                        }
+                    }
+                    "pinned-no-overlap" => {
+                        for b in &batches {
+                            let s = stager.stage(b).await?;
+                            bytes += s.bytes();
+                            s.wait().await?;
+                        }
+                    }
+                    _ => {
+                        for b in &batches {
+                            bytes += stager.stage_pageable(b, &pageable).await?;
+                        }
+                    }
+                }
+                Ok::<u64, anyhow::Error>(bytes)
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            if bytes != ds.total_bytes() {
+                bail!("{mode}: staged {bytes} bytes of {}", ds.total_bytes());
+            }
+            mb[m].push(bytes as f64 / secs / 1e6);
+            eprintln!("  repeat {}/{}: {mode:<18} {:>8.1} MB/s", r + 1, cfg.repeats, bytes as f64 / secs / 1e6);
+        }
+    }
+    let ratio = |a: usize, b: usize| Summary::of(&mb[a].iter().zip(&mb[b]).map(|(x, y)| x / y).collect::<Vec<_>>());
+    println!();
+    println!(
+        "{} files, {:.0} MB, to {:?}; batches of {}; {} repeats, cold; min/median/max MB/s",
+        ds.len(),
+        ds.total_bytes() as f64 / 1e6,
+        cfg.target,
+        cfg.batch,
+        cfg.repeats
+    );
+    for (m, mode) in MODES.iter().enumerate() {
+        let s = Summary::of(&mb[m]);
+        println!("{mode:<18} {:>8.1} {:>8.1} {:>8.1}", s.min, s.median, s.max);
+    }
+    let (over_raw, over_pageable, over_serial) = (ratio(1, 0), ratio(1, 3), ratio(1, 2));
+    println!(
+        "pipelined / raw read {:.3} (staging overhead {:.1}%), / pageable + copy {:.2}x, / pinned without overlap {:.2}x",
+        over_raw.median,
+        (1.0 - over_raw.median) * 100.0,
+        over_pageable.median,
+        over_serial.median
+    );
+    let report = serde_json::json!({
+        "schema": "ringtier.bench.stage/1",
+        "machine": Machine::probe(),
+        "target": format!("{:?}", cfg.target),
+        "pinning": format!("{:?}", pinned.pinning()),
+        "dataset": {"files": ds.len(), "bytes": ds.total_bytes(), "path": ds.root.display().to_string()},
+        "batch": cfg.batch, "depth": cfg.depth, "repeats": cfg.repeats,
+        "mb_per_sec": MODES.iter().enumerate().map(|(m, mode)| (mode.to_string(), serde_json::json!({"runs": mb[m], "summary": Summary::of(&mb[m])}))).collect::<serde_json::Map<_, _>>(),
+        "pipelined_over_raw_read": over_raw,
+        "pipelined_over_pageable_copy": over_pageable,
+        "pipelined_over_pinned_no_overlap": over_serial,
+    });
+    if let Some(p) = &cfg.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(report)
+}

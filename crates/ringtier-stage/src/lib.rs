@@ -146,11 +146,39 @@ fn no_cuda_feature() -> Error {
     .with_operation(Operation::Setup)
 }
 
+/// Host destination buffers, reused across batches (as device memory would be): a fresh
+/// allocation per sample would pay first-touch page faults on every copy.
+type HostFree = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
+/// A staged sample in host memory; its buffer returns to the stager's free list on drop.
+#[derive(Debug)]
+pub struct HostBuf {
+    data: Vec<u8>,
+    free: HostFree,
+}
+
+impl HostBuf {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < 4096 {
+            free.push(data);
+        }
+    }
+}
+
 /// One staged sample: on the device (feature `cuda`) or in host memory.
 #[derive(Debug)]
 pub enum Staged {
     /// Host memory (the CPU path).
-    Host(Vec<u8>),
+    Host(HostBuf),
     /// Device memory.
     #[cfg(feature = "cuda")]
     Device(cudarc::driver::CudaSlice<u8>),
@@ -160,7 +188,7 @@ impl Staged {
     /// Bytes staged.
     pub fn len(&self) -> usize {
         match self {
-            Staged::Host(v) => v.len(),
+            Staged::Host(v) => v.data.len(),
             #[cfg(feature = "cuda")]
             Staged::Device(d) => d.len(),
         }
@@ -186,7 +214,7 @@ impl std::fmt::Debug for StagedBatch {
 }
 
 /// A host copy running on the copy thread.
-type HostCopy = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Vec<u8>>>> + Send>>;
+type HostCopy = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<HostBuf>>> + Send>>;
 
 enum Pending {
     Host(HostCopy),
@@ -222,6 +250,7 @@ pub struct Stager {
     pool: PinnedPool,
     target: Target,
     copier: BlockingPool,
+    host_free: HostFree,
     #[cfg(feature = "cuda")]
     device: Option<cuda::Device>,
 }
@@ -250,6 +279,7 @@ impl Stager {
             pool,
             target,
             copier,
+            host_free: HostFree::default(),
             #[cfg(feature = "cuda")]
             device,
         })
@@ -299,7 +329,20 @@ impl Stager {
             Target::Host => {
                 // The CPU path: a copy thread stands in for the DMA engine; the pinned buffers
                 // are dropped (recycled) only after their copy.
-                let fut = self.copier.run(move || Ok(bufs.iter().map(|b| b.as_slice().to_vec()).collect()));
+                let free = Arc::clone(&self.host_free);
+                let fut = self.copier.run(move || {
+                    let out = bufs
+                        .iter()
+                        .map(|b| {
+                            let mut data = free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+                            data.clear();
+                            data.extend_from_slice(b.as_slice());
+                            HostBuf { data, free: Arc::clone(&free) }
+                        })
+                        .collect();
+                    drop(bufs);
+                    Ok(out)
+                });
                 Pending::Host(Box::pin(fut))
             }
             #[cfg(feature = "cuda")]
@@ -325,7 +368,17 @@ impl Stager {
         let (bufs, bytes, _) = self.read_into(pageable, requests).await?;
         match self.target {
             Target::Host => {
-                let copies: Vec<Vec<u8>> = bufs.iter().map(|b| b.as_slice().to_vec()).collect();
+                // Into the same reused destination buffers as the pipelined path.
+                let copies: Vec<HostBuf> = bufs
+                    .iter()
+                    .map(|b| {
+                        let mut data =
+                            self.host_free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+                        data.clear();
+                        data.extend_from_slice(b.as_slice());
+                        HostBuf { data, free: Arc::clone(&self.host_free) }
+                    })
+                    .collect();
                 drop(copies);
             }
             #[cfg(feature = "cuda")]

@@ -39,7 +39,7 @@ async fn batches_stage_into_host_memory_through_a_registered_pinned_pool() {
         staged_a.iter().chain(b.wait().await.expect("b").iter()).chain(c.wait().await.expect("c").iter()).enumerate()
     {
         match s {
-            Staged::Host(v) => assert_eq!(v, &data[i].1, "sample {i}"),
+            Staged::Host(v) => assert_eq!(v.as_slice(), data[i].1.as_slice(), "sample {i}"),
             #[allow(unreachable_patterns)]
             _ => panic!("host target"),
         }

@@ -228,3 +228,29 @@ fn paper_writes_a_report_with_all_three_experiments() {
     }
     assert!(!dir.path().join("work/imagenet").exists(), "generated data removed");
 }
+
+#[test]
+fn bench_stage_stages_to_host_memory_and_refuses_cuda_without_the_feature() {
+    let dir = tempfile::Builder::new().prefix("cli-stage").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let ds = dir.path().join("ds");
+    gen(&ds, "100");
+    let json = dir.path().join("s.json");
+    let out = ringtier()
+        .args(["bench", "stage", "--batch", "16", "--repeats", "1", "--dir"])
+        .arg(&ds)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(v["schema"], "ringtier.bench.stage/1");
+    assert_eq!(v["pinning"], "Mlock");
+    for mode in ["raw-read", "pipelined", "pinned-no-overlap", "pageable-copy"] {
+        assert!(v["mb_per_sec"][mode]["summary"]["median"].as_f64().expect("median") > 0.0, "{mode}");
+    }
+    let out = ringtier().args(["bench", "stage", "--target", "cuda:0", "--dir"]).arg(&ds).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
+}

@@ -125,6 +125,14 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
             eprintln!("  repeat {}/{}: {mode:<18} {:>8.1} MB/s", r + 1, cfg.repeats, bytes as f64 / secs / 1e6);
         }
     }
+    // Copy bandwidth without storage: the stager's copy path against one big copy.
+    let mut copy_staged = Vec::new();
+    let mut copy_reference = Vec::new();
+    for _ in 0..cfg.repeats {
+        let (s, r) = rt.block_on(stager.copy_bandwidth(4))?;
+        copy_staged.push(s / 1e6);
+        copy_reference.push(r / 1e6);
+    }
     let ratio = |a: usize, b: usize| Summary::of(&mb[a].iter().zip(&mb[b]).map(|(x, y)| x / y).collect::<Vec<_>>());
     println!();
     println!(
@@ -140,6 +148,12 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         println!("{mode:<18} {:>8.1} {:>8.1} {:>8.1}", s.min, s.median, s.max);
     }
     let (over_raw, over_pageable, over_serial) = (ratio(1, 0), ratio(1, 3), ratio(1, 2));
+    let copy_ratio = Summary::of(&copy_staged.iter().zip(&copy_reference).map(|(a, b)| a / b).collect::<Vec<_>>());
+    let (cs, cr) = (Summary::of(&copy_staged), Summary::of(&copy_reference));
+    println!(
+        "copies from pinned buffers without storage: {:.0} MB/s through the stager, {:.0} MB/s as one copy ({:.2})",
+        cs.median, cr.median, copy_ratio.median
+    );
     println!(
         "pipelined / raw read {:.3} (staging overhead {:.1}%), / pageable + copy {:.2}x, / pinned without overlap {:.2}x",
         over_raw.median,
@@ -158,6 +172,9 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         "pipelined_over_raw_read": over_raw,
         "pipelined_over_pageable_copy": over_pageable,
         "pipelined_over_pinned_no_overlap": over_serial,
+        "copy_mb_per_sec_through_stager": cs,
+        "copy_mb_per_sec_one_copy": cr,
+        "copy_through_stager_over_one_copy": copy_ratio,
     });
     if let Some(p) = &cfg.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)

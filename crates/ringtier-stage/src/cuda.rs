@@ -68,6 +68,23 @@ impl Device {
 }
 
 impl Device {
+    /// One copy of `len` bytes at `src` (registered memory) to a fresh device buffer, waited.
+    pub(crate) fn copy_one(&self, src: *const u8, len: usize) -> Result<()> {
+        // SAFETY: written by the copy before any read.
+        let mut d: CudaSlice<u8> =
+            unsafe { self.stream.alloc::<u8>(len.max(1)) }.map_err(|e| cuda_err("allocation", e))?;
+        {
+            let (ptr, _record) = d.device_ptr_mut(&self.stream);
+            // SAFETY: the caller's `len` bytes at `src` are registered memory it keeps alive and
+            // unwritten until this function returns, after the stream synchronised.
+            let slice = unsafe { std::slice::from_raw_parts(src, len) };
+            // SAFETY: as above; the device buffer holds at least `len` bytes.
+            unsafe { result::memcpy_htod_async(ptr, slice, self.stream.cu_stream()) }
+                .map_err(|e| cuda_err("copy", e))?;
+        }
+        self.stream.synchronize().map_err(|e| cuda_err("synchronize", e))
+    }
+
     /// Copies synchronously from (pageable) buffers: the baseline without pinning or overlap.
     pub(crate) fn copy_sync(&self, bufs: &[AlignedBuf]) -> Result<()> {
         for b in bufs {
@@ -88,6 +105,14 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// Waits, then hands the pinned buffers back (for the copy benchmark).
+    pub(crate) async fn wait_keep(self) -> Result<Vec<AlignedBuf>> {
+        while !self.event.is_complete() {
+            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
+        }
+        Ok(self.bufs)
+    }
+
     pub(crate) async fn wait(self) -> Result<Vec<Staged>> {
         while !self.event.is_complete() {
             tokio::time::sleep(std::time::Duration::from_micros(50)).await;

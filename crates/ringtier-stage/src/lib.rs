@@ -356,6 +356,97 @@ impl Stager {
         Ok(StagedBatch { inner, bytes, read_seconds })
     }
 
+    /// Copy bandwidth without storage, in bytes per second: `(through the stager's copy path
+    /// from every pinned buffer, one big copy of the whole pinned slab)`, each repeated
+    /// `rounds` times. The second is the reference the first is judged against (the device's
+    /// pinned copy bandwidth on a GPU, memory bandwidth on the CPU path). Holds every buffer of
+    /// the pool while it runs: call it while nothing else stages.
+    pub async fn copy_bandwidth(&self, rounds: usize) -> Result<(f64, f64)> {
+        let pool = self.pool.pool();
+        let batch = pool.count();
+        let mut bufs = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let mut b = pool.acquire().await;
+            let cap = b.capacity();
+            b.set_window(0, cap)?;
+            bufs.push(b);
+        }
+        let bytes = (batch * pool.buf_size()) as f64 * rounds.max(1) as f64;
+        // Through the stager: per-buffer copies, completion tracked per batch.
+        let t = Instant::now();
+        for _ in 0..rounds.max(1) {
+            bufs = self.copy_batch(bufs).await?;
+        }
+        let staged = bytes / t.elapsed().as_secs_f64();
+        // The reference: one copy of the same bytes, into one destination touched beforehand.
+        let mut dst = vec![0u8; batch * pool.buf_size()];
+        (bufs, dst) = self.copy_reference(bufs, dst).await?;
+        let t = Instant::now();
+        for _ in 0..rounds.max(1) {
+            (bufs, dst) = self.copy_reference(bufs, dst).await?;
+        }
+        drop(dst);
+        let reference = bytes / t.elapsed().as_secs_f64();
+        Ok((staged, reference))
+    }
+
+    /// Copies `bufs` the way `stage` does and hands them back once done.
+    async fn copy_batch(&self, bufs: Vec<AlignedBuf>) -> Result<Vec<AlignedBuf>> {
+        match self.target {
+            Target::Host => {
+                let free = Arc::clone(&self.host_free);
+                self.copier
+                    .run(move || {
+                        for b in &bufs {
+                            let mut data = free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+                            data.clear();
+                            data.extend_from_slice(b.as_slice());
+                            drop(HostBuf { data, free: Arc::clone(&free) });
+                        }
+                        Ok(bufs)
+                    })
+                    .await
+            }
+            #[cfg(feature = "cuda")]
+            Target::Cuda(_) => match &self.device {
+                Some(d) => d.copy(bufs)?.wait_keep().await,
+                None => Err(no_cuda_feature()),
+            },
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => Err(no_cuda_feature()),
+        }
+    }
+
+    /// One big copy of the whole pinned slab range the buffers cover (the reference).
+    async fn copy_reference(&self, bufs: Vec<AlignedBuf>, mut dst: Vec<u8>) -> Result<(Vec<AlignedBuf>, Vec<u8>)> {
+        let (base, _) = self.pool.pool().slab();
+        let len = bufs.len() * self.pool.pool().buf_size();
+        let base = base as usize;
+        match self.target {
+            Target::Host => {
+                self.copier
+                    .run(move || {
+                        // SAFETY: [base, base+len) is the whole pinned slab and `bufs` holds
+                        // every buffer of it, so nothing else reads or writes it meanwhile.
+                        let src = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+                        dst[..len].copy_from_slice(src);
+                        Ok((bufs, dst))
+                    })
+                    .await
+            }
+            #[cfg(feature = "cuda")]
+            Target::Cuda(_) => match &self.device {
+                Some(d) => {
+                    d.copy_one(base as *const u8, len)?;
+                    Ok((bufs, dst))
+                }
+                None => Err(no_cuda_feature()),
+            },
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => Err(no_cuda_feature()),
+        }
+    }
+
     /// Baseline: reads into the pinned buffers and stops there (the raw read the staging
     /// overhead is measured against). Returns the bytes read.
     pub async fn read_only(&self, requests: &[(String, usize)]) -> Result<u64> {

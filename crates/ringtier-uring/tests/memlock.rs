@@ -6,36 +6,9 @@ use ringtier_core::conformance::pattern;
 use ringtier_core::{ops, BufferPool, PoolConfig, ReadBatch, Tier};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Drops CAP_IPC_LOCK from this thread's effective set; threads it spawns inherit that.
-fn drop_ipc_lock() {
-    const CAP_IPC_LOCK: u32 = 14;
-    let mut hdr = CapHeader { version: 0x2008_0522, pid: 0 };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget/capset with a v3 header and two data structs, as the ABI defines.
-    unsafe {
-        assert_eq!(libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()), 0, "capget");
-        data[0].effective &= !(1 << CAP_IPC_LOCK);
-        assert_eq!(libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()), 0, "capset");
-    }
-}
-
 #[test]
 fn low_memlock_falls_back_to_plain_buffers() {
-    drop_ipc_lock();
+    ringtier_core::conformance::drop_ipc_lock_capability().expect("drop CAP_IPC_LOCK");
     let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
     // SAFETY: setrlimit with a valid rlimit struct; lowering a limit needs no privilege.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) }, 0);

@@ -13,7 +13,7 @@ use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
-use crate::stats::{peak_rss_bytes, Machine, Rng, Summary};
+use crate::stats::{peak_rss_bytes, write_json, Machine, Rng, Summary};
 
 /// A tier over a directory, through io_uring (O_DIRECT where the filesystem allows), metered.
 pub(crate) fn dir_tier(dir: &Path, name: &str, throttle: Option<u64>) -> Result<Arc<dyn Tier>> {
@@ -314,10 +314,6 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         "peak_rss_over_data_bytes": rss,
         "runs": runs,
     });
-    if let Some(path) = &cfg.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
+    write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }

@@ -696,9 +696,7 @@ fn run(command: Command) -> Result<()> {
                 seed: a.seed,
             };
             let v = randread::run(&cfg)?;
-            if let Some(path) = a.json {
-                std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
-            }
+            stats::write_json(a.json.as_deref(), &v)?;
             Ok(())
         }
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::dataset::Dataset;
 use crate::passes::{order_of, Engine, Knobs, PassResult, Reader};
-use crate::stats::{drop_caches, peak_rss_bytes, Machine, Summary};
+use crate::stats::{drop_caches, peak_rss_bytes, write_json, Machine, Summary};
 
 /// Settings of a read sweep.
 #[derive(Debug, Clone)]
@@ -245,11 +245,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         eprintln!("wrote {}", path.display());
     }
     let value = serde_json::to_value(&report)?;
-    if let Some(path) = &cfg.json {
-        std::fs::write(path, serde_json::to_string_pretty(&value)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
+    write_json(cfg.json.as_deref(), &value)?;
     Ok(value)
 }
 

@@ -14,7 +14,7 @@ use ringtier_stage::{PinnedPool, Stager, Target};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 use crate::dataset::Dataset;
-use crate::stats::{evict, Machine, Rng, Summary};
+use crate::stats::{evict, write_json, Machine, Rng, Summary};
 
 /// Parses `host`, `cuda` or `cuda:N`.
 pub(crate) fn parse_target(s: &str) -> std::result::Result<Target, String> {
@@ -176,9 +176,6 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         "copy_mb_per_sec_one_copy": cr,
         "copy_through_stager_over_one_copy": copy_ratio,
     });
-    if let Some(p) = &cfg.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
+    write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }

@@ -65,6 +65,17 @@ pub(crate) fn drop_caches() -> std::io::Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n")
 }
 
+/// Writes a report as pretty JSON to `path`, when one was asked for, and says so.
+pub(crate) fn write_json(path: Option<&Path>, value: &impl Serialize) -> anyhow::Result<()> {
+    use anyhow::Context;
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(value)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 /// Machine facts for reports.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Machine {

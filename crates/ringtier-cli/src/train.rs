@@ -13,7 +13,7 @@ use ringtier_migrate::{Part, StoreConfig};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
-use crate::stats::{peak_rss_bytes, Machine, Summary};
+use crate::stats::{peak_rss_bytes, write_json, Machine, Summary};
 
 /// Emulated compute per image: AlexNet training on one K80-class GPU processes on the order
 /// of 800 images per second at 224x224 (1.2 ms per image); set `--compute-ms` to your own
@@ -231,10 +231,6 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
         "points": points,
         "runs": runs,
     });
-    if let Some(path) = &cfg.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
+    write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }

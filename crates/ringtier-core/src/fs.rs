@@ -13,6 +13,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::blocking::BlockingPool;
 
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
@@ -113,6 +116,20 @@ impl FsRoot {
         }
         // SAFETY: fd is a freshly opened descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    /// Runs a blocking call of this root (`FsRoot::stat`, `list`, `delete`) on `pool` and adds
+    /// the tier's error context: the metadata path shared by the file tiers.
+    pub async fn run_on<R: Send + 'static>(
+        self: &Arc<Self>,
+        pool: &BlockingPool,
+        op: Operation,
+        key: &str,
+        tier: &str,
+        f: fn(&FsRoot, &str) -> Result<R>,
+    ) -> Result<R> {
+        let (root, k) = (Arc::clone(self), key.to_string());
+        pool.run(move || f(&root, &k)).await.map_err(|e| e.context(op, key, tier))
     }
 
     /// Metadata of a committed object (a regular file under the root).

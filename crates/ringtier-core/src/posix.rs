@@ -44,7 +44,7 @@ impl PosixConfig {
 
 struct Inner {
     name: String,
-    root: FsRoot,
+    root: Arc<FsRoot>,
     pool: BlockingPool,
     read_chunk: usize,
 }
@@ -97,7 +97,7 @@ pub fn pread_full(file: &File, offset: u64, len: usize, chunk: usize, buf: &mut 
 impl PosixTier {
     /// Opens the tier and starts its threads.
     pub fn new(config: PosixConfig) -> Result<Self> {
-        let root = FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?;
+        let root = Arc::new(FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?);
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
         Ok(PosixTier { inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk }) })
     }
@@ -125,29 +125,15 @@ impl Tier for PosixTier {
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
-        let inner = Arc::clone(&self.inner);
-        let k = key.to_string();
-        self.inner.pool.run(move || inner.root.stat(&k)).await.map_err(|e| e.context(Operation::Stat, key, self.name()))
+        self.inner.root.run_on(&self.inner.pool, Operation::Stat, key, self.name(), FsRoot::stat).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
-        let inner = Arc::clone(&self.inner);
-        let p = prefix.to_string();
-        self.inner
-            .pool
-            .run(move || inner.root.list(&p))
-            .await
-            .map_err(|e| e.context(Operation::List, prefix, self.name()))
+        self.inner.root.run_on(&self.inner.pool, Operation::List, prefix, self.name(), FsRoot::list).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        let inner = Arc::clone(&self.inner);
-        let k = key.to_string();
-        self.inner
-            .pool
-            .run(move || inner.root.delete(&k))
-            .await
-            .map_err(|e| e.context(Operation::Delete, key, self.name()))
+        self.inner.root.run_on(&self.inner.pool, Operation::Delete, key, self.name(), FsRoot::delete).await
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

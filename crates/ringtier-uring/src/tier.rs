@@ -46,7 +46,7 @@ pub struct UringStats {
 
 struct Inner {
     shared: Arc<Shared>,
-    root: FsRoot,
+    root: Arc<FsRoot>,
     config: UringConfig,
     drivers: Vec<DriverHandle>,
     next: AtomicUsize,
@@ -168,7 +168,7 @@ impl UringTier {
                 Error::new(ErrorKind::InvalidInput, "rings and queue_depth must be at least 1").with_tier(&name)
             );
         }
-        let root = FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?;
+        let root = Arc::new(FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?);
         let probed = options.assume_dio_alignment.or_else(|| probe_dio_align(root.root_fd()));
         let root_align = probed.unwrap_or((0, 0));
         let fs_type = fs_type_name(root.path());
@@ -360,29 +360,15 @@ impl Tier for UringTier {
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
-        let inner = Arc::clone(&self.inner);
-        let k = key.to_string();
-        self.inner.meta.run(move || inner.root.stat(&k)).await.map_err(|e| e.context(Operation::Stat, key, self.name()))
+        self.inner.root.run_on(&self.inner.meta, Operation::Stat, key, self.name(), FsRoot::stat).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
-        let inner = Arc::clone(&self.inner);
-        let p = prefix.to_string();
-        self.inner
-            .meta
-            .run(move || inner.root.list(&p))
-            .await
-            .map_err(|e| e.context(Operation::List, prefix, self.name()))
+        self.inner.root.run_on(&self.inner.meta, Operation::List, prefix, self.name(), FsRoot::list).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        let inner = Arc::clone(&self.inner);
-        let k = key.to_string();
-        self.inner
-            .meta
-            .run(move || inner.root.delete(&k))
-            .await
-            .map_err(|e| e.context(Operation::Delete, key, self.name()))
+        self.inner.root.run_on(&self.inner.meta, Operation::Delete, key, self.name(), FsRoot::delete).await
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

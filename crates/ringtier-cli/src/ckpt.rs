@@ -10,18 +10,23 @@ use anyhow::{bail, Context, Result};
 use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{AlignedBuf, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
-use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
 use crate::stats::{peak_rss_bytes, write_json, Machine, Rng, Summary};
 
 /// A tier over a directory, through io_uring (O_DIRECT where the filesystem allows), metered.
-pub(crate) fn dir_tier(dir: &Path, name: &str, throttle: Option<u64>) -> Result<Arc<dyn Tier>> {
+pub(crate) fn dir_tier(
+    dir: &Path,
+    name: &str,
+    throttle: Option<u64>,
+    buffered_writes: BufferedWrites,
+) -> Result<Arc<dyn Tier>> {
     let options = UringTierOptions { name: Some(name.to_string()), create_root: true, ..Default::default() };
     let tier: Arc<dyn Tier> = Arc::new(
         UringTier::with_options(
             dir,
-            UringConfig { direct_io: DirectIoPolicy::Auto, ..UringConfig::default() },
+            UringConfig { direct_io: DirectIoPolicy::Auto, buffered_writes, ..UringConfig::default() },
             options,
         )
         .with_context(|| format!("opening tier {name} at {}", dir.display()))?,
@@ -46,6 +51,7 @@ pub(crate) fn tier_names(n: usize) -> Vec<String> {
 pub(crate) async fn open_store(
     dirs: &[PathBuf],
     throttle_last: Option<u64>,
+    buffered_writes: BufferedWrites,
     cfg: StoreConfig,
 ) -> Result<CheckpointStore> {
     if dirs.is_empty() {
@@ -55,7 +61,7 @@ pub(crate) async fn open_store(
     let mut tiers = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
         let throttle = if i + 1 == dirs.len() { throttle_last } else { None };
-        tiers.push(dir_tier(d, &names[i], throttle)?);
+        tiers.push(dir_tier(d, &names[i], throttle, buffered_writes)?);
     }
     Ok(CheckpointStore::open(tiers, cfg).await?)
 }
@@ -83,6 +89,10 @@ pub(crate) async fn crash_helper(store: &CheckpointStore, start: u64, count: u64
     Ok(())
 }
 
+fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 /// Settings of `bench ckpt`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct CkptBenchConfig {
@@ -93,25 +103,32 @@ pub(crate) struct CkptBenchConfig {
     pub compute_secs: f64,
     pub ratios: Vec<f64>,
     pub repeats: usize,
+    #[serde(serialize_with = "display")]
+    pub buffered_writes: BufferedWrites,
     pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 struct Run {
+    /// `raw` (the baseline: O_DIRECT write + fsync of a new file on the fast tier), `direct`
+    /// (the store writing straight to the slow tier) or `burst` (the burst buffer).
     mode: &'static str,
     ratio: f64,
     slow_bytes_per_sec: f64,
     blocking_seconds: Vec<f64>,
     all_on_slow_seconds: f64,
     total_seconds: f64,
+    /// Drain throughput while copying (pauses for saves excluded).
     drain_mb_per_sec: Option<f64>,
+    /// Seconds the drain spent paused while saves wrote.
+    drain_paused_seconds: f64,
     peak_rss_over_data_bytes: u64,
-    /// The raw fast-tier write of the same bytes, measured just before this run's pair.
-    raw_write_seconds: f64,
 }
 
-/// Writes `data` with O_DIRECT to a new file in `dir` and fsyncs it: the raw fast-tier write.
-fn raw_write(dir: &Path, data: &[u8]) -> Result<f64> {
+/// Writes `data` with O_DIRECT to a new file in `dir` and fsyncs it: the raw fast-tier write,
+/// one write of `buf`'s capacity at a time (the store's chunk size, one write in flight). The
+/// buffer is allocated once by the caller, as the store's are.
+fn raw_write(dir: &Path, data: &[u8], buf: &mut AlignedBuf) -> Result<f64> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("raw-write.bin");
     let start = Instant::now();
@@ -122,9 +139,7 @@ fn raw_write(dir: &Path, data: &[u8]) -> Result<f64> {
         .custom_flags(libc::O_DIRECT)
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
-    let chunk = 8 << 20;
-    let mut buf = AlignedBuf::new(chunk, 4096)?;
-    for piece in data.chunks(chunk) {
+    for piece in data.chunks(buf.capacity()) {
         let padded = piece.len().next_multiple_of(4096);
         buf.capacity_mut()[..piece.len()].copy_from_slice(piece);
         buf.capacity_mut()[piece.len()..padded].fill(0);
@@ -139,15 +154,51 @@ fn raw_write(dir: &Path, data: &[u8]) -> Result<f64> {
     Ok(secs)
 }
 
+/// A chunk buffer for the raw write, pre-touched so page faults stay out of its timing.
+fn raw_buffer() -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(StoreConfig::default().chunk_bytes, 4096)?;
+    buf.capacity_mut().fill(0);
+    Ok(buf)
+}
+
 /// One run of a mode: `count` checkpoints, `compute` of emulated training between them.
-async fn one_run(cfg: &CkptBenchConfig, data: &[u8], mode: &'static str, ratio: f64, slow_bps: f64) -> Result<Run> {
-    let fast = cfg.fast_dir.clone().unwrap_or_else(|| cfg.base.join("fast")).join(format!("run-{mode}-{ratio}"));
+async fn one_run(
+    cfg: &CkptBenchConfig,
+    data: &[u8],
+    mode: &'static str,
+    ratio: f64,
+    slow_bps: f64,
+    raw_buf: &mut AlignedBuf,
+) -> Result<Run> {
+    let fast_root = cfg.fast_dir.clone().unwrap_or_else(|| cfg.base.join("fast"));
+    if mode == "raw" {
+        let mut blocking = Vec::new();
+        let start = Instant::now();
+        for _ in 0..cfg.count {
+            tokio::time::sleep(Duration::from_secs_f64(cfg.compute_secs)).await;
+            blocking.push(raw_write(&fast_root, data, raw_buf)?);
+        }
+        let total = start.elapsed().as_secs_f64();
+        return Ok(Run {
+            mode,
+            ratio,
+            slow_bytes_per_sec: slow_bps,
+            blocking_seconds: blocking,
+            all_on_slow_seconds: total,
+            total_seconds: total,
+            drain_mb_per_sec: None,
+            drain_paused_seconds: 0.0,
+            peak_rss_over_data_bytes: 0,
+        });
+    }
+    let fast = fast_root.join(format!("run-{mode}-{ratio}"));
     let slow = cfg.base.join("slow").join(format!("run-{mode}-{ratio}"));
     for d in [&fast, &slow] {
         let _ = std::fs::remove_dir_all(d);
     }
     let store_cfg = StoreConfig { keep_last: 1, on_full: OnFull::Wait, ..StoreConfig::default() };
-    let store = open_store(&[fast.clone(), slow.clone()], Some(slow_bps as u64), store_cfg).await?;
+    let store =
+        open_store(&[fast.clone(), slow.clone()], Some(slow_bps as u64), cfg.buffered_writes, store_cfg).await?;
     let rss0 = peak_rss_bytes();
     let start = Instant::now();
     let mut blocking = Vec::new();
@@ -178,9 +229,9 @@ async fn one_run(cfg: &CkptBenchConfig, data: &[u8], mode: &'static str, ratio: 
         blocking_seconds: blocking,
         all_on_slow_seconds: all_on_slow,
         total_seconds: train_end,
-        drain_mb_per_sec: (drain.busy_seconds > 0.0).then(|| drain.bytes as f64 / drain.busy_seconds / 1e6),
+        drain_mb_per_sec: drain.copy_bytes_per_sec().map(|b| b / 1e6),
+        drain_paused_seconds: drain.paused_seconds,
         peak_rss_over_data_bytes: peak_rss_bytes().saturating_sub(rss0),
-        raw_write_seconds: 0.0,
     })
 }
 
@@ -201,7 +252,8 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     let mut data = vec![0u8; cfg.size as usize];
     Rng::new(7).fill(&mut data);
     // The raw fast-tier write sets the throttled slow tier's bandwidth.
-    let raws: Vec<f64> = (0..3).map(|_| raw_write(&fast_root, &data)).collect::<Result<_>>()?;
+    let mut raw_buf = raw_buffer()?;
+    let raws: Vec<f64> = (0..3).map(|_| raw_write(&fast_root, &data, &mut raw_buf)).collect::<Result<_>>()?;
     let fast_bps = cfg.size as f64 / Summary::of(&raws).median;
     eprintln!(
         "fast tier: {} ({fast_fs}), raw O_DIRECT write + fsync {:.0} MB/s; slow tier: throttled layer over {} ({slow_fs})",
@@ -211,15 +263,12 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     );
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut runs: Vec<Run> = Vec::new();
-    let mut raw_runs = Vec::new();
     for r in 0..cfg.repeats {
         for &ratio in &cfg.ratios {
             let slow_bps = fast_bps / ratio;
-            let raw_secs = raw_write(&fast_root, &data)?;
-            raw_runs.push(raw_secs);
-            for mode in ["direct", "burst"] {
-                let mut run = rt.block_on(one_run(cfg, &data, mode, ratio, slow_bps))?;
-                run.raw_write_seconds = raw_secs;
+            // Interleaved: the raw baseline runs at the same cadence right before each pair.
+            for mode in ["raw", "direct", "burst"] {
+                let run = rt.block_on(one_run(cfg, &data, mode, ratio, slow_bps, &mut raw_buf))?;
                 eprintln!(
                     "  repeat {}/{} slow 1/{ratio}: {mode:<6} blocking median {:.3} s, all on slow after {:.2} s",
                     r + 1,
@@ -231,7 +280,9 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
             }
         }
     }
-    let raw = Summary::of(&raw_runs);
+    let raw = Summary::of(
+        &runs.iter().filter(|r| r.mode == "raw").map(|r| Summary::of(&r.blocking_seconds).median).collect::<Vec<_>>(),
+    );
     println!();
     println!(
         "{} checkpoints of {:.0} MB every {} s of compute; fast {fast_fs} (raw write {:.0} MB/s, {:.3} s per checkpoint); \
@@ -244,9 +295,10 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         cfg.repeats
     );
     println!(
-        "{:>8} {:>10}  {:>22}  {:>22}  {:>17}  {:>12}  {:>12}  {:>11}",
+        "{:>8} {:>10}  {:>7}  {:>22}  {:>22}  {:>17}  {:>17}  {:>12}  {:>11}",
         "slowdown",
         "slow MB/s",
+        "raw s",
         "direct blocking s",
         "burst blocking s",
         "speedup",
@@ -257,21 +309,20 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     let mut points = Vec::new();
     for &ratio in &cfg.ratios {
         let pick = |mode: &str| runs.iter().filter(|r| r.mode == mode && r.ratio == ratio).collect::<Vec<_>>();
-        let (direct, burst) = (pick("direct"), pick("burst"));
+        let (raws, direct, burst) = (pick("raw"), pick("direct"), pick("burst"));
         let med = |rs: &[&Run]| rs.iter().map(|r| Summary::of(&r.blocking_seconds).median).collect::<Vec<_>>();
-        let (d, b) = (med(&direct), med(&burst));
+        let (w, d, b) = (med(&raws), med(&direct), med(&burst));
         let speed = Summary::of(&d.iter().zip(&b).map(|(d, b)| d / b).collect::<Vec<_>>());
-        let over_raw = Summary::of(
-            &burst.iter().map(|r| Summary::of(&r.blocking_seconds).median / r.raw_write_seconds).collect::<Vec<_>>(),
-        );
+        let over_raw = Summary::of(&b.iter().zip(&w).map(|(b, w)| b / w).collect::<Vec<_>>());
         let drain = Summary::of(&burst.iter().filter_map(|r| r.drain_mb_per_sec).collect::<Vec<_>>());
         let slow_mb = fast_bps / ratio / 1e6;
-        let (ds, bs) = (Summary::of(&d), Summary::of(&b));
+        let (ws, ds, bs) = (Summary::of(&w), Summary::of(&d), Summary::of(&b));
         let all_on_slow = Summary::of(&burst.iter().map(|r| r.all_on_slow_seconds).collect::<Vec<_>>());
         println!(
-            "{:>7}x {:>10.0}  {:>6.3} {:>6.3} {:>6.3}  {:>6.3} {:>6.3} {:>6.3}  {:>5.2} {:>5.2} {:>5.2}  {:>12.2}  {:>5.0} ({:>3.0}%)  {:>9.1} s",
+            "{:>7}x {:>10.0}  {:>7.3}  {:>6.3} {:>6.3} {:>6.3}  {:>6.3} {:>6.3} {:>6.3}  {:>5.2} {:>5.2} {:>5.2}  {:>5.2} {:>5.2} {:>5.2}  {:>5.0} ({:>3.0}%)  {:>9.1} s",
             ratio,
             slow_mb,
+            ws.median,
             ds.min,
             ds.median,
             ds.max,
@@ -281,7 +332,9 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
             speed.min,
             speed.median,
             speed.max,
+            over_raw.min,
             over_raw.median,
+            over_raw.max,
             drain.median,
             drain.median / slow_mb * 100.0,
             all_on_slow.median
@@ -289,6 +342,7 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         points.push(serde_json::json!({
             "slowdown": ratio,
             "slow_mb_per_sec": slow_mb,
+            "raw_write_seconds": ws,
             "direct_blocking_seconds": ds,
             "burst_blocking_seconds": bs,
             "speedup_blocking": speed,

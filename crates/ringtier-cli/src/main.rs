@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use ringtier_uring::DirectIoPolicy;
+use ringtier_uring::{BufferedWrites, DirectIoPolicy};
 
 use crate::dataset::{Dataset, DatasetSpec, Format, Preset};
 use crate::passes::{Engine, Knobs, OnError, Order};
@@ -285,6 +285,11 @@ struct BenchCkptArgs {
     /// Repeats (interleaved).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
+    /// How the store's tiers issue writes to files without O_DIRECT (e.g. a tmpfs fast tier):
+    /// `threads` (pwrite on the tier's threads) or `ring` (io_uring, which hands them to its
+    /// io-wq workers).
+    #[arg(long, default_value = "threads")]
+    buffered_writes: BufferedWrites,
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -650,6 +655,7 @@ fn run(command: Command) -> Result<()> {
                 compute_secs: a.compute,
                 ratios: a.ratios,
                 repeats: a.repeats,
+                buffered_writes: a.buffered_writes,
                 json: a.json,
             };
             ckpt::bench(&cfg).map(|_| ())
@@ -714,7 +720,7 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
         },
         ..ringtier_migrate::StoreConfig::default()
     };
-    let store = ckpt::open_store(&a.tiers, a.throttle_last, cfg).await?;
+    let store = ckpt::open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg).await?;
     match a.action {
         CkptAction::Save { step, parts, direct, no_drain } => {
             let mut files = Vec::new();

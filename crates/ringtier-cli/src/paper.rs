@@ -203,6 +203,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         compute_secs: if cfg.tiny { 0.05 } else { 1.0 },
         ratios: if cfg.tiny { vec![1.0, 4.0] } else { vec![1.0, 4.0, 16.0] },
         repeats: cfg.repeats,
+        buffered_writes: Default::default(),
         json: Some(cfg.out.join("ckpt.json")),
     };
     let ck = ckpt::bench(&kcfg)?;
@@ -218,15 +219,18 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "| slowdown | direct blocking s | burst blocking s | speedup | drain MB/s (cap) |\n|---|---|---|---|---|"
+        "| slowdown | raw write s | direct blocking s | burst blocking s | burst/raw | speedup | drain MB/s (cap) |\n\
+         |---|---|---|---|---|---|---|"
     );
     for p in ck["points"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "| {}x | {:.3} | {:.3} | {:.2} | {:.0} ({:.0}) |",
+            "| {}x | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.0} ({:.0}) |",
             p["slowdown"],
+            med(&p["raw_write_seconds"]),
             med(&p["direct_blocking_seconds"]),
             med(&p["burst_blocking_seconds"]),
+            med(&p["burst_blocking_over_raw_write"]),
             med(&p["speedup_blocking"]),
             med(&p["drain_mb_per_sec"]),
             p["slow_mb_per_sec"].as_f64().unwrap_or(0.0)

@@ -200,8 +200,19 @@ pub struct DrainStats {
     /// Bytes copied.
     pub bytes: u64,
     /// Seconds spent copying, summed over checkpoints (with a drain concurrency of 1, the time
-    /// the drain was busy).
+    /// the drain was busy), pauses for saves included.
     pub busy_seconds: f64,
+    /// Seconds of `busy_seconds` the drain spent paused because a save was writing.
+    pub paused_seconds: f64,
+}
+
+impl DrainStats {
+    /// Copy throughput in bytes per second while the drain was copying (pauses for saves
+    /// excluded); `None` before anything was drained.
+    pub fn copy_bytes_per_sec(&self) -> Option<f64> {
+        let secs = self.busy_seconds - self.paused_seconds;
+        (self.bytes > 0 && secs > 0.0).then(|| self.bytes as f64 / secs)
+    }
 }
 
 struct Inner {
@@ -337,8 +348,7 @@ impl Inner {
         mut next_chunk: impl AsyncChunks,
     ) -> Result<(u64, u32)> {
         let tier = self.tiers[t].as_ref();
-        let align = tier.capabilities().alignment.max(4096);
-        let chunk = ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize;
+        let (chunk, align) = self.chunk_layout(t);
         // Buffers are reused across parts and saves (first-touch page faults cost more than the
         // disk); one extra alignment block, as a direct read of a chunk may need the aligned span.
         let mut spare = self.take_buffer(chunk + align, align)?;
@@ -358,12 +368,11 @@ impl Inner {
             let write = async {
                 if throttle {
                     // A drain: give way to saves in progress.
-                    loop {
-                        let done = self.save_done.notified();
-                        if self.saving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-                            break;
-                        }
-                        done.await;
+                    let paused = Instant::now();
+                    self.yield_to_saves().await;
+                    let paused = paused.elapsed().as_secs_f64();
+                    if paused > 0.0 {
+                        self.drained.lock().unwrap_or_else(|p| p.into_inner()).paused_seconds += paused;
                     }
                     if let Some(b) = &self.bucket {
                         let wait = b.take(n as u64);
@@ -409,6 +418,25 @@ impl Inner {
         self.give_buffer(cur);
         writer.commit().await?;
         Ok((off, crc))
+    }
+
+    /// Bytes per write to tier `t` (the configured chunk, rounded up to the tier's alignment)
+    /// and that alignment.
+    fn chunk_layout(&self, t: usize) -> (usize, usize) {
+        let align = self.tiers[t].capabilities().alignment.max(4096);
+        (ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize, align)
+    }
+
+    /// Waits until no save is writing: background work (drain copies, evictions) runs between
+    /// saves, never during one, so it does not add to the training loop's blocking time.
+    async fn yield_to_saves(&self) {
+        loop {
+            let done = self.save_done.notified();
+            if self.saving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                break;
+            }
+            done.await;
+        }
     }
 
     fn take_buffer(&self, size: usize, align: usize) -> Result<AlignedBuf> {
@@ -529,6 +557,9 @@ impl Inner {
             }
             let over_capacity = t == 0 && self.cfg.fast_capacity_bytes.is_some_and(|c| used + need > c);
             if i < keep_from || over_capacity {
+                // Freeing a large file costs CPU (tmpfs frees every page on unlink): not while a
+                // save writes.
+                self.yield_to_saves().await;
                 self.remove(t, *step).await?;
                 used -= here[step].bytes;
                 self.m.evictions[t].increment(1);
@@ -730,6 +761,14 @@ impl CheckpointStore {
             bucket,
             m,
         });
+        // The save's two chunk buffers, allocated and touched now so that the first save does
+        // not pay the page faults.
+        let (chunk, align) = inner.chunk_layout(0);
+        for _ in 0..2 {
+            let mut buf = AlignedBuf::new(chunk + align, align)?;
+            buf.capacity_mut().fill(0);
+            inner.give_buffer(buf);
+        }
         tokio::spawn(drain_loop(Arc::downgrade(&inner), rx, concurrency));
         let store = CheckpointStore { inner };
         store.recover().await?;

@@ -63,6 +63,12 @@ async fn save_drain_evict_and_restore() {
     }
     let err = store.load(99).await.expect_err("missing");
     assert_eq!(err.kind(), ErrorKind::NotFound);
+    let stats = store.drain_stats();
+    let bytes: u64 = [10, 20, 30].iter().map(|s| parts_of(*s).iter().map(|(_, d)| d.len() as u64).sum::<u64>()).sum();
+    assert_eq!((stats.checkpoints, stats.bytes), (3, bytes), "{stats:?}");
+    assert!(stats.paused_seconds <= stats.busy_seconds, "{stats:?}");
+    let rate = stats.copy_bytes_per_sec().expect("a copy rate after draining");
+    assert!(rate >= bytes as f64 / stats.busy_seconds, "pauses are excluded: {stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

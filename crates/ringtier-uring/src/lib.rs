@@ -4,5 +4,5 @@ mod config;
 mod driver;
 mod tier;
 
-pub use config::{DirectIoPolicy, UringConfig};
+pub use config::{BufferedWrites, DirectIoPolicy, UringConfig};
 pub use tier::{UringFile, UringStats, UringTier, UringTierOptions};

@@ -18,7 +18,7 @@ use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
 use ringtier_core::key::validate_key;
 use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier};
 
-use crate::config::{DirectIoPolicy, UringConfig};
+use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
 
 /// A snapshot of a tier's io_uring counters.
@@ -423,7 +423,7 @@ impl Tier for UringTier {
         Ok(Box::new(UringWriter {
             tier: self.clone(),
             key: key.to_string(),
-            file: Some(file),
+            file: Some(Arc::new(file)),
             buffered: None,
             staged,
             direct,
@@ -518,9 +518,10 @@ impl Drop for UringFile {
 struct UringWriter {
     tier: UringTier,
     key: String,
-    file: Option<File>,
+    /// Shared with the metadata threads while they write to it (buffered writes on threads).
+    file: Option<Arc<File>>,
     /// A second, buffered descriptor for writes O_DIRECT cannot take (policy `auto`).
-    buffered: Option<File>,
+    buffered: Option<Arc<File>>,
     staged: PathBuf,
     direct: bool,
     align: u64,
@@ -562,7 +563,8 @@ impl ObjectWriter for UringWriter {
         if len == 0 {
             return (Ok(()), buf);
         }
-        let mut fd = file.as_raw_fd();
+        let mut target = file;
+        let mut direct = self.direct;
         let mut io_len = len;
         if self.direct {
             let padded = align_up(len as u64, self.align) as usize;
@@ -589,16 +591,36 @@ impl ObjectWriter for UringWriter {
             } else {
                 if self.buffered.is_none() {
                     match OpenOptions::new().write(true).open(&self.staged) {
-                        Ok(f) => self.buffered = Some(f),
+                        Ok(f) => self.buffered = Some(Arc::new(f)),
                         Err(e) => return (Err(self.err(e.into(), Operation::Write)), buf),
                     }
                 }
                 self.tier.inner.shared.count_fallback("unaligned write");
-                fd = self.buffered.as_ref().map(|f| f.as_raw_fd()).unwrap_or(fd);
+                target = self.buffered.as_ref().unwrap_or(target);
+                direct = false;
             }
         }
-        let (res, back) = self.tier.inner.write(fd, offset, io_len, buf).await;
         self.end = self.end.max(offset + len as u64);
+        if !direct && self.tier.inner.config.buffered_writes == BufferedWrites::Threads {
+            let file = Arc::clone(target);
+            let res = self
+                .tier
+                .inner
+                .meta
+                .run(move || {
+                    use std::os::unix::fs::FileExt;
+                    match file.write_all_at(&buf.as_slice()[..io_len], offset) {
+                        Ok(()) => Ok((Ok(()), buf)),
+                        Err(e) => Ok((Err(Error::from(e)), buf)),
+                    }
+                })
+                .await;
+            return match res {
+                Ok((res, buf)) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
+                Err(e) => (Err(self.err(e, Operation::Write)), fallback_buf()),
+            };
+        }
+        let (res, back) = self.tier.inner.write(target.as_raw_fd(), offset, io_len, buf).await;
         match back {
             Some(buf) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
             None => (Err(self.err(Error::new(ErrorKind::Shutdown, "buffer lost"), Operation::Write)), fallback_buf()),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ringtier_core::conformance::Fixture;
 use ringtier_core::{BufferPool, PoolConfig};
-use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 fn fixture(base: &Path, config: UringConfig) -> Fixture {
     let dir = tempfile::Builder::new().prefix("conf-uring").tempdir_in(base).expect("tempdir");
@@ -44,6 +44,23 @@ mod ext4_buffered_two_rings {
 mod tmpfs_auto {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(Path::new("/dev/shm"), UringConfig::default()));
+}
+
+/// Buffered writes through the ring (the default issues them from the tier's threads).
+mod tmpfs_buffered_writes_on_ring {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(
+        Path::new("/dev/shm"),
+        UringConfig { buffered_writes: BufferedWrites::Ring, ..UringConfig::default() }
+    ));
+}
+
+mod ext4_buffered_writes_on_ring {
+    use super::*;
+    ringtier_core::conformance_tests!(|| fixture(
+        ext4(),
+        UringConfig { direct_io: DirectIoPolicy::Off, buffered_writes: BufferedWrites::Ring, ..UringConfig::default() }
+    ));
 }
 
 mod ext4_sqpoll {

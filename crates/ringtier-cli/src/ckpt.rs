@@ -98,6 +98,13 @@ fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::resu
 pub(crate) struct CkptBenchConfig {
     pub base: PathBuf,
     pub fast_dir: Option<PathBuf>,
+    /// Slow tier directory (default `base/slow`).
+    pub slow_dir: Option<PathBuf>,
+    /// The slow directory is already throttled by the kernel (cgroup blkio on a loop device)
+    /// at this many bytes per second: no throttled layer, one point at fast / this.
+    pub slow_kernel_bps: Option<u64>,
+    /// Drained checkpoints kept on the fast tier.
+    pub keep_last: usize,
     pub count: usize,
     pub size: u64,
     pub compute_secs: f64,
@@ -192,13 +199,13 @@ async fn one_run(
         });
     }
     let fast = fast_root.join(format!("run-{mode}-{ratio}"));
-    let slow = cfg.base.join("slow").join(format!("run-{mode}-{ratio}"));
+    let slow = cfg.slow_root().join(format!("run-{mode}-{ratio}"));
     for d in [&fast, &slow] {
         let _ = std::fs::remove_dir_all(d);
     }
-    let store_cfg = StoreConfig { keep_last: 1, on_full: OnFull::Wait, ..StoreConfig::default() };
+    let store_cfg = StoreConfig { keep_last: cfg.keep_last, on_full: OnFull::Wait, ..StoreConfig::default() };
     let store =
-        open_store(&[fast.clone(), slow.clone()], Some(slow_bps as u64), cfg.buffered_writes, store_cfg).await?;
+        open_store(&[fast.clone(), slow.clone()], cfg.layer_bps(slow_bps), cfg.buffered_writes, store_cfg).await?;
     let rss0 = peak_rss_bytes();
     let start = Instant::now();
     let mut blocking = Vec::new();
@@ -235,6 +242,24 @@ async fn one_run(
     })
 }
 
+impl CkptBenchConfig {
+    fn slow_root(&self) -> PathBuf {
+        self.slow_dir.clone().unwrap_or_else(|| self.base.join("slow"))
+    }
+
+    /// The throttled layer's bandwidth: none when the kernel throttles the slow directory.
+    fn layer_bps(&self, slow_bps: f64) -> Option<u64> {
+        self.slow_kernel_bps.is_none().then_some(slow_bps as u64)
+    }
+
+    fn slow_kind(&self) -> String {
+        match self.slow_kernel_bps {
+            Some(bps) => format!("kernel-throttled device (cgroup blkio), {:.0} MB/s", bps as f64 / 1e6),
+            None => "throttled layer (token bucket), bandwidth = fast raw write / slowdown".into(),
+        }
+    }
+}
+
 /// Runs the burst-buffer experiment and prints a table; returns the JSON report.
 pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     if cfg.count == 0 || cfg.repeats == 0 || cfg.size == 0 || cfg.ratios.is_empty() {
@@ -245,9 +270,10 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     }
     let fast_root = cfg.fast_dir.clone().unwrap_or_else(|| cfg.base.join("fast"));
     std::fs::create_dir_all(&fast_root).with_context(|| format!("creating {}", fast_root.display()))?;
-    std::fs::create_dir_all(cfg.base.join("slow")).with_context(|| format!("creating {}", cfg.base.display()))?;
+    let slow_root = cfg.slow_root();
+    std::fs::create_dir_all(&slow_root).with_context(|| format!("creating {}", slow_root.display()))?;
     let fast_fs = ringtier_core::fs::fs_type_name(&fast_root);
-    let slow_fs = ringtier_core::fs::fs_type_name(&cfg.base.join("slow"));
+    let slow_fs = ringtier_core::fs::fs_type_name(&slow_root);
     eprintln!("generating a {} MB checkpoint of real bytes", cfg.size / 1_000_000);
     let mut data = vec![0u8; cfg.size as usize];
     Rng::new(7).fill(&mut data);
@@ -256,15 +282,21 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     let raws: Vec<f64> = (0..3).map(|_| raw_write(&fast_root, &data, &mut raw_buf)).collect::<Result<_>>()?;
     let fast_bps = cfg.size as f64 / Summary::of(&raws).median;
     eprintln!(
-        "fast tier: {} ({fast_fs}), raw O_DIRECT write + fsync {:.0} MB/s; slow tier: throttled layer over {} ({slow_fs})",
+        "fast tier: {} ({fast_fs}), raw O_DIRECT write + fsync {:.0} MB/s; slow tier: {} ({slow_fs}), {}",
         fast_root.display(),
         fast_bps / 1e6,
-        cfg.base.join("slow").display()
+        slow_root.display(),
+        cfg.slow_kind()
     );
+    // With a kernel-throttled slow tier there is one point: its own slowdown.
+    let ratios = match cfg.slow_kernel_bps {
+        Some(bps) => vec![fast_bps / bps as f64],
+        None => cfg.ratios.clone(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut runs: Vec<Run> = Vec::new();
     for r in 0..cfg.repeats {
-        for &ratio in &cfg.ratios {
+        for &ratio in &ratios {
             let slow_bps = fast_bps / ratio;
             // Interleaved: the raw baseline runs at the same cadence right before each pair.
             for mode in ["raw", "direct", "burst"] {
@@ -286,12 +318,13 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     println!();
     println!(
         "{} checkpoints of {:.0} MB every {} s of compute; fast {fast_fs} (raw write {:.0} MB/s, {:.3} s per checkpoint); \
-         slow = throttled layer; {} repeats; min/median/max",
+         slow = {}; {} repeats; min/median/max",
         cfg.count,
         cfg.size as f64 / 1e6,
         cfg.compute_secs,
         fast_bps / 1e6,
         raw.median,
+        cfg.slow_kind(),
         cfg.repeats
     );
     println!(
@@ -307,7 +340,7 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         "all on slow"
     );
     let mut points = Vec::new();
-    for &ratio in &cfg.ratios {
+    for &ratio in &ratios {
         let pick = |mode: &str| runs.iter().filter(|r| r.mode == mode && r.ratio == ratio).collect::<Vec<_>>();
         let (raws, direct, burst) = (pick("raw"), pick("direct"), pick("burst"));
         let med = |rs: &[&Run]| rs.iter().map(|r| Summary::of(&r.blocking_seconds).median).collect::<Vec<_>>();
@@ -362,7 +395,7 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         "schema": "ringtier.bench.ckpt/1",
         "machine": Machine::probe(),
         "fast": {"path": fast_root.display().to_string(), "filesystem": fast_fs, "raw_write_mb_per_sec": fast_bps / 1e6, "raw_write_seconds": raw},
-        "slow": {"path": cfg.base.join("slow").display().to_string(), "filesystem": slow_fs, "kind": "throttled layer (token bucket), bandwidth = fast raw write / slowdown"},
+        "slow": {"path": slow_root.display().to_string(), "filesystem": slow_fs, "kind": cfg.slow_kind()},
         "config": cfg,
         "points": points,
         "peak_rss_over_data_bytes": rss,

@@ -267,9 +267,21 @@ struct BenchCkptArgs {
     /// Fast tier directory (default: DIR/fast), e.g. on /dev/shm for a tmpfs fast tier.
     #[arg(long)]
     fast_dir: Option<PathBuf>,
+    /// Slow tier directory (default: DIR/slow), e.g. a cgroup-throttled loop mount
+    /// (bench/ckpt_blkio.sh).
+    #[arg(long)]
+    slow_dir: Option<PathBuf>,
+    /// The slow directory is throttled by the kernel at this many bytes per second (cgroup
+    /// blkio): no throttled layer is added and `--ratios` is replaced by the one slowdown this
+    /// gives.
+    #[arg(long, value_parser = parse_size)]
+    slow_kernel_bw: Option<u64>,
     /// Checkpoints per run.
     #[arg(long, default_value_t = 3)]
     count: usize,
+    /// Drained checkpoints kept on the fast tier (older ones are evicted once drained).
+    #[arg(long, default_value_t = 1)]
+    keep_last: usize,
     /// Checkpoint size (default: AlexNet, 61M fp32 parameters, 244 MB).
     #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
@@ -650,6 +662,9 @@ fn run(command: Command) -> Result<()> {
             let cfg = ckpt::CkptBenchConfig {
                 base,
                 fast_dir: a.fast_dir,
+                slow_dir: a.slow_dir,
+                slow_kernel_bps: a.slow_kernel_bw,
+                keep_last: a.keep_last,
                 count: a.count,
                 size,
                 compute_secs: a.compute,

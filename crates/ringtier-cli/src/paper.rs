@@ -192,6 +192,9 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
     let kcfg = ckpt::CkptBenchConfig {
         base: cfg.work.join("ckpt"),
         fast_dir: None,
+        slow_dir: None,
+        slow_kernel_bps: None,
+        keep_last: 1,
         count: 3,
         size: if cfg.full {
             600_000_000

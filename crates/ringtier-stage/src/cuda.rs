@@ -24,6 +24,19 @@ fn check_driver() -> Result<()> {
     Ok(())
 }
 
+/// The device's primary context, after checking the driver and the device index.
+fn context(device: usize) -> Result<Arc<CudaContext>> {
+    check_driver()?;
+    let n = CudaContext::device_count().map_err(|e| cuda_err("device count", e))?;
+    if device >= n.max(0) as usize {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("CUDA device {device} does not exist ({n} device(s))"),
+        ));
+    }
+    CudaContext::new(device).map_err(|e| cuda_err("context creation", e))
+}
+
 /// An open device: its context and a copy stream.
 pub(crate) struct Device {
     ctx: Arc<CudaContext>,
@@ -32,15 +45,7 @@ pub(crate) struct Device {
 
 impl Device {
     pub(crate) fn open(device: usize) -> Result<Self> {
-        check_driver()?;
-        let n = CudaContext::device_count().map_err(|e| cuda_err("device count", e))?;
-        if device >= n.max(0) as usize {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("CUDA device {device} does not exist ({n} device(s))"),
-            ));
-        }
-        let ctx = CudaContext::new(device).map_err(|e| cuda_err("context creation", e))?;
+        let ctx = context(device)?;
         let stream = ctx.new_stream().map_err(|e| cuda_err("stream creation", e))?;
         Ok(Device { ctx, stream })
     }
@@ -105,35 +110,62 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// Waits for the batch's event: a completed one is seen at once; otherwise a blocking
+    /// thread synchronises on it (polling on the runtime's timer would add up to a
+    /// millisecond, its granularity, to every batch).
+    async fn done(self) -> Result<Self> {
+        if self.event.is_complete() {
+            return Ok(self);
+        }
+        tokio::task::spawn_blocking(move || {
+            self.event.synchronize().map_err(|e| cuda_err("event synchronize", e))?;
+            Ok(self)
+        })
+        .await
+        .map_err(|e| Error::new(ErrorKind::Io, format!("CUDA event wait: {e}")))?
+    }
+
     /// Waits, then hands the pinned buffers back (for the copy benchmark).
     pub(crate) async fn wait_keep(self) -> Result<Vec<AlignedBuf>> {
-        while !self.event.is_complete() {
-            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
-        }
-        Ok(self.bufs)
+        Ok(self.done().await?.bufs)
     }
 
     pub(crate) async fn wait(self) -> Result<Vec<Staged>> {
-        while !self.event.is_complete() {
-            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
+        let done = self.done().await?;
+        drop(done.bufs);
+        Ok(done.dst.into_iter().map(Staged::Device).collect())
+    }
+}
+
+/// Host memory registered with the driver. Holds the (primary) context: releasing the last
+/// reference to it would reset the context and drop the registration with it.
+pub(crate) struct Registration {
+    ctx: Arc<CudaContext>,
+    /// The registered address (kept as an integer: the allocation is owned elsewhere).
+    addr: usize,
+}
+
+impl Registration {
+    /// Unregisters the memory (call before freeing it), from any thread.
+    pub(crate) fn unregister(self) {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            tracing::warn!("binding the CUDA context to unregister staging memory: {e:?}");
         }
-        drop(self.bufs);
-        Ok(self.dst.into_iter().map(Staged::Device).collect())
+        // SAFETY: addr was registered by `register` in this context and is still allocated.
+        let res = unsafe { sys::cuMemHostUnregister(self.addr as *mut std::ffi::c_void) }.result();
+        if let Err(e) = res {
+            tracing::warn!("unregistering staging memory: {e:?}");
+        }
     }
 }
 
 /// Registers `len` bytes at `ptr` with the driver (portable, not write-combined).
-pub(crate) fn register(device: usize, ptr: NonNull<u8>, len: usize) -> Result<()> {
-    let dev = Device::open(device)?;
-    dev.ctx.bind_to_thread().map_err(|e| cuda_err("context binding", e))?;
+pub(crate) fn register(device: usize, ptr: NonNull<u8>, len: usize) -> Result<Registration> {
+    let ctx = context(device)?;
+    ctx.bind_to_thread().map_err(|e| cuda_err("context binding", e))?;
     // SAFETY: ptr..ptr+len is our own live allocation; unregistered before it is freed.
     unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
         .result()
-        .map_err(|e| cuda_err("host registration", e))
-}
-
-/// Unregisters memory registered by [`register`].
-pub(crate) fn unregister(ptr: NonNull<u8>) {
-    // SAFETY: ptr was registered by `register` and is still allocated.
-    let _ = unsafe { sys::cuMemHostUnregister(ptr.as_ptr().cast()) };
+        .map_err(|e| cuda_err("host registration", e))?;
+    Ok(Registration { ctx, addr: ptr.as_ptr() as usize })
 }

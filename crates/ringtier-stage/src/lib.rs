@@ -70,6 +70,8 @@ impl PinnedPool {
             unsafe { ptr.as_ptr().add(off).write_volatile(0) };
         }
         let slab = Slab { ptr, layout };
+        #[cfg(feature = "cuda")]
+        let mut registration = None;
         let pinning = match target {
             Target::Host => {
                 // SAFETY: mlock of our own allocation.
@@ -85,14 +87,17 @@ impl PinnedPool {
                 }
             }
             #[cfg(feature = "cuda")]
-            Target::Cuda(device) => {
-                if let Err(e) = cuda::register(device, ptr, len) {
+            Target::Cuda(device) => match cuda::register(device, ptr, len) {
+                Ok(r) => {
+                    registration = Some(r);
+                    Pinning::CudaRegistered
+                }
+                Err(e) => {
                     // SAFETY: allocated above with this layout, not shared yet.
                     unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
                     return Err(e);
                 }
-                Pinning::CudaRegistered
-            }
+            },
             #[cfg(not(feature = "cuda"))]
             Target::Cuda(_) => {
                 // SAFETY: allocated above with this layout, not shared yet.
@@ -103,15 +108,14 @@ impl PinnedPool {
         let release = move || {
             let slab = slab; // the whole struct (Send), not its fields
             let Slab { ptr, layout } = slab;
-            match pinning {
-                // SAFETY: unlock and free our own allocation once, when the pool and every
-                // buffer taken from it are gone.
-                Pinning::Mlock => unsafe {
-                    libc::munlock(ptr.as_ptr().cast(), layout.size());
-                },
-                #[cfg(feature = "cuda")]
-                Pinning::CudaRegistered => cuda::unregister(ptr),
-                _ => {}
+            if pinning == Pinning::Mlock {
+                // SAFETY: unlock our own allocation once, when the pool and every buffer taken
+                // from it are gone.
+                unsafe { libc::munlock(ptr.as_ptr().cast(), layout.size()) };
+            }
+            #[cfg(feature = "cuda")]
+            if let Some(r) = registration {
+                r.unregister();
             }
             // SAFETY: as above.
             unsafe { alloc::dealloc(ptr.as_ptr(), layout) };

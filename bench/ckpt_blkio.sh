@@ -73,7 +73,7 @@ for R in "${RATIOS[@]}"; do
   # A check that the throttle holds: 128 MiB O_DIRECT to the slow mount.
   dd if=/dev/zero of="$WORK/mnt/dd-check" bs=8M count=16 oflag=direct conv=fsync 2>&1 | tail -1
   rm -f "$WORK/mnt/dd-check"
-  "$RT" bench ckpt --dir "$WORK/base" --fast-dir "$FAST_DIR" --slow-dir "$WORK/mnt/slow" \
+  RINGTIER_LOG=${RINGTIER_LOG:-warn} "$RT" bench ckpt --dir "$WORK/base" --fast-dir "$FAST_DIR" --slow-dir "$WORK/mnt/slow" \
     --slow-kernel-bw "$BPS" --repeats "$REPEATS" --json "$OUT/ckpt-blkio-${R}x.json" |
     tee "$OUT/ckpt-blkio-${R}x.txt"
   echo "$DEV 0" > "$CG/blkio.throttle.write_bps_device"

@@ -302,7 +302,7 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
             for mode in ["raw", "direct", "burst"] {
                 let run = rt.block_on(one_run(cfg, &data, mode, ratio, slow_bps, &mut raw_buf))?;
                 eprintln!(
-                    "  repeat {}/{} slow 1/{ratio}: {mode:<6} blocking median {:.3} s, all on slow after {:.2} s",
+                    "  repeat {}/{} slow 1/{ratio:.1}: {mode:<6} blocking median {:.3} s, all on slow after {:.2} s",
                     r + 1,
                     cfg.repeats,
                     Summary::of(&run.blocking_seconds).median,
@@ -352,7 +352,7 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
         let (ws, ds, bs) = (Summary::of(&w), Summary::of(&d), Summary::of(&b));
         let all_on_slow = Summary::of(&burst.iter().map(|r| r.all_on_slow_seconds).collect::<Vec<_>>());
         println!(
-            "{:>7}x {:>10.0}  {:>7.3}  {:>6.3} {:>6.3} {:>6.3}  {:>6.3} {:>6.3} {:>6.3}  {:>5.2} {:>5.2} {:>5.2}  {:>5.2} {:>5.2} {:>5.2}  {:>5.0} ({:>3.0}%)  {:>9.1} s",
+            "{:>7.1}x {:>10.0}  {:>7.3}  {:>6.3} {:>6.3} {:>6.3}  {:>6.3} {:>6.3} {:>6.3}  {:>5.2} {:>5.2} {:>5.2}  {:>5.2} {:>5.2} {:>5.2}  {:>5.0} ({:>3.0}%)  {:>9.1} s",
             ratio,
             slow_mb,
             ws.median,

@@ -839,6 +839,7 @@ impl CheckpointStore {
             }
         }
         let last = inner.tiers.len() - 1;
+        let checked = start.elapsed();
         let estimate: u64 = parts.iter().map(Part::size_hint).sum();
         let mut target = if direct { last } else { 0 };
         let mut wrote_through = false;
@@ -876,6 +877,13 @@ impl CheckpointStore {
             match written {
                 Ok(bytes) => {
                     let blocking = start.elapsed();
+                    tracing::debug!(
+                        step,
+                        tier = inner.tiers[target].name(),
+                        checks_ms = checked.as_secs_f64() * 1e3,
+                        blocking_ms = blocking.as_secs_f64() * 1e3,
+                        "saved"
+                    );
                     inner.m.blocking[target].record(blocking.as_secs_f64());
                     inner.m.saves_ok[target].increment(1);
                     if target < last {

@@ -65,6 +65,12 @@ impl PinnedPool {
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)
             .ok_or_else(|| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {len} bytes")))?;
+        // Transparent huge pages where the system allows them (the slab is 2 MiB aligned): a
+        // direct read into 2 MiB pages needs far fewer segments than one into 4 KiB pages.
+        // SAFETY: ptr..ptr+len is our allocation; MADV_HUGEPAGE is advisory only.
+        unsafe {
+            libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
+        }
         for off in (0..len).step_by(4096) {
             // SAFETY: inside the allocation; writes the zero it already holds (first touch now).
             unsafe { ptr.as_ptr().add(off).write_volatile(0) };

@@ -66,7 +66,12 @@ impl Device {
             }
             dst.push(d);
         }
-        let event = self.stream.record_event(None).map_err(|e| cuda_err("event", e))?;
+        // Blocking-sync: a thread waiting on the event sleeps instead of spinning a core the
+        // loader's decode may need.
+        let event = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(|e| cuda_err("event", e))?;
         let _ = &self.ctx;
         Ok(InFlight { bufs, dst, event })
     }

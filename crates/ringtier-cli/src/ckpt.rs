@@ -53,6 +53,7 @@ pub(crate) async fn open_store(
     throttle_last: Option<u64>,
     buffered_writes: BufferedWrites,
     cfg: StoreConfig,
+    read_only: bool,
 ) -> Result<CheckpointStore> {
     if dirs.is_empty() {
         bail!("--tiers needs at least one directory");
@@ -63,7 +64,11 @@ pub(crate) async fn open_store(
         let throttle = if i + 1 == dirs.len() { throttle_last } else { None };
         tiers.push(dir_tier(d, &names[i], throttle, buffered_writes)?);
     }
-    Ok(CheckpointStore::open(tiers, cfg).await?)
+    Ok(if read_only {
+        CheckpointStore::open_read_only(tiers, cfg).await?
+    } else {
+        CheckpointStore::open(tiers, cfg).await?
+    })
 }
 
 /// Deterministic contents of a crash-test checkpoint part (the test regenerates them with the
@@ -205,7 +210,8 @@ async fn one_run(
     }
     let store_cfg = StoreConfig { keep_last: cfg.keep_last, on_full: OnFull::Wait, ..StoreConfig::default() };
     let store =
-        open_store(&[fast.clone(), slow.clone()], cfg.layer_bps(slow_bps), cfg.buffered_writes, store_cfg).await?;
+        open_store(&[fast.clone(), slow.clone()], cfg.layer_bps(slow_bps), cfg.buffered_writes, store_cfg, false)
+            .await?;
     let rss0 = peak_rss_bytes();
     let start = Instant::now();
     let mut blocking = Vec::new();

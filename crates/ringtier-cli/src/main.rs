@@ -735,7 +735,10 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
         },
         ..ringtier_migrate::StoreConfig::default()
     };
-    let store = ckpt::open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg).await?;
+    // Looking (ls, restore, verify) opens read-only: it works next to a training process that
+    // has the store open, and never runs recovery under that process's feet.
+    let read_only = matches!(a.action, CkptAction::Ls | CkptAction::Restore { .. } | CkptAction::Verify { .. });
+    let store = ckpt::open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg, read_only).await?;
     match a.action {
         CkptAction::Save { step, parts, direct, no_drain } => {
             let mut files = Vec::new();

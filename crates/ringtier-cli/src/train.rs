@@ -86,7 +86,10 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
                 let _ = std::fs::remove_dir_all(d);
             }
             let cfg_store = StoreConfig { keep_last: 1, ..StoreConfig::default() };
-            Some(crate::ckpt::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store).await?)
+            Some(
+                crate::ckpt::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store, false)
+                    .await?,
+            )
         }
         _ => None,
     };

@@ -200,6 +200,31 @@ pub async fn list_and_delete(tier: Arc<dyn Tier>) {
     assert_eq!(res.expect_err("read deleted").kind(), ErrorKind::NotFound, "[{}]", t.name());
 }
 
+/// Where the tier has locks: a held lock refuses a second holder with `Busy` (naming the
+/// holder), is free again once dropped, is never listed, and takes only one-component names.
+pub async fn locks(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let Some(held) = t.lock("conformance").await.unwrap_or_else(|e| panic!("[{}] lock: {e}", t.name())) else {
+        return; // a tier without locks
+    };
+    let e = t.lock("conformance").await.expect_err("a second holder");
+    assert_eq!(e.kind(), ErrorKind::Busy, "[{}] {e}", t.name());
+    assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "[{}] names the holder: {e}", t.name());
+    let other = t.lock("another").await.expect("a different lock").expect("held");
+    assert!(t.list("").await.expect("list").is_empty(), "[{}] lock files are not objects", t.name());
+    drop(held);
+    let again = t.lock("conformance").await.expect("free after drop").expect("held");
+    drop((again, other));
+    for bad in ["a/b", "..", ".ringtier-x", ""] {
+        assert_eq!(
+            t.lock(bad).await.expect_err("bad lock name").kind(),
+            ErrorKind::InvalidKey,
+            "[{}] {bad:?}",
+            t.name()
+        );
+    }
+}
+
 /// Bad keys are rejected by every operation, and nothing outside the tier is touched.
 pub async fn bad_keys(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
@@ -309,7 +334,7 @@ macro_rules! conformance_tests {
     ($factory:expr) => {
         $crate::conformance_tests!(@each $factory;
             round_trip, short_read_at_eof, unaligned_ranges, sub_block_objects, concurrent_readers,
-            list_and_delete, bad_keys, commit_visibility, batch_reads);
+            list_and_delete, bad_keys, commit_visibility, batch_reads, locks);
     };
     (@each $factory:expr; $($name:ident),*) => {
         $(

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The engine was shut down while the operation was pending.
     Shutdown,
+    /// Held by someone else: a lock another process (or another open store) holds.
+    Busy,
     /// Any other I/O error; see the OS error code.
     Io,
 }
@@ -55,6 +57,7 @@ impl ErrorKind {
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::ResourceExhausted => "resource_exhausted",
             ErrorKind::Shutdown => "shutdown",
+            ErrorKind::Busy => "busy",
             ErrorKind::Io => "io",
         }
     }

@@ -196,6 +196,44 @@ impl FsRoot {
         Ok(out)
     }
 
+    /// Takes the exclusive advisory lock `name` on the root: `flock` on
+    /// `ROOT/.ringtier-lock-NAME` (never listed), which records the holder's pid. Fails at once
+    /// with [`ErrorKind::Busy`] when another open file description holds it (another process,
+    /// or another open in this one); the kernel releases it when the holder exits.
+    pub fn lock(&self, name: &str) -> Result<crate::tier::TierLock> {
+        use std::io::{Read, Seek, Write};
+        validate_key(name)?;
+        if name.contains('/') {
+            return Err(Error::new(ErrorKind::InvalidKey, format!("lock name {name:?}: one path component")));
+        }
+        let path = self.root.join(format!("{RESERVED_PREFIX}-lock-{name}"));
+        let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Open).with_key(name);
+        let mut file =
+            fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(ctx)?;
+        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "{} is locked by {}",
+                        path.display(),
+                        if holder.is_empty() { "another process" } else { holder }
+                    ),
+                ));
+            }
+            return Err(ctx(e));
+        }
+        file.set_len(0).map_err(ctx)?;
+        file.rewind().map_err(ctx)?;
+        write!(file, "pid {}", std::process::id()).map_err(ctx)?;
+        Ok(crate::tier::TierLock::new(file))
+    }
+
     /// Removes a committed object and makes the removal durable.
     pub fn delete(&self, key: &str) -> Result<()> {
         let meta = self.stat(key).map_err(|e| e.with_operation(Operation::Delete))?;

@@ -17,7 +17,7 @@ use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::fs::FsRoot;
 use crate::key::validate_key;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
 
 /// Configuration of a [`PosixTier`].
 #[derive(Debug, Clone)]
@@ -134,6 +134,10 @@ impl Tier for PosixTier {
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.inner.root.run_on(&self.inner.pool, Operation::Delete, key, self.name(), FsRoot::delete).await
+    }
+
+    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
+        self.inner.root.lock(name).map(Some).map_err(|e| e.context(Operation::Open, name, self.name()))
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

@@ -67,6 +67,24 @@ pub trait ObjectWriter: Send + fmt::Debug {
     async fn abort(self: Box<Self>) -> Result<()>;
 }
 
+/// An exclusive lock on a tier (see [`Tier::lock`]), released when dropped.
+pub struct TierLock {
+    _guard: Box<dyn Send + Sync>,
+}
+
+impl TierLock {
+    /// A lock held for as long as `guard` lives (an open, `flock`ed file, for example).
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        TierLock { _guard: Box::new(guard) }
+    }
+}
+
+impl fmt::Debug for TierLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TierLock")
+    }
+}
+
 /// A storage tier: memory, a local filesystem through threads or io_uring, a remote store.
 ///
 /// Keys are validated by every method (see [`crate::key`]); a bad key is an
@@ -88,6 +106,16 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
 
     /// Removes a committed object. Deleting a missing object is a `NotFound` error.
     async fn delete(&self, key: &str) -> Result<()>;
+
+    /// Takes the exclusive advisory lock `name` (one key component) on this tier, held until
+    /// the returned guard is dropped; a lock held elsewhere is an [`ErrorKind::Busy`] error
+    /// that says who holds it. `Ok(None)` where the tier has no locks (the default: memory,
+    /// remote stores). File tiers: `flock` on `ROOT/.ringtier-lock-NAME`, which the kernel
+    /// releases when the holding process dies.
+    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
+        let _ = name;
+        Ok(None)
+    }
 
     /// Reads up to `len` bytes at `offset` into `buf` and hands it back with the byte count.
     ///

@@ -12,7 +12,7 @@ use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::key::validate_key;
 use ringtier_core::layers::TokenBucket;
-use ringtier_core::Tier;
+use ringtier_core::{Tier, TierLock};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 use crate::manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
@@ -230,6 +230,10 @@ struct Inner {
     changed: Notify,
     bucket: Option<TokenBucket>,
     m: Metrics,
+    /// False for a store opened read-only (no lock, no recovery, no drain, no saves).
+    writable: bool,
+    /// The store's lock on every tier that has locks, held while the store is open.
+    _locks: Vec<TierLock>,
 }
 
 /// A crash-consistent checkpoint store over tiers ordered fastest first, draining
@@ -245,6 +249,9 @@ impl fmt::Debug for CheckpointStore {
         f.debug_struct("CheckpointStore").field("tiers", &names).field("config", &self.inner.cfg).finish()
     }
 }
+
+/// How long `open` retries a lock held by a store that is just shutting down.
+const LOCK_GRACE: Duration = Duration::from_secs(2);
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -735,14 +742,65 @@ impl CheckpointStore {
     /// Opens a store over `tiers` (fastest first) and recovers: partial checkpoints (no
     /// manifest) are removed, committed ones not yet on the next tier are queued for the drain,
     /// the eviction policy is applied. Must be called inside a tokio runtime (the drain runs on
-    /// it).
+    /// it). The store locks every tier that has locks (file tiers) for as long as it is open:
+    /// a second `open` of the same prefix, here or in another process, fails with
+    /// [`ErrorKind::Busy`] (after retrying for two seconds, the time a store just dropped may
+    /// need to stop its drain). Use [`CheckpointStore::open_read_only`] to look at a store
+    /// another process has open.
     pub async fn open(tiers: Vec<Arc<dyn Tier>>, cfg: StoreConfig) -> Result<Self> {
+        Self::open_with(tiers, cfg, true).await
+    }
+
+    /// Opens a store to list, verify and load checkpoints only, without its lock, without
+    /// recovery (which would remove another process's save in progress as partial) and
+    /// without a drain: `save` and `save_direct` fail with [`ErrorKind::Unsupported`]. Safe
+    /// next to a store another process has open; a copy that process evicts while it is being
+    /// read makes `load` fall back to a slower copy.
+    pub async fn open_read_only(tiers: Vec<Arc<dyn Tier>>, cfg: StoreConfig) -> Result<Self> {
+        Self::open_with(tiers, cfg, false).await
+    }
+
+    async fn open_with(tiers: Vec<Arc<dyn Tier>>, cfg: StoreConfig, writable: bool) -> Result<Self> {
         if tiers.is_empty() {
             return Err(Error::new(ErrorKind::InvalidInput, "a checkpoint store needs at least one tier"));
         }
         validate_key(&cfg.prefix).map_err(|e| e.with_operation(Operation::Open))?;
         if cfg.chunk_bytes == 0 {
             return Err(Error::new(ErrorKind::InvalidInput, "chunk_bytes must be positive"));
+        }
+        // One store per prefix and tier at a time: a second one (another process, or another
+        // open in this one) would race this one's drain, eviction and recovery. A store just
+        // dropped in this process releases its locks when its last background task ends, so a
+        // held lock is retried for a moment before it is an error.
+        let lock_name = format!("ckpt-{}", cfg.prefix.replace('/', "_"));
+        let mut locks = Vec::new();
+        let since = Instant::now();
+        for t in tiers.iter().filter(|_| writable) {
+            let res = loop {
+                match t.lock(&lock_name).await {
+                    Err(e) if e.kind() == ErrorKind::Busy && since.elapsed() < LOCK_GRACE => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    other => break other,
+                }
+            };
+            match res {
+                Ok(Some(l)) => locks.push(l),
+                Ok(None) => {}
+                Err(e) if e.kind() == ErrorKind::Busy => {
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "checkpoint store {:?} on tier {:?} is open elsewhere: {}",
+                            cfg.prefix,
+                            t.name(),
+                            e.message()
+                        ),
+                    )
+                    .with_operation(Operation::Open))
+                }
+                Err(e) => return Err(e),
+            }
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let m = Metrics::new(&tiers);
@@ -760,7 +818,14 @@ impl CheckpointStore {
             changed: Notify::new(),
             bucket,
             m,
+            writable,
+            _locks: locks,
         });
+        let store = CheckpointStore { inner };
+        if !writable {
+            return Ok(store);
+        }
+        let inner = &store.inner;
         // The save's two chunk buffers, allocated and touched now so that the first save does
         // not pay the page faults.
         let (chunk, align) = inner.chunk_layout(0);
@@ -769,8 +834,7 @@ impl CheckpointStore {
             buf.capacity_mut().fill(0);
             inner.give_buffer(buf);
         }
-        tokio::spawn(drain_loop(Arc::downgrade(&inner), rx, concurrency));
-        let store = CheckpointStore { inner };
+        tokio::spawn(drain_loop(Arc::downgrade(inner), rx, concurrency));
         store.recover().await?;
         Ok(store)
     }
@@ -822,6 +886,13 @@ impl CheckpointStore {
 
     async fn save_to(&self, step: u64, mut parts: Vec<Part<'_>>, direct: bool) -> Result<SaveReport> {
         let inner = &self.inner;
+        if !inner.writable {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("cannot save checkpoint {step}: the store is open read-only"),
+            )
+            .with_operation(Operation::Write));
+        }
         let start = Instant::now();
         let mut names = BTreeSet::new();
         for p in &parts {

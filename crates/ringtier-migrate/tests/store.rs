@@ -137,6 +137,13 @@ async fn recovery_removes_partials_and_requeues_undrained() {
     drop(alone);
     // A torn save: parts without a manifest.
     ops::put(fast.as_ref(), "ckpt/00000000000000000007/parts/model", b"half", 4096).await.expect("put");
+    // Read-only opens never recover: that partial may be another process's save in progress.
+    let ro = CheckpointStore::open_read_only(vec![Arc::clone(&fast), Arc::clone(&slow)], small_chunks())
+        .await
+        .expect("read-only");
+    assert_eq!(ro.list().await.expect("list").iter().map(|c| c.step).collect::<Vec<_>>(), [5, 6]);
+    assert_eq!(fast.list("ckpt/00000000000000000007/").await.expect("list").len(), 1, "partial left alone");
+    drop(ro);
     let store = CheckpointStore::open(
         vec![Arc::clone(&fast), Arc::clone(&slow)],
         StoreConfig { keep_last: 1, ..small_chunks() },
@@ -228,6 +235,22 @@ async fn burst_buffer_on_real_directories_with_direct_io() {
     assert!(base.path().join("fast/ckpt/00000000000000000100/MANIFEST.json").exists());
     store.drain().await.expect("drain");
     assert!(base.path().join("slow/ckpt/00000000000000000100/MANIFEST.json").exists());
+    // A second store over the same directories is refused while this one is open (its drain,
+    // eviction and recovery would race), naming the holder.
+    let e = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect_err("busy");
+    assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+    assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+    let other = StoreConfig { prefix: "other".into(), ..StoreConfig::default() };
+    drop(CheckpointStore::open(vec![open("fast"), open("slow")], other).await.expect("another prefix"));
+    // Read-only, next to the open store: lists and loads, never saves.
+    let ro = CheckpointStore::open_read_only(vec![open("fast"), open("slow")], StoreConfig::default())
+        .await
+        .expect("read-only next to a writer");
+    assert_eq!(ro.latest().await.expect("latest"), Some(100));
+    assert_eq!(ro.load(100).await.expect("load").parts[0].1, weights);
+    let e = ro.save(101, vec![Part::bytes("w", b"x")]).await.expect_err("read-only save");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    drop(ro);
     // Reopening finds it; nothing left to drain.
     drop(store);
     let store = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect("reopen");

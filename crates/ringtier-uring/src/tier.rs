@@ -16,7 +16,7 @@ use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
 use ringtier_core::key::validate_key;
-use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier};
+use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
@@ -369,6 +369,10 @@ impl Tier for UringTier {
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.inner.root.run_on(&self.inner.meta, Operation::Delete, key, self.name(), FsRoot::delete).await
+    }
+
+    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
+        self.inner.root.lock(name).map(Some).map_err(|e| e.context(Operation::Open, name, self.name()))
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

@@ -307,6 +307,16 @@ impl Inner {
         Ok(out)
     }
 
+    /// Whether `step` is committed on tier `t`: one stat of its manifest, not a listing (the
+    /// save path asks every tier, and a slow tier may hold thousands of checkpoints).
+    async fn is_committed(&self, t: usize, step: u64) -> Result<bool> {
+        match self.tiers[t].stat(&self.manifest_key(step)).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn committed(&self, t: usize) -> Result<BTreeSet<u64>> {
         Ok(self.scan(t).await?.into_iter().filter(|(_, f)| f.manifest).map(|(s, _)| s).collect())
     }
@@ -515,7 +525,7 @@ impl Inner {
     async fn drain_one(&self, step: u64, from: usize) -> Result<u64> {
         let to = from + 1;
         let manifest = self.manifest(from, step).await?;
-        if self.committed(to).await?.contains(&step) {
+        if self.is_committed(to, step).await? {
             return Ok(0); // already there (recovered after a crash between commit and eviction)
         }
         // A partial copy from an interrupted drain is replaced part by part.
@@ -902,7 +912,7 @@ impl CheckpointStore {
             }
         }
         for t in 0..inner.tiers.len() {
-            if inner.committed(t).await?.contains(&step) {
+            if inner.is_committed(t, step).await? {
                 return Err(Error::new(
                     ErrorKind::AlreadyExists,
                     format!("checkpoint {step} already exists on tier {:?}", inner.tiers[t].name()),
@@ -1098,7 +1108,7 @@ impl CheckpointStore {
         let inner = &self.inner;
         let mut fallbacks = Vec::new();
         for t in 0..inner.tiers.len() {
-            if !inner.committed(t).await?.contains(&step) {
+            if !inner.is_committed(t, step).await? {
                 continue;
             }
             match self.load_from(t, step).await {
@@ -1144,7 +1154,7 @@ impl CheckpointStore {
         let inner = &self.inner;
         let mut out = Vec::new();
         for t in 0..inner.tiers.len() {
-            if inner.committed(t).await?.contains(&step) {
+            if inner.is_committed(t, step).await? {
                 let res = self.load_from(t, step).await.map(|_| ());
                 out.push((inner.tiers[t].name().to_string(), res));
             }

@@ -86,12 +86,8 @@ impl AlignedBuf {
     pub fn new(capacity: usize, align: usize) -> Result<Self> {
         let align = check_align(align)?;
         let cap = align_up(capacity.max(1) as u64, align as u64) as usize;
-        let layout = Layout::from_size_align(cap, align)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad buffer layout: {e}")))?;
-        // SAFETY: the layout has a non-zero size (cap >= align >= 4096).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw)
-            .ok_or_else(|| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {cap} bytes")))?;
+        // Zeroed and touched; huge pages for large buffers (see `alloc_touched`).
+        let (ptr, layout) = alloc_touched(cap, align)?;
         Ok(AlignedBuf { ptr, cap, align, head: 0, len: 0, origin: Origin::Heap(layout) })
     }
 
@@ -332,6 +328,38 @@ impl fmt::Debug for BufferPool {
     }
 }
 
+/// Size (and alignment) of a transparent huge page on x86-64 and arm64 with 4 KiB pages.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Allocates `size` zeroed bytes aligned to `align` (at least [`HUGE_PAGE`] when `size` is at
+/// least that), every page touched; large allocations are advised for transparent huge pages
+/// *before* the first touch, since the advice only applies to pages faulted in after it.
+///
+/// Why: a direct read or write from a buffer is split into as many device segments as the
+/// buffer has physically discontiguous runs. On the virtio disk of these machines an 8 MiB
+/// O_DIRECT write from scattered 4 KiB pages (2048 segments, 9 requests) took 6.6 ms against
+/// 3.8 ms from a buffer whose pages happened to be mostly contiguous (129 runs); huge pages
+/// make every 2 MiB one run. The layout actually used is returned (free with it).
+pub fn alloc_touched(size: usize, align: usize) -> Result<(NonNull<u8>, Layout)> {
+    let align = if size >= HUGE_PAGE { align.max(HUGE_PAGE) } else { align };
+    let layout = Layout::from_size_align(size.max(1), align)
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad buffer layout: {e}")))?;
+    // SAFETY: the layout has a non-zero size. The memory is zeroed below before any read.
+    let raw = unsafe { alloc::alloc(layout) };
+    let ptr = NonNull::new(raw).ok_or_else(|| {
+        Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {} bytes", layout.size()))
+    })?;
+    if layout.size() >= HUGE_PAGE {
+        // SAFETY: ptr..ptr+size is our allocation (2 MiB aligned); the advice is advisory only.
+        unsafe {
+            libc::madvise(ptr.as_ptr().cast(), layout.size(), libc::MADV_HUGEPAGE);
+        }
+    }
+    // SAFETY: ptr is valid for writes of layout.size() bytes; this zeroes and touches them.
+    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, layout.size()) };
+    Ok((ptr, layout))
+}
+
 impl BufferPool {
     /// Allocates the slab, advises transparent huge pages and touches every page once.
     pub fn new(config: PoolConfig) -> Result<Self> {
@@ -346,24 +374,9 @@ impl BufferPool {
         let slab_len = buf_size
             .checked_mul(config.count)
             .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pool size overflows"))?;
-        // Huge-page alignment for large slabs lets THP back them.
-        let slab_align = if slab_len >= (2 << 20) { align.max(2 << 20) } else { align };
-        let layout = Layout::from_size_align(slab_len, slab_align)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad pool layout: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(raw).ok_or_else(|| {
-            Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating a {slab_len}-byte pool"))
-        })?;
-        // SAFETY: base..base+slab_len is our allocation; MADV_HUGEPAGE is advisory only.
-        unsafe {
-            libc::madvise(base.as_ptr().cast(), slab_len, libc::MADV_HUGEPAGE);
-        }
-        // Touch every page now so the hot path never takes a first-touch fault.
-        for off in (0..slab_len).step_by(4096) {
-            // SAFETY: off < slab_len, inside our allocation; writing the zero it already holds.
-            unsafe { base.as_ptr().add(off).write_volatile(0) };
-        }
+        // Huge pages where the system allows (see `alloc_touched`), every page touched now so
+        // the hot path never takes a first-touch fault.
+        let (base, layout) = alloc_touched(slab_len, align)?;
         let base_addr = base.as_ptr() as usize;
         let dealloc = move || {
             // SAFETY: base was allocated with exactly this layout and is freed once, when the

@@ -59,22 +59,9 @@ impl PinnedPool {
         let len = buf_size
             .checked_mul(count)
             .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pinned pool size overflows"))?;
-        let layout = Layout::from_size_align(len, 2 << 20)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad pinned pool layout: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw)
-            .ok_or_else(|| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {len} bytes")))?;
-        // Transparent huge pages where the system allows them (the slab is 2 MiB aligned): a
-        // direct read into 2 MiB pages needs far fewer segments than one into 4 KiB pages.
-        // SAFETY: ptr..ptr+len is our allocation; MADV_HUGEPAGE is advisory only.
-        unsafe {
-            libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
-        }
-        for off in (0..len).step_by(4096) {
-            // SAFETY: inside the allocation; writes the zero it already holds (first touch now).
-            unsafe { ptr.as_ptr().add(off).write_volatile(0) };
-        }
+        // Zeroed and touched now, huge pages where the system allows them: a direct read into
+        // 2 MiB pages needs far fewer device segments than one into scattered 4 KiB pages.
+        let (ptr, layout) = ringtier_core::buf::alloc_touched(len, 4096)?;
         let slab = Slab { ptr, layout };
         #[cfg(feature = "cuda")]
         let mut registration = None;

@@ -56,8 +56,8 @@ fn check_align(align: usize) -> Result<usize> {
 }
 
 enum Origin {
-    /// Allocated by [`AlignedBuf::new`] with this layout.
-    Heap(Layout),
+    /// Allocated by [`AlignedBuf::new`] (taken when freed).
+    Own(Option<Region>),
     /// Slot `index` of a pool; returned to the pool on drop.
     Pool { pool: Arc<PoolShared>, index: u32 },
     /// Memory owned elsewhere; the callback releases it.
@@ -87,8 +87,8 @@ impl AlignedBuf {
         let align = check_align(align)?;
         let cap = align_up(capacity.max(1) as u64, align as u64) as usize;
         // Zeroed and touched; huge pages for large buffers (see `alloc_touched`).
-        let (ptr, layout) = alloc_touched(cap, align)?;
-        Ok(AlignedBuf { ptr, cap, align, head: 0, len: 0, origin: Origin::Heap(layout) })
+        let region = alloc_touched(cap, align)?;
+        Ok(AlignedBuf { ptr: region.ptr(), cap, align, head: 0, len: 0, origin: Origin::Own(Some(region)) })
     }
 
     /// Wraps memory allocated elsewhere (pinned host memory, a registered slab).
@@ -234,8 +234,12 @@ impl fmt::Debug for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         match &mut self.origin {
-            // SAFETY: ptr was allocated by alloc_zeroed with exactly this layout.
-            Origin::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), *layout) },
+            Origin::Own(region) => {
+                if let Some(r) = region.take() {
+                    // SAFETY: the buffer is being dropped; nothing uses its memory afterwards.
+                    unsafe { r.free() }
+                }
+            }
             Origin::Pool { pool, index } => pool.release(*index),
             Origin::Foreign(release) => {
                 if let Some(f) = release.take() {
@@ -331,33 +335,118 @@ impl fmt::Debug for BufferPool {
 /// Size (and alignment) of a transparent huge page on x86-64 and arm64 with 4 KiB pages.
 pub const HUGE_PAGE: usize = 2 << 20;
 
-/// Allocates `size` zeroed bytes aligned to `align` (at least [`HUGE_PAGE`] when `size` is at
-/// least that), every page touched; large allocations are advised for transparent huge pages
-/// *before* the first touch, since the advice only applies to pages faulted in after it.
-///
-/// Why: a direct read or write from a buffer is split into as many device segments as the
-/// buffer has physically discontiguous runs. On the virtio disk of these machines an 8 MiB
-/// O_DIRECT write from scattered 4 KiB pages (2048 segments, 9 requests) took 6.6 ms against
-/// 3.8 ms from a buffer whose pages happened to be mostly contiguous (129 runs); huge pages
-/// make every 2 MiB one run. The layout actually used is returned (free with it).
-pub fn alloc_touched(size: usize, align: usize) -> Result<(NonNull<u8>, Layout)> {
-    let align = if size >= HUGE_PAGE { align.max(HUGE_PAGE) } else { align };
-    let layout = Layout::from_size_align(size.max(1), align)
-        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad buffer layout: {e}")))?;
-    // SAFETY: the layout has a non-zero size. The memory is zeroed below before any read.
-    let raw = unsafe { alloc::alloc(layout) };
-    let ptr = NonNull::new(raw).ok_or_else(|| {
-        Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {} bytes", layout.size()))
-    })?;
-    if layout.size() >= HUGE_PAGE {
-        // SAFETY: ptr..ptr+size is our allocation (2 MiB aligned); the advice is advisory only.
-        unsafe {
-            libc::madvise(ptr.as_ptr().cast(), layout.size(), libc::MADV_HUGEPAGE);
+/// Memory from [`alloc_touched`]: zeroed, every page touched, freed with [`Region::free`].
+#[derive(Debug)]
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: RegionKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RegionKind {
+    /// From the global allocator with this layout.
+    Heap(Layout),
+    /// A private anonymous mapping of `len` bytes of its own.
+    Mapped,
+}
+
+// SAFETY: plain memory, owned by whoever holds the region.
+unsafe impl Send for Region {}
+// SAFETY: as above; the region itself gives no access to the memory.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// The first byte.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Its length in bytes (at least what was asked for).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty region (never: regions hold at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Returns the memory.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may use a pointer into the region afterwards.
+    pub unsafe fn free(self) {
+        match self.kind {
+            // SAFETY: allocated by `alloc_touched` with this layout (caller: no further use).
+            RegionKind::Heap(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+            // SAFETY: our own mapping of exactly `len` bytes (caller: no further use).
+            RegionKind::Mapped => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            },
         }
     }
-    // SAFETY: ptr is valid for writes of layout.size() bytes; this zeroes and touches them.
-    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, layout.size()) };
-    Ok((ptr, layout))
+}
+
+/// Allocates `size` zeroed bytes aligned to `align`, every page touched. Allocations of at
+/// least [`HUGE_PAGE`] get a private anonymous mapping of their own, 2 MiB aligned and advised
+/// for transparent huge pages *before* the first touch (the global allocator would hand back
+/// recycled, already-faulted 4 KiB pages, and advice after the touch changes nothing).
+///
+/// Why: a direct read or write from a buffer is split into one device segment per physically
+/// contiguous run of it. On the virtio disk of these machines an 8 MiB O_DIRECT write from
+/// scattered 4 KiB pages (2048 segments, 9 requests) took 6.6 ms against 3.8 ms from a buffer
+/// whose pages happened to be mostly contiguous (129 runs); huge pages make each 2 MiB one run.
+pub fn alloc_touched(size: usize, align: usize) -> Result<Region> {
+    let oom = |n: usize| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {n} bytes"));
+    if size >= HUGE_PAGE && align <= HUGE_PAGE {
+        let len = align_up(size as u64, 4096) as usize;
+        let span = len + HUGE_PAGE;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(oom(size));
+        }
+        let start = raw as usize;
+        let aligned = align_up(start as u64, HUGE_PAGE as u64) as usize;
+        // SAFETY: both trims lie inside the mapping just made and outside [aligned, aligned+len).
+        unsafe {
+            if aligned > start {
+                libc::munmap(raw, aligned - start);
+            }
+            let end = aligned + len;
+            if start + span > end {
+                libc::munmap(end as *mut libc::c_void, start + span - end);
+            }
+            // Advisory only.
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        let ptr = NonNull::new(aligned as *mut u8).ok_or_else(|| oom(size))?;
+        // SAFETY: [aligned, aligned+len) is mapped read-write; writing the zeros it holds
+        // touches every page now.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        return Ok(Region { ptr, len, kind: RegionKind::Mapped });
+    }
+    let layout = Layout::from_size_align(size.max(1), align)
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad buffer layout: {e}")))?;
+    // SAFETY: the layout has a non-zero size.
+    let raw = unsafe { alloc::alloc_zeroed(layout) };
+    let ptr = NonNull::new(raw).ok_or_else(|| oom(size))?;
+    for off in (0..layout.size()).step_by(4096) {
+        // SAFETY: inside the allocation; writes the zero it holds (first touch now).
+        unsafe { ptr.as_ptr().add(off).write_volatile(0) };
+    }
+    Ok(Region { ptr, len: layout.size(), kind: RegionKind::Heap(layout) })
 }
 
 impl BufferPool {
@@ -376,12 +465,11 @@ impl BufferPool {
             .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pool size overflows"))?;
         // Huge pages where the system allows (see `alloc_touched`), every page touched now so
         // the hot path never takes a first-touch fault.
-        let (base, layout) = alloc_touched(slab_len, align)?;
-        let base_addr = base.as_ptr() as usize;
+        let region = alloc_touched(slab_len, align)?;
+        let base = region.ptr();
         let dealloc = move || {
-            // SAFETY: base was allocated with exactly this layout and is freed once, when the
-            // last handle (pool or buffer) is gone.
-            unsafe { alloc::dealloc(base_addr as *mut u8, layout) }
+            // SAFETY: freed once, when the last handle (pool or buffer) is gone.
+            unsafe { region.free() }
         };
         Ok(Self::from_parts(base, buf_size, config.count, align, slab_len, Box::new(dealloc)))
     }

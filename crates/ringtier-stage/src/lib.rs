@@ -1,7 +1,5 @@
 #![doc = include_str!("../README.md")]
 
-use std::alloc::{self, Layout};
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,16 +37,6 @@ pub struct PinnedPool {
     pinning: Pinning,
 }
 
-struct Slab {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: the slab is plain memory owned by the pool's release closure.
-unsafe impl Send for Slab {}
-// SAFETY: as above; it is never accessed through this handle.
-unsafe impl Sync for Slab {}
-
 impl PinnedPool {
     /// `count` buffers of `buf_size` bytes (rounded up to 4096), pinned for `target`.
     pub fn new(buf_size: usize, count: usize, target: Target) -> Result<Self> {
@@ -61,8 +49,8 @@ impl PinnedPool {
             .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "pinned pool size overflows"))?;
         // Zeroed and touched now, huge pages where the system allows them: a direct read into
         // 2 MiB pages needs far fewer device segments than one into scattered 4 KiB pages.
-        let (ptr, layout) = ringtier_core::buf::alloc_touched(len, 4096)?;
-        let slab = Slab { ptr, layout };
+        let slab = ringtier_core::buf::alloc_touched(len, 4096)?;
+        let ptr = slab.ptr();
         #[cfg(feature = "cuda")]
         let mut registration = None;
         let pinning = match target {
@@ -86,32 +74,30 @@ impl PinnedPool {
                     Pinning::CudaRegistered
                 }
                 Err(e) => {
-                    // SAFETY: allocated above with this layout, not shared yet.
-                    unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                    // SAFETY: allocated above, not shared yet.
+                    unsafe { slab.free() };
                     return Err(e);
                 }
             },
             #[cfg(not(feature = "cuda"))]
             Target::Cuda(_) => {
-                // SAFETY: allocated above with this layout, not shared yet.
-                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                // SAFETY: allocated above, not shared yet.
+                unsafe { slab.free() };
                 return Err(no_cuda_feature());
             }
         };
         let release = move || {
-            let slab = slab; // the whole struct (Send), not its fields
-            let Slab { ptr, layout } = slab;
             if pinning == Pinning::Mlock {
                 // SAFETY: unlock our own allocation once, when the pool and every buffer taken
                 // from it are gone.
-                unsafe { libc::munlock(ptr.as_ptr().cast(), layout.size()) };
+                unsafe { libc::munlock(slab.ptr().as_ptr().cast(), slab.len()) };
             }
             #[cfg(feature = "cuda")]
             if let Some(r) = registration {
                 r.unregister();
             }
-            // SAFETY: as above.
-            unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+            // SAFETY: as above; nothing uses the slab after this.
+            unsafe { slab.free() };
         };
         // SAFETY: the slab is `len` initialised bytes, used only through the pool, released
         // by `release`; 4096 divides both base (2 MiB aligned) and buf_size.

@@ -61,8 +61,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for (i, b) in data.iter_mut().enumerate() {
         *b = (i.wrapping_mul(2_654_435_761) >> 13) as u8;
     }
-    let mut buf = AlignedBuf::new(StoreConfig::default().chunk_bytes, 4096)?;
-    buf.capacity_mut().fill(0);
+    let mut buf = AlignedBuf::new(StoreConfig::default().chunk_bytes, 4096)?; // as the store allocates its own
     let (mut raw, mut saves, mut ratios) = (Vec::new(), vec![Vec::new(); 2], vec![Vec::new(); 2]);
     for step in 0..repeats as u64 {
         let r = raw_write(&dir.join("raw-write.bin"), &data, &mut buf)?;

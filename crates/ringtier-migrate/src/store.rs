@@ -385,12 +385,7 @@ impl Inner {
             let write = async {
                 if throttle {
                     // A drain: give way to saves in progress.
-                    let paused = Instant::now();
-                    self.yield_to_saves().await;
-                    let paused = paused.elapsed().as_secs_f64();
-                    if paused > 0.0 {
-                        self.drained.lock().unwrap_or_else(|p| p.into_inner()).paused_seconds += paused;
-                    }
+                    self.drain_pause().await;
                     if let Some(b) = &self.bucket {
                         let wait = b.take(n as u64);
                         if !wait.is_zero() {
@@ -414,6 +409,10 @@ impl Inner {
             };
             // The next chunk is filled and checksummed while this one is written.
             let fill = async {
+                if throttle {
+                    // The drain's read of its next chunk gives way too.
+                    self.drain_pause().await;
+                }
                 let (res, next) = next_chunk.fill(spare, chunk).await;
                 crc = crc32c::crc32c_append(crc, next.as_slice());
                 (res, next)
@@ -442,6 +441,16 @@ impl Inner {
     fn chunk_layout(&self, t: usize) -> (usize, usize) {
         let align = self.tiers[t].capabilities().alignment.max(4096);
         (ringtier_core::buf::align_up(self.cfg.chunk_bytes.max(4096) as u64, align as u64) as usize, align)
+    }
+
+    /// A drain's wait for saves in progress, counted in [`DrainStats::paused_seconds`].
+    async fn drain_pause(&self) {
+        if self.saving.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        let paused = Instant::now();
+        self.yield_to_saves().await;
+        self.drained.lock().unwrap_or_else(|p| p.into_inner()).paused_seconds += paused.elapsed().as_secs_f64();
     }
 
     /// Waits until no save is writing: background work (drain copies, evictions) runs between
@@ -836,13 +845,11 @@ impl CheckpointStore {
             return Ok(store);
         }
         let inner = &store.inner;
-        // The save's two chunk buffers, allocated and touched now so that the first save does
+        // The save's two chunk buffers, allocated (and touched) now so that the first save does
         // not pay the page faults.
         let (chunk, align) = inner.chunk_layout(0);
         for _ in 0..2 {
-            let mut buf = AlignedBuf::new(chunk + align, align)?;
-            buf.capacity_mut().fill(0);
-            inner.give_buffer(buf);
+            inner.give_buffer(AlignedBuf::new(chunk + align, align)?);
         }
         tokio::spawn(drain_loop(Arc::downgrade(inner), rx, concurrency));
         store.recover().await?;

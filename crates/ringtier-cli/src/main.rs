@@ -28,7 +28,7 @@ use crate::passes::{Engine, Knobs, OnError, Order};
     version,
     about = "io_uring storage engine for deep-learning I/O",
     long_about = "io_uring storage engine for deep-learning I/O.\n\nWith no command, runs the paper's three \
-                  experiments on generated data (about 4 minutes) and writes a report: `ringtier [OPTIONS]` is \
+                  experiments on generated data (about 5 minutes) and writes a report: `ringtier [OPTIONS]` is \
                   `ringtier paper [OPTIONS]`.",
     args_conflicts_with_subcommands = true
 )]

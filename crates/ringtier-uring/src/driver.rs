@@ -2,12 +2,22 @@
 //! machines (statx -> open -> read(s) -> close per file; writes; fsyncs) with at most
 //! `queue_depth` requests in the kernel at once.
 //!
-//! Every unsafe block of the crate that submits to the kernel lives here. The invariant that
-//! makes submission sound: every pointer placed in an SQE (buffer, path, statx, open_how)
-//! points into a job that the driver owns (boxed, so it does not move) until the matching
-//! completion has been reaped; jobs are only handed back to callers after that.
+//! Every unsafe block of the crate that submits to the kernel lives here. The invariants that
+//! make submission sound:
+//!
+//! * every pointer placed in an SQE (buffer, path, statx, open_how) points into a job that the
+//!   driver owns (boxed, so it does not move) until the matching completion has been reaped;
+//!   jobs are only handed back to callers after that;
+//! * every descriptor placed in an SQE belongs to a file the job keeps open (an `Arc` of the
+//!   file or of the tier's root, see [`crate::fd`]) until then, so a caller that drops its
+//!   future and its file cannot let the number be reused by another open while the request is
+//!   still queued;
+//! * the driver is dropped only after its last completion is reaped; if that cannot happen (a
+//!   panic left the ring in an unknown state and cancellation did not finish in time), the
+//!   memory the kernel might still write is leaked, never freed.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,14 +30,29 @@ use io_uring::{opcode, types, IoUring};
 use ringtier_core::buf::{align_down, direct_span};
 use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::fs::FsRoot;
 use ringtier_core::{AlignedBuf, BufferPool, ReadBatch};
 
 use crate::config::{DirectIoPolicy, UringConfig};
+#[cfg(feature = "fail-points")]
+use crate::fail::{FailOp, FailPoints};
+use crate::fd::SharedFile;
 
 /// Fixed-file slots registered per ring when `register_files` is on.
 pub(crate) const FIXED_FILE_SLOTS: u32 = 256;
 const WAKE: u64 = u64::MAX;
+/// user_data of the cancellation the driver submits when it is dropped.
+const CANCEL: u64 = u64::MAX - 1;
 const MAX_RETRIES: u32 = 64;
+/// Largest byte count one read or write SQE asks for: the SQE's length field is a `u32` and
+/// the kernel caps one transfer at `MAX_RW_COUNT` (2 GiB less a page) anyway; longer requests
+/// continue in further SQEs, like short completions.
+const MAX_IO_BYTES: u64 = 1 << 30;
+/// How long a dropped driver waits for the kernel to give back cancelled requests before it
+/// leaks their memory instead of freeing it.
+const DROP_DEADLINE: Duration = Duration::from_secs(10);
+/// A request's file size is not known (whole-file reads that skip `statx`).
+const SIZE_UNKNOWN: u64 = u64::MAX;
 
 /// Counters shared by a tier's drivers.
 #[derive(Debug, Default)]
@@ -55,6 +80,9 @@ pub(crate) struct Shared {
     /// file reads then skip `statx` and let the kernel confirm the alignment (EINVAL sends the
     /// file through the `statx` path).
     pub root_align: Option<(u64, u64)>,
+    /// Fail points rewriting this tier's completions (tests).
+    #[cfg(feature = "fail-points")]
+    pub fail: Option<Arc<FailPoints>>,
     warned_fallback: Once,
 }
 
@@ -73,6 +101,8 @@ impl Shared {
             stats: Stats::default(),
             fallback_counter,
             root_align,
+            #[cfg(feature = "fail-points")]
+            fail: None,
             warned_fallback: Once::new(),
         }
     }
@@ -86,13 +116,23 @@ impl Shared {
     }
 }
 
-/// What a batch reads from.
-#[derive(Debug, Clone, Copy)]
+/// What a batch reads from. Both variants keep their descriptor open for as long as the job
+/// lives.
+#[derive(Debug, Clone)]
 pub(crate) enum Target {
     /// Keys relative to a root directory: statx, open, read, close per request.
-    Keys { root_fd: RawFd },
+    Keys { root: Arc<FsRoot> },
     /// One open file.
-    File { fd: RawFd, fixed: Option<u32>, direct: bool, align: u64, size: u64 },
+    File { file: Arc<SharedFile>, key: String, direct: bool, align: u64, size: u64 },
+}
+
+impl Target {
+    fn root_fd(&self) -> Option<RawFd> {
+        match self {
+            Target::Keys { root } => Some(root.root_fd()),
+            Target::File { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,11 +150,16 @@ struct EntryState {
     fd: RawFd,
     direct: bool,
     align: u64,
+    /// File size from statx or the open file ([`SIZE_UNKNOWN`] on the fast path).
+    size: u64,
     io_off: u64,
     span: usize,
     head: usize,
     want: usize,
     filled: usize,
+    /// The most bytes `filled` has reached: a read that keeps ending short of it makes no
+    /// progress.
+    high: usize,
     retries: u32,
     path: usize,
     statx: libc::statx,
@@ -180,11 +225,13 @@ impl BatchJob {
                 fd: -1,
                 direct: false,
                 align: 1,
+                size: SIZE_UNKNOWN,
                 io_off: 0,
                 span: 0,
                 head: 0,
                 want: 0,
                 filled: 0,
+                high: 0,
                 retries: 0,
                 path,
                 // SAFETY: statx is a plain C struct; all-zero is valid.
@@ -205,7 +252,10 @@ impl BatchJob {
     }
 
     fn err(&self, i: usize, e: Error) -> Error {
-        let key = self.batch.get(i).map(|(k, _)| k).unwrap_or("");
+        let key = match &self.target {
+            Target::File { key, .. } => key.as_str(),
+            Target::Keys { .. } => self.batch.get(i).map(|(k, _)| k).unwrap_or(""),
+        };
         e.context(Operation::Read, key, &self.shared.name)
     }
 
@@ -229,21 +279,32 @@ impl BatchJob {
     }
 }
 
+/// What a finished write hands back: the result and the buffer (absent only when the job
+/// lost it, which completes the job with an error instead of a hang).
+pub(crate) type WriteDone = (Result<()>, Option<AlignedBuf>);
+
 /// A write of a buffer's data window, looping over short writes.
 pub(crate) struct WriteJob {
-    pub fd: RawFd,
+    /// Kept open until the last completion of this job is reaped.
+    pub file: Arc<File>,
     pub offset: u64,
     /// Bytes to write from the start of the data window (may exceed `buf.len()` by padding).
     pub len: usize,
+    /// The file's direct-I/O alignment (1 for buffered writes): a short write continues from
+    /// an aligned position.
+    pub align: u64,
     pub buf: Option<AlignedBuf>,
     pub written: usize,
     pub retries: u32,
-    pub done: Option<oneshot::Sender<(Result<()>, AlignedBuf)>>,
+    pub done: Option<oneshot::Sender<WriteDone>>,
+    /// Whatever the caller needs to outlive the write (its in-flight count).
+    pub _guard: Box<dyn Send>,
 }
 
 /// A data fsync.
 pub(crate) struct FsyncJob {
-    pub fd: RawFd,
+    /// Kept open until the completion is reaped.
+    pub file: Arc<File>,
     pub retries: u32,
     pub done: Option<oneshot::Sender<Result<()>>>,
 }
@@ -395,7 +456,8 @@ pub(crate) fn spawn(
         fixed_files,
         direct_files,
         shared,
-        wake_buf: 0,
+        wake_buf: Box::new(0),
+        wake_armed: false,
         in_flight_gauge,
         submits,
         sqes,
@@ -426,7 +488,11 @@ struct Driver {
     /// Per-file opens return direct descriptors (fixed-file slots allocated by the kernel).
     direct_files: bool,
     shared: Arc<Shared>,
-    wake_buf: u64,
+    /// Where the armed eventfd read lands; boxed so that a driver which cannot confirm the
+    /// read's cancellation can leak it.
+    wake_buf: Box<u64>,
+    /// The eventfd read is in the kernel.
+    wake_armed: bool,
     in_flight_gauge: metrics::Gauge,
     submits: metrics::Counter,
     sqes: metrics::Counter,
@@ -493,12 +559,21 @@ impl Driver {
     }
 
     fn arm_wake(&mut self) {
-        let sqe = opcode::Read::new(types::Fd(self.wake_fd.as_raw_fd()), (&mut self.wake_buf as *mut u64).cast(), 8)
-            .build()
-            .user_data(WAKE);
-        // SAFETY: wake_buf lives in the driver, which outlives the ring's use of it: the
-        // driver only stops after reaping, and the ring is dropped with the driver.
+        let buf: *mut u64 = &mut *self.wake_buf;
+        let sqe = opcode::Read::new(types::Fd(self.wake_fd.as_raw_fd()), buf.cast(), 8).build().user_data(WAKE);
+        // SAFETY: wake_buf is a box the driver owns; Drop frees it only after the read's
+        // completion is reaped and leaks it otherwise. The eventfd is kept open by wake_fd.
         unsafe { self.push_raw(&sqe) };
+        self.wake_armed = true;
+    }
+
+    /// The result the completion handling sees: the kernel's, or what a fail point makes of it.
+    #[cfg(feature = "fail-points")]
+    fn inject(&self, op: FailOp, res: i32) -> i32 {
+        match &self.shared.fail {
+            Some(f) => f.apply(op, res),
+            None => res,
+        }
     }
 
     fn accept(&mut self, job: Job) {
@@ -576,8 +651,11 @@ impl Driver {
                 }
                 Active::Write(mut w) => {
                     self.queue.pop_front();
-                    self.submit_write(id, &mut w);
-                    self.jobs[id as usize] = Some(Active::Write(w));
+                    if self.submit_write(id, &mut w) {
+                        self.jobs[id as usize] = Some(Active::Write(w));
+                    } else {
+                        self.release(id);
+                    }
                 }
                 Active::Fsync(mut f) => {
                     self.queue.pop_front();
@@ -603,10 +681,13 @@ impl Driver {
             }
             b.active += 1;
             b.states[i].started = Some(Instant::now());
-            let target = b.target;
-            match target {
-                Target::Keys { root_fd } if self.try_fast_open(b, i) => self.submit_open(id, b, i, root_fd),
-                Target::Keys { root_fd } => {
+            let file = match &b.target {
+                Target::File { file, direct, align, size, .. } => Some((file.fd(), *direct, *align, *size)),
+                Target::Keys { .. } => None,
+            };
+            match (b.target.root_fd(), file) {
+                (Some(root_fd), _) if self.try_fast_open(b, i) => self.submit_open(id, b, i, root_fd),
+                (Some(root_fd), _) => {
                     let st = &mut b.states[i];
                     st.phase = Phase::Statx;
                     let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
@@ -620,7 +701,8 @@ impl Driver {
                     unsafe { self.push_raw(&sqe) };
                     self.in_flight += 1;
                 }
-                Target::File { fd, direct, align, size, .. } => {
+                (None, Some((fd, direct, align, size))) => {
+                    // The job's target keeps the file open: fd stays valid until the job ends.
                     b.states[i].fd = fd;
                     match self.plan_read(b, i, size, direct, align) {
                         Ok(true) => self.submit_read(id, b, i),
@@ -632,6 +714,7 @@ impl Driver {
                         }
                     }
                 }
+                (None, None) => self.entry_done(b, i),
             }
             return true;
         }
@@ -732,27 +815,36 @@ impl Driver {
             st.span = want;
             st.head = 0;
         }
+        st.size = size;
         st.filled = 0;
+        st.high = 0;
         Ok(true)
     }
 
     fn submit_read(&mut self, id: u32, b: &mut BatchJob, i: usize) {
-        let fixed_file = match b.target {
-            Target::File { fixed, .. } => fixed,
+        let fixed_file = match &b.target {
+            Target::File { file, .. } => file.fixed(),
             Target::Keys { .. } => b.states[i].slot,
         };
         let st = &mut b.states[i];
         st.phase = Phase::Read;
-        let Some(buf) = st.buf.as_mut() else { return };
+        let Some(buf) = st.buf.as_mut() else {
+            // Cannot happen (entries without a buffer never start); if it does, the entry
+            // fails instead of waiting for a completion that will never come.
+            let e = b.err(i, Error::new(ErrorKind::InvalidInput, "request has no buffer"));
+            return self.end_read(id, b, i, Err(e));
+        };
         // SAFETY: filled < span <= capacity, so the pointer stays inside the buffer.
         let ptr = unsafe { buf.as_mut_ptr().add(st.filled) };
         let mut len = st.span - st.filled;
-        if self.max_read > 0 && len > self.max_read {
-            // Cap one read at max_read, kept a multiple of the direct-I/O alignment.
-            len = (align_down(self.max_read as u64, st.align) as usize).max(st.align as usize).min(len);
+        let cap = if self.max_read > 0 { (self.max_read as u64).min(MAX_IO_BYTES) } else { MAX_IO_BYTES };
+        if len as u64 > cap {
+            // One read asks for at most `cap` bytes, kept a multiple of the direct-I/O
+            // alignment; the rest follows as with a short read.
+            len = (align_down(cap, st.align) as usize).max(st.align as usize).min(len);
         }
         st.last_len = len;
-        let len = len as u32;
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
         let off = st.io_off + st.filled as u64;
         let fixed_buf = match (buf.pool_slot(), self.registered_pool) {
             (Some((pool, idx)), Some(reg)) if pool == reg && idx <= u16::MAX as u32 => Some(idx as u16),
@@ -816,26 +908,71 @@ impl Driver {
         self.in_flight += 1;
     }
 
-    fn submit_write(&mut self, id: u32, w: &mut WriteJob) {
-        let Some(buf) = w.buf.as_mut() else { return };
+    /// Submits the rest of a write. Returns false when the job cannot go on (it has then
+    /// been completed with an error and must be released).
+    fn submit_write(&mut self, id: u32, w: &mut WriteJob) -> bool {
+        let Some(buf) = w.buf.as_mut() else {
+            if let Some(done) = w.done.take() {
+                let _ = done.send((Err(Error::new(ErrorKind::InvalidInput, "write request has no buffer")), None));
+            }
+            return false;
+        };
         let head = buf.head();
-        // SAFETY: head + written < head + len <= capacity (checked by the caller).
+        if head + w.len > buf.capacity() {
+            let e = Error::new(
+                ErrorKind::InvalidInput,
+                format!("write of {} bytes does not fit the buffer's capacity {}", w.len, buf.capacity() - head),
+            );
+            if let Some(done) = w.done.take() {
+                let _ = done.send((Err(e), w.buf.take()));
+            }
+            return false;
+        }
+        // SAFETY: head + written < head + len <= capacity (checked above).
         let ptr = unsafe { buf.as_mut_ptr().add(head + w.written) };
-        let sqe = opcode::Write::new(types::Fd(w.fd), ptr, (w.len - w.written) as u32)
+        let len = ((w.len - w.written) as u64).min(align_down(MAX_IO_BYTES, w.align.max(1)));
+        let sqe = opcode::Write::new(types::Fd(w.file.as_raw_fd()), ptr, len as u32)
             .offset(w.offset + w.written as u64)
             .build()
             .user_data((id as u64) << 32);
-        // SAFETY: the buffer is owned by the boxed job until this completion is reaped.
+        // SAFETY: the buffer is owned by the boxed job until this completion is reaped, and
+        // the job's Arc keeps the file open until then.
+        unsafe { self.push_raw(&sqe) };
+        self.in_flight += 1;
+        true
+    }
+
+    fn submit_fsync(&mut self, id: u32, f: &mut FsyncJob) {
+        let sqe = opcode::Fsync::new(types::Fd(f.file.as_raw_fd()))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data((id as u64) << 32);
+        // SAFETY: fsync takes no pointers; the job's Arc keeps the file open until the
+        // completion is reaped.
         unsafe { self.push_raw(&sqe) };
         self.in_flight += 1;
     }
 
-    fn submit_fsync(&mut self, id: u32, f: &mut FsyncJob) {
-        let sqe =
-            opcode::Fsync::new(types::Fd(f.fd)).flags(types::FsyncFlags::DATASYNC).build().user_data((id as u64) << 32);
-        // SAFETY: fsync takes no pointers.
-        unsafe { self.push_raw(&sqe) };
-        self.in_flight += 1;
+    /// Ends an entry's read with `res`: closes its file first when the entry opened one.
+    fn end_read(&mut self, id: u32, b: &mut BatchJob, i: usize, res: Result<usize>) {
+        b.states[i].result = Some(res);
+        b.states[i].mark_latency();
+        match b.target {
+            Target::Keys { .. } => self.submit_close(id, b, i),
+            Target::File { .. } => self.entry_done(b, i),
+        }
+    }
+
+    /// Closes a descriptor (or direct descriptor) that a fail point pretends was never opened.
+    #[cfg(feature = "fail-points")]
+    fn close_now(&mut self, res: i32) {
+        if self.direct_files {
+            let _ = self.ring.submitter().register_files_update(res as u32, &[-1]);
+        } else {
+            // SAFETY: res is the descriptor the kernel just opened for this request; nothing
+            // else knows its number.
+            unsafe { libc::close(res) };
+        }
     }
 
     fn entry_done(&mut self, b: &mut BatchJob, i: usize) {
@@ -852,10 +989,14 @@ impl Driver {
             };
             let (ud, res) = (cqe.user_data(), cqe.result());
             if ud == WAKE {
+                self.wake_armed = false;
                 self.arm_wake();
                 continue;
             }
-            self.in_flight -= 1;
+            if ud == CANCEL {
+                continue;
+            }
+            self.in_flight = self.in_flight.saturating_sub(1);
             let id = (ud >> 32) as u32;
             let idx = (ud & 0xffff_ffff) as usize;
             let Some(job) = self.jobs.get_mut(id as usize).and_then(Option::take) else {
@@ -881,6 +1022,8 @@ impl Driver {
                     }
                 }
                 Active::Fsync(mut f) => {
+                    #[cfg(feature = "fail-points")]
+                    let res = self.inject(FailOp::Fsync, res);
                     if res < 0 && is_retryable(-res) && f.retries < MAX_RETRIES {
                         f.retries += 1;
                         self.submit_fsync(id, &mut f);
@@ -899,12 +1042,14 @@ impl Driver {
 
     /// Returns true when the write job is complete.
     fn on_write_cqe(&mut self, id: u32, w: &mut WriteJob, res: i32) -> bool {
+        #[cfg(feature = "fail-points")]
+        let res = self.inject(FailOp::Write, res);
         let out = if res < 0 {
             let errno = -res;
             if is_retryable(errno) && w.retries < MAX_RETRIES {
                 w.retries += 1;
-                self.submit_write(id, w);
-                return false;
+                self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
+                return !self.submit_write(id, w);
             }
             Err(Error::from_errno(errno, "write failed"))
         } else if res == 0 {
@@ -912,20 +1057,37 @@ impl Driver {
         } else {
             w.written += res as usize;
             if w.written < w.len {
+                // A short write (or the rest of one longer than a single SQE takes): go on
+                // from an aligned position, rewriting the few bytes past it under O_DIRECT.
+                w.written = align_down(w.written as u64, w.align.max(1)) as usize;
                 self.shared.stats.resubmits.fetch_add(1, Ordering::Relaxed);
-                self.submit_write(id, w);
-                return false;
+                return !self.submit_write(id, w);
             }
             Ok(())
         };
-        if let (Some(done), Some(buf)) = (w.done.take(), w.buf.take()) {
-            let _ = done.send((out, buf));
+        if let Some(done) = w.done.take() {
+            let _ = done.send((out, w.buf.take()));
         }
         true
     }
 
     fn on_batch_cqe(&mut self, id: u32, b: &mut BatchJob, i: usize, res: i32) {
         let phase = b.states[i].phase;
+        #[cfg(feature = "fail-points")]
+        let res = match phase {
+            Phase::Statx => self.inject(FailOp::Statx, res),
+            Phase::Open => {
+                let injected = self.inject(FailOp::Open, res);
+                if injected < 0 && res >= 0 {
+                    // The kernel did open the file: close it before pretending it did not.
+                    self.close_now(res);
+                }
+                injected
+            }
+            Phase::Read => self.inject(FailOp::Read, res),
+            Phase::Close => self.inject(FailOp::Close, res),
+            Phase::Idle | Phase::Done => res,
+        };
         match phase {
             Phase::Statx => {
                 if res < 0 {
@@ -941,7 +1103,7 @@ impl Driver {
                     b.states[i].result = Some(Err(e));
                     return self.entry_done(b, i);
                 }
-                let Target::Keys { root_fd } = b.target else {
+                let Some(root_fd) = b.target.root_fd() else {
                     return self.entry_done(b, i);
                 };
                 let stx = &b.states[i].statx;
@@ -975,7 +1137,7 @@ impl Driver {
                 }
             }
             Phase::Open => {
-                let Target::Keys { root_fd } = b.target else {
+                let Some(root_fd) = b.target.root_fd() else {
                     return self.entry_done(b, i);
                 };
                 if res < 0 {
@@ -1037,7 +1199,20 @@ impl Driver {
                     let n = res as usize;
                     st.filled += n;
                     let need = st.head + st.want;
-                    let eof = n == 0 || (st.direct && st.filled % st.align as usize != 0);
+                    // End of file: a read that returns nothing, or, where the size is not
+                    // known (whole-file reads that skip statx), an O_DIRECT read that ends
+                    // off the alignment (the kernel ends one short of the block only at end
+                    // of file). Where the size is known, a short read is continued whatever
+                    // its length, unless reads stop making progress (the file shrank).
+                    let unaligned_end = st.direct && st.filled % st.align as usize != 0;
+                    let mut eof = n == 0 || (st.size == SIZE_UNKNOWN && unaligned_end);
+                    if st.filled < need && !eof && n < st.last_len {
+                        if st.filled <= st.high {
+                            st.retries += 1;
+                            eof = st.retries >= MAX_RETRIES;
+                        }
+                        st.high = st.high.max(st.filled);
+                    }
                     if st.filled < need && !eof {
                         if n < st.last_len {
                             // Short read before the end: continue from an aligned position.
@@ -1048,6 +1223,8 @@ impl Driver {
                         }
                         return self.submit_read(id, b, i);
                     }
+                    let st = &mut b.states[i];
+                    st.filled = st.filled.max(st.high);
                     let got = st.filled.saturating_sub(st.head).min(st.want);
                     let (head, want) = (st.head, st.want);
                     let _ = want;
@@ -1133,20 +1310,54 @@ impl Driver {
 }
 
 impl Drop for Driver {
+    /// Normally reached after the last completion (the run loop ends only then), with just the
+    /// eventfd read armed. After a panic anything may be in flight: everything is cancelled
+    /// and reaped with a deadline, so the drop never blocks forever. Waiters of unfinished
+    /// jobs see "io_uring driver stopped". Memory the kernel may still write (buffers, paths,
+    /// the eventfd word) is leaked if the kernel has not given it back by the deadline.
     fn drop(&mut self) {
-        // The wake read is still armed; cancel it and wait, so the kernel writes nothing into
-        // freed memory.
-        let sqe = opcode::AsyncCancel::new(WAKE).build().user_data(WAKE - 1);
+        let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL);
         // SAFETY: cancel takes no pointers.
         unsafe { self.push_raw(&sqe) };
-        let _ = self.ring.submit_and_wait(2);
-        // Draining: anything left completes or is cancelled before the ring goes away.
-        for _ in 0..100 {
-            while self.ring.completion().next().is_some() {}
-            if self.in_flight == 0 {
-                break;
+        let deadline = Instant::now() + DROP_DEADLINE;
+        while (self.in_flight > 0 || self.wake_armed) && Instant::now() < deadline {
+            let ts = types::Timespec::new().nsec(100_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            if let Err(e) = self.ring.submitter().submit_with_args(1, &args) {
+                if !matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)) {
+                    break;
+                }
             }
-            let _ = self.ring.submit_and_wait(1);
+            while let Some(cqe) = self.ring.completion().next() {
+                match cqe.user_data() {
+                    WAKE => self.wake_armed = false,
+                    CANCEL => {}
+                    _ => self.in_flight = self.in_flight.saturating_sub(1),
+                }
+            }
+        }
+        self.in_flight_gauge.set(0.0);
+        if self.in_flight > 0 || self.wake_armed {
+            tracing::error!(
+                tier = %self.shared.name,
+                in_flight = self.in_flight,
+                "io_uring driver stopped with requests the kernel has not returned; leaking their memory"
+            );
+            // Fail the waiters, keep the memory.
+            for job in self.jobs.iter_mut().filter_map(Option::take) {
+                match job {
+                    Active::Batch(mut b) => {
+                        b.done.take();
+                        std::mem::forget(b);
+                    }
+                    Active::Write(mut w) => {
+                        w.done.take();
+                        std::mem::forget(w);
+                    }
+                    Active::Fsync(f) => drop(f),
+                }
+            }
+            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new(0)));
         }
     }
 }

@@ -2,6 +2,9 @@
 
 mod config;
 mod driver;
+#[cfg(feature = "fail-points")]
+pub mod fail;
+mod fd;
 mod tier;
 
 pub use config::{BufferedWrites, DirectIoPolicy, UringConfig};

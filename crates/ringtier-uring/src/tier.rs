@@ -20,6 +20,9 @@ use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWrit
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
+#[cfg(feature = "fail-points")]
+use crate::fail::FailPoints;
+use crate::fd::{FixedSlot, SharedFile, SlotTable};
 
 /// A snapshot of a tier's io_uring counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,7 +56,7 @@ struct Inner {
     meta: BlockingPool,
     pool: Option<BufferPool>,
     root_align: (u32, u32),
-    fixed_slots: Mutex<Vec<bool>>,
+    fixed_slots: SlotTable,
 }
 
 impl Drop for Inner {
@@ -92,22 +95,94 @@ impl Inner {
         }
     }
 
-    async fn write(&self, fd: RawFd, offset: u64, len: usize, buf: AlignedBuf) -> (Result<()>, Option<AlignedBuf>) {
+    /// Writes `len` bytes of `buf`'s data window at `offset` through a ring. The job owns the
+    /// buffer, the file and `ticket` until its last completion is reaped, whether or not this
+    /// future is still there to hear about it.
+    async fn write(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        len: usize,
+        align: u64,
+        buf: AlignedBuf,
+        ticket: WriteTicket,
+    ) -> (Result<()>, Option<AlignedBuf>) {
         let (tx, rx) = oneshot::channel();
-        let job = Box::new(WriteJob { fd, offset, len, buf: Some(buf), written: 0, retries: 0, done: Some(tx) });
+        let job = Box::new(WriteJob {
+            file,
+            offset,
+            len,
+            align,
+            buf: Some(buf),
+            written: 0,
+            retries: 0,
+            done: Some(tx),
+            _guard: Box::new(ticket),
+        });
         if let Err(e) = self.driver().send(Job::Write(job)) {
             return (Err(e), None);
         }
         match rx.await {
-            Ok((res, buf)) => (res, Some(buf)),
+            Ok(done) => done,
             Err(_) => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), None),
         }
     }
 
-    async fn fdatasync(&self, fd: RawFd) -> Result<()> {
+    async fn fdatasync(&self, file: Arc<File>) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.driver().send(Job::Fsync(Box::new(FsyncJob { fd, retries: 0, done: Some(tx) })))?;
+        self.driver().send(Job::Fsync(Box::new(FsyncJob { file, retries: 0, done: Some(tx) })))?;
         rx.await.map_err(|_| Error::new(ErrorKind::Shutdown, "io_uring driver stopped"))?
+    }
+
+    fn senders(&self) -> Vec<crossbeam_channel::Sender<Job>> {
+        self.drivers.iter().filter_map(|d| d.tx.clone()).collect()
+    }
+}
+
+/// The writes of one writer that have not completed yet, including those whose futures were
+/// dropped: a later write and the commit wait for them, so a cancelled write can never land
+/// after a later one or after the data fsync.
+#[derive(Debug, Default)]
+struct WritesInFlight {
+    state: Mutex<(usize, Vec<oneshot::Sender<()>>)>,
+}
+
+/// One write counted in [`WritesInFlight`] until it is dropped (by the job, when its last
+/// completion is reaped).
+#[derive(Debug)]
+struct WriteTicket(Arc<WritesInFlight>);
+
+impl WritesInFlight {
+    fn ticket(self: &Arc<Self>) -> WriteTicket {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+        WriteTicket(Arc::clone(self))
+    }
+
+    /// Waits until every ticket is dropped.
+    async fn idle(&self) {
+        let rx = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if st.0 == 0 {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            st.1.push(tx);
+            rx
+        };
+        // A dropped sender (the tier went away) ends the wait too.
+        let _ = rx.await;
+    }
+}
+
+impl Drop for WriteTicket {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 -= 1;
+        if st.0 == 0 {
+            for tx in st.1.drain(..) {
+                let _ = tx.send(());
+            }
+        }
     }
 }
 
@@ -152,6 +227,10 @@ pub struct UringTierOptions {
     /// root with an `O_TMPFILE`. Whole-file reads open files with O_DIRECT on this guess and
     /// fall back to `statx` when the kernel refuses; `(0, 0)` disables the guess.
     pub assume_dio_alignment: Option<(u32, u32)>,
+    /// Fail points that rewrite this tier's completions (short reads and writes, errnos), to
+    /// test every completion path. Feature `fail-points`.
+    #[cfg(feature = "fail-points")]
+    pub fail_points: Option<Arc<FailPoints>>,
 }
 
 impl UringTier {
@@ -184,7 +263,13 @@ impl UringTier {
             .with_tier(&name));
         }
         let known = (root_align.0 > 0 && root_align.1 > 0).then(|| (u64::from(root_align.0), u64::from(root_align.1)));
-        let shared = Arc::new(Shared::new(name, fs_type, config.direct_io, known));
+        #[allow(unused_mut)]
+        let mut shared = Shared::new(name, fs_type, config.direct_io, known);
+        #[cfg(feature = "fail-points")]
+        {
+            shared.fail = options.fail_points.clone();
+        }
+        let shared = Arc::new(shared);
         let mut drivers = Vec::with_capacity(config.rings);
         for i in 0..config.rings {
             drivers.push(driver::spawn(i, &config, options.pool.clone(), Arc::clone(&shared))?);
@@ -204,7 +289,7 @@ impl UringTier {
                 meta,
                 pool: options.pool,
                 root_align,
-                fixed_slots: Mutex::new(vec![false; FIXED_FILE_SLOTS as usize]),
+                fixed_slots: Arc::new(Mutex::new(vec![false; FIXED_FILE_SLOTS as usize])),
             }),
         })
     }
@@ -302,21 +387,23 @@ impl UringTier {
             })
             .await
             .map_err(|e| e.context(Operation::Open, key, self.name()))?;
-        let fixed = if self.inner.config.register_files { self.register_file(file.as_raw_fd()).await } else { None };
-        Ok(UringFile { tier: self.clone(), key: key.to_string(), file, size, direct, align, fixed })
+        let mut shared = SharedFile::new(file);
+        if self.inner.config.register_files {
+            if let Some(slot) = self.register_file(shared.fd()).await {
+                shared.set_fixed(slot);
+            }
+        }
+        Ok(UringFile { tier: self.clone(), key: key.to_string(), file: Arc::new(shared), size, direct, align })
     }
 
-    async fn register_file(&self, fd: RawFd) -> Option<u32> {
-        let slot = {
-            let mut slots = self.inner.fixed_slots.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = slots.iter().position(|used| !used)?;
-            slots[slot] = true;
-            slot as u32
-        };
+    /// Registers `fd` in a free fixed-file slot on every ring. The slot is unregistered when the
+    /// returned value is dropped, also when this future is dropped half-way.
+    async fn register_file(&self, fd: RawFd) -> Option<FixedSlot> {
+        let slot = FixedSlot::reserve(&self.inner.fixed_slots, self.inner.senders())?;
         let mut ok = true;
         for d in &self.inner.drivers {
             let (tx, rx) = oneshot::channel();
-            if d.send(Job::RegisterFile { slot, fd, reply: tx }).is_err() {
+            if d.send(Job::RegisterFile { slot: slot.slot(), fd, reply: tx }).is_err() {
                 ok = false;
                 continue;
             }
@@ -325,19 +412,9 @@ impl UringTier {
         if ok {
             Some(slot)
         } else {
-            self.unregister_file(slot);
             self.inner.shared.stats.register_fallbacks.fetch_add(1, Ordering::Relaxed);
             None
         }
-    }
-
-    fn unregister_file(&self, slot: u32) {
-        for d in &self.inner.drivers {
-            let (tx, _rx) = oneshot::channel();
-            let _ = d.send(Job::RegisterFile { slot, fd: -1, reply: tx });
-        }
-        let mut slots = self.inner.fixed_slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots[slot as usize] = false;
     }
 }
 
@@ -427,6 +504,7 @@ impl Tier for UringTier {
         Ok(Box::new(UringWriter {
             tier: self.clone(),
             key: key.to_string(),
+            in_flight: Arc::default(),
             file: Some(Arc::new(file)),
             buffered: None,
             staged,
@@ -438,8 +516,7 @@ impl Tier for UringTier {
     }
 
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
-        let root_fd = self.inner.root.root_fd();
-        self.inner.run_batch(batch, Target::Keys { root_fd }).await
+        self.inner.run_batch(batch, Target::Keys { root: Arc::clone(&self.inner.root) }).await
     }
 }
 
@@ -449,14 +526,16 @@ fn fallback_buf() -> AlignedBuf {
 }
 
 /// One object opened for many reads through the tier's rings.
+///
+/// Dropping it while reads are queued or in flight is safe: those reads keep the file open
+/// (and its fixed-file slot registered) until they complete.
 pub struct UringFile {
     tier: UringTier,
     key: String,
-    file: File,
+    file: Arc<SharedFile>,
     size: u64,
     direct: bool,
     align: u64,
-    fixed: Option<u32>,
 }
 
 impl fmt::Debug for UringFile {
@@ -466,7 +545,7 @@ impl fmt::Debug for UringFile {
             .field("size", &self.size)
             .field("direct", &self.direct)
             .field("align", &self.align)
-            .field("fixed", &self.fixed)
+            .field("fixed", &self.file.fixed())
             .finish()
     }
 }
@@ -493,7 +572,7 @@ impl UringFile {
 
     /// The fixed-file slot, when registered.
     pub fn fixed_slot(&self) -> Option<u32> {
-        self.fixed
+        self.file.fixed()
     }
 
     /// Reads every request of `batch` (added with [`ReadBatch::push_range`]; keys are
@@ -501,8 +580,8 @@ impl UringFile {
     /// [`UringFile::alignment`] and hold the aligned span of its request.
     pub async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
         let target = Target::File {
-            fd: self.file.as_raw_fd(),
-            fixed: self.fixed,
+            file: Arc::clone(&self.file),
+            key: self.key.clone(),
             direct: self.direct,
             align: self.alignment(),
             size: self.size,
@@ -511,17 +590,11 @@ impl UringFile {
     }
 }
 
-impl Drop for UringFile {
-    fn drop(&mut self) {
-        if let Some(slot) = self.fixed.take() {
-            self.tier.unregister_file(slot);
-        }
-    }
-}
-
 struct UringWriter {
     tier: UringTier,
     key: String,
+    /// Writes not yet completed (some perhaps abandoned by a dropped future).
+    in_flight: Arc<WritesInFlight>,
     /// Shared with the metadata threads while they write to it (buffered writes on threads).
     file: Option<Arc<File>>,
     /// A second, buffered descriptor for writes O_DIRECT cannot take (policy `auto`).
@@ -557,16 +630,24 @@ impl ObjectWriter for UringWriter {
     }
 
     async fn write_at(&mut self, offset: u64, mut buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        if self.file.is_none() {
+            return (
+                Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Write)),
+                buf,
+            );
+        }
+        let len = buf.len();
+        if len == 0 {
+            return (Ok(()), buf);
+        }
+        // Writes of a writer land in order, even after a dropped write_at future.
+        self.in_flight.idle().await;
         let Some(file) = self.file.as_ref() else {
             return (
                 Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Write)),
                 buf,
             );
         };
-        let len = buf.len();
-        if len == 0 {
-            return (Ok(()), buf);
-        }
         let mut target = file;
         let mut direct = self.direct;
         let mut io_len = len;
@@ -605,6 +686,7 @@ impl ObjectWriter for UringWriter {
             }
         }
         self.end = self.end.max(offset + len as u64);
+        let ticket = self.in_flight.ticket();
         if !direct && self.tier.inner.config.buffered_writes == BufferedWrites::Threads {
             let file = Arc::clone(target);
             let res = self
@@ -613,6 +695,7 @@ impl ObjectWriter for UringWriter {
                 .meta
                 .run(move || {
                     use std::os::unix::fs::FileExt;
+                    let _ticket = ticket;
                     match file.write_all_at(&buf.as_slice()[..io_len], offset) {
                         Ok(()) => Ok((Ok(()), buf)),
                         Err(e) => Ok((Err(Error::from(e)), buf)),
@@ -624,7 +707,8 @@ impl ObjectWriter for UringWriter {
                 Err(e) => (Err(self.err(e, Operation::Write)), fallback_buf()),
             };
         }
-        let (res, back) = self.tier.inner.write(target.as_raw_fd(), offset, io_len, buf).await;
+        let align = if direct { self.align } else { 1 };
+        let (res, back) = self.tier.inner.write(Arc::clone(target), offset, io_len, align, buf, ticket).await;
         match back {
             Some(buf) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
             None => (Err(self.err(Error::new(ErrorKind::Shutdown, "buffer lost"), Operation::Write)), fallback_buf()),
@@ -632,22 +716,33 @@ impl ObjectWriter for UringWriter {
     }
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
+        if self.file.is_none() {
+            return Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Commit));
+        }
+        // Writes abandoned by dropped futures finish before the data fsync.
+        self.in_flight.idle().await;
         let Some(file) = self.file.take() else {
             return Err(self.err(Error::new(ErrorKind::InvalidInput, "writer already finished"), Operation::Commit));
         };
+        self.buffered.take();
+        // If this future is dropped before the rename, the staged file goes (a rename already
+        // under way on a metadata thread then fails, or has already published the object).
+        let staged_guard = RemoveOnDrop(Some(self.staged.clone()));
         let res = async {
             if self.padded {
                 file.set_len(self.end)?;
             }
-            self.tier.inner.fdatasync(file.as_raw_fd()).await?;
+            self.tier.inner.fdatasync(Arc::clone(&file)).await?;
             let inner = Arc::clone(&self.tier.inner);
             let (staged, key) = (self.staged.clone(), self.key.clone());
             self.tier.inner.meta.run(move || inner.root.publish_staged(&file, &staged, &key)).await
         }
         .await;
-        if res.is_err() {
-            let _ = std::fs::remove_file(&self.staged);
+        let mut staged_guard = staged_guard;
+        if res.is_ok() {
+            staged_guard.0 = None;
         }
+        drop(staged_guard);
         res.map_err(|e| self.err(e, Operation::Commit))
     }
 
@@ -655,6 +750,17 @@ impl ObjectWriter for UringWriter {
         self.file.take();
         self.buffered.take();
         std::fs::remove_file(&self.staged).map_err(|e| self.err(e.into(), Operation::Abort))
+    }
+}
+
+/// Removes a staged file when dropped, unless disarmed (its path taken).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 

@@ -48,3 +48,11 @@ mod fault_injecting_without_rules {
         Fixture::with_guard(Arc::new(FaultInjecting::new(f.tier, vec![], 1)), f.guard)
     });
 }
+
+mod power_cut_synced {
+    use super::*;
+    use ringtier_core::layers::{Durability, PowerCutTier};
+    ringtier_core::conformance_tests!(|| {
+        Fixture::new(Arc::new(PowerCutTier::new(Arc::new(MemoryTier::new()), Durability::Synced, 1)))
+    });
+}

@@ -178,3 +178,207 @@ async fn throttle_paces_reads_to_the_configured_rate() {
     // 10 MiB at 10 MiB/s is one second, plus 2 ms of latency per read.
     assert!(elapsed >= Duration::from_millis(990) && elapsed <= Duration::from_millis(1100), "{elapsed:?}");
 }
+
+// ---- Power cuts -------------------------------------------------------------------------
+
+mod power_cut {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ringtier_core::conformance::pattern;
+    use ringtier_core::layers::{Durability, PowerCut, PowerCutTier, Throttle, Throttled};
+    use ringtier_core::{ops, AlignedBuf, ErrorKind, MemoryTier, Tier};
+
+    fn machine(durability: Durability, seed: u64) -> (Arc<MemoryTier>, PowerCutTier) {
+        let mem = Arc::new(MemoryTier::new().named("disk"));
+        let tier = PowerCutTier::new(Arc::clone(&mem) as Arc<dyn Tier>, durability, seed);
+        (mem, tier)
+    }
+
+    async fn content(t: &dyn Tier, key: &str) -> Option<Vec<u8>> {
+        match ops::get(t, key).await {
+            Ok(d) => Some(d),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => panic!("reading {key}: {e}"),
+        }
+    }
+
+    fn buf(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::new(data.len().max(1), 1).expect("buf");
+        b.fill_from(data).expect("fill");
+        b
+    }
+
+    #[tokio::test]
+    async fn acknowledged_commits_survive_and_staged_data_does_not() {
+        let (mem, t) = machine(Durability::Synced, 1);
+        let power = t.power();
+        ops::put(&t, "a", &pattern(1, 5000), 1024).await.expect("put a");
+        ops::put(&t, "b", &pattern(2, 100), 1024).await.expect("put b");
+        t.delete("b").await.expect("delete b");
+        let mut staged = t.create("c").await.expect("create c");
+        let (res, _) = staged.write_at(0, buf(&pattern(3, 300))).await;
+        res.expect("staged write");
+
+        power.cut();
+        assert!(power.is_down());
+        let err = t.stat("a").await.expect_err("down");
+        assert_eq!((err.kind(), err.os_code(), err.is_temporary()), (ErrorKind::Io, Some(libc::EIO), false));
+        let (res, _) = staged.write_at(300, buf(b"x")).await;
+        assert!(res.is_err(), "a writer of the dead process fails");
+        assert!(staged.commit().await.is_err(), "and cannot commit");
+
+        let report = power.reboot().await.expect("reboot");
+        assert_eq!(report.kept + report.lost, 0, "nothing was uncertain: {report:?}");
+        assert!(t.stat("a").await.is_err(), "handles from before the reboot keep failing");
+        let t2 = t.reopen();
+        assert_eq!(content(&t2, "a").await, Some(pattern(1, 5000)));
+        assert_eq!(content(&t2, "b").await, None, "an acknowledged delete is durable");
+        assert_eq!(content(&t2, "c").await, None, "staged data is gone");
+        assert_eq!(content(mem.as_ref(), "a").await, Some(pattern(1, 5000)));
+        ops::put(&t2, "d", b"after", 16).await.expect("the new boot works");
+        assert_eq!(power.stats().reboots, 1);
+        assert_eq!(power.stats().cuts, 1);
+    }
+
+    #[tokio::test]
+    async fn a_volatile_tier_loses_everything_changed_through_it() {
+        let mem = Arc::new(MemoryTier::new());
+        ops::put(mem.as_ref(), "old", b"was there before", 64).await.expect("seed");
+        let t = PowerCutTier::new(Arc::clone(&mem) as Arc<dyn Tier>, Durability::Volatile, 3);
+        assert!(!t.capabilities().durable);
+        ops::put(&t, "new", b"acknowledged", 64).await.expect("put");
+        ops::put(&t, "old", b"overwritten", 64).await.expect("overwrite");
+        t.power().reboot().await.expect("reboot");
+        let t2 = t.reopen();
+        assert_eq!(content(&t2, "new").await, None);
+        assert_eq!(content(&t2, "old").await, Some(b"was there before".to_vec()));
+        // Still volatile after a reboot.
+        t2.delete("old").await.expect("delete");
+        t2.power().reboot().await.expect("reboot again");
+        assert_eq!(content(&t2.reopen(), "old").await, Some(b"was there before".to_vec()));
+    }
+
+    /// A commit the countdown cuts fails; whether it happened is the seed's choice, the same
+    /// every time for one seed, and both outcomes occur.
+    #[tokio::test]
+    async fn a_cut_during_a_commit_keeps_the_old_or_the_new_object_by_seed() {
+        async fn run(seed: u64) -> Option<Vec<u8>> {
+            let (_mem, t) = machine(Durability::Synced, seed);
+            ops::put(&t, "k", &pattern(1, 3000), 1000).await.expect("first version");
+            // create, three writes, commit: the fifth mutating operation is the commit.
+            t.power().cut_after(5);
+            let err = ops::put(&t, "k", &pattern(2, 3000), 1000).await.expect_err("cut during commit");
+            assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+            assert!(t.power().is_down());
+            let report = t.power().reboot().await.expect("reboot");
+            assert_eq!(report.kept + report.lost, 1, "{report:?}");
+            content(&t.reopen(), "k").await
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..16 {
+            let got = run(seed).await;
+            assert_eq!(got, run(seed).await, "seed {seed} replays");
+            let got = got.expect("a committed key never disappears");
+            assert!(got == pattern(1, 3000) || got == pattern(2, 3000), "seed {seed}: a torn object");
+            seen.insert(got == pattern(2, 3000));
+        }
+        assert_eq!(seen.len(), 2, "both outcomes happen over 16 seeds");
+    }
+
+    #[tokio::test]
+    async fn a_cut_during_a_write_loses_the_staged_object_only() {
+        let (_mem, t) = machine(Durability::Synced, 9);
+        ops::put(&t, "k", &pattern(1, 3000), 1000).await.expect("first version");
+        t.power().cut_after(3); // create, write, *write*
+        assert!(ops::put(&t, "k", &pattern(2, 3000), 1000).await.is_err());
+        let report = t.power().reboot().await.expect("reboot");
+        assert_eq!(report.kept + report.lost, 0);
+        assert_eq!(content(&t.reopen(), "k").await, Some(pattern(1, 3000)));
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_delete_happened_or_not() {
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..16 {
+            let (_mem, t) = machine(Durability::Synced, seed);
+            ops::put(&t, "k", b"v", 16).await.expect("put");
+            t.power().cut_after(1);
+            assert!(t.delete("k").await.is_err());
+            t.power().reboot().await.expect("reboot");
+            seen.insert(content(&t.reopen(), "k").await.is_some());
+        }
+        assert_eq!(seen.len(), 2, "both outcomes happen over 16 seeds");
+    }
+
+    #[tokio::test]
+    async fn one_supply_cuts_every_disk_and_counts_their_operations_together() {
+        let power = PowerCut::new(5);
+        let fast = power.attach(Arc::new(MemoryTier::new().named("fast")), Durability::Synced);
+        let slow = power.attach(Arc::new(MemoryTier::new().named("slow")), Durability::Synced);
+        ops::put(&fast, "a", b"1", 16).await.expect("fast put");
+        power.cut_after(4); // create, write and commit on slow, then create on fast
+        ops::put(&slow, "a", b"1", 16).await.expect("slow put");
+        assert!(fast.create("b").await.is_err(), "the fourth mutating operation is cut");
+        assert!(slow.stat("a").await.is_err(), "both disks are down");
+        power.reboot().await.expect("reboot");
+        assert_eq!(content(&fast.reopen(), "a").await, Some(b"1".to_vec()));
+        assert_eq!(content(&slow.reopen(), "a").await, Some(b"1".to_vec()));
+        assert_eq!(power.stats().mutations, 7);
+    }
+
+    /// The reboot waits for an operation still inside the wrapped tier, which then fails and
+    /// is decided by the seed: never half applied after the reboot's restore.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_operation_in_progress_at_the_cut_fails_and_the_reboot_waits_for_it() {
+        let slow: Arc<dyn Tier> = Arc::new(Throttled::new(
+            Arc::new(MemoryTier::new()),
+            Throttle::bandwidth(1 << 30).with_latency(Duration::from_millis(100)),
+        ));
+        let t = Arc::new(PowerCutTier::new(slow, Durability::Synced, 11));
+        let t2 = Arc::clone(&t);
+        let put = tokio::spawn(async move { ops::put(t2.as_ref(), "k", b"value", 16).await });
+        // 100 ms each: create, write, the commit's look at the old object (stat), the commit
+        // itself, under way at 350 ms.
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        t.power().cut();
+        let report = t.power().reboot().await.expect("reboot");
+        let res = put.await.expect("join");
+        assert_eq!(res.expect_err("acknowledged nothing").kind(), ErrorKind::Io);
+        assert_eq!(report.kept + report.lost, 1, "the commit was in progress: {report:?}");
+        let now = content(&t.reopen(), "k").await;
+        assert_eq!(now.is_some(), report.kept == 1, "the inner tier matches the choice");
+    }
+
+    /// A commit whose future is dropped may or may not have happened: the next cut decides.
+    #[tokio::test]
+    async fn a_dropped_commit_is_uncertain_until_the_cut() {
+        let slow: Arc<dyn Tier> = Arc::new(Throttled::new(
+            Arc::new(MemoryTier::new()),
+            Throttle::bandwidth(1 << 30).with_latency(Duration::from_millis(50)),
+        ));
+        let t = PowerCutTier::new(slow, Durability::Synced, 2);
+        let mut w = t.create("k").await.expect("create");
+        let (res, _) = w.write_at(0, buf(b"v")).await;
+        res.expect("write");
+        // 50 ms for the commit's look at the old object (stat), then 50 ms in the commit.
+        let timed_out = tokio::time::timeout(Duration::from_millis(75), w.commit()).await;
+        assert!(timed_out.is_err(), "the commit was dropped in flight");
+        let report = t.power().reboot().await.expect("reboot");
+        assert_eq!(report.kept + report.lost, 1, "{report:?}");
+    }
+
+    /// A tier that acknowledges before its data is durable loses acknowledged commits on some
+    /// seeds: the mode the checkpoint tests use to show they catch lost data.
+    #[tokio::test]
+    async fn an_unsynced_tier_loses_acknowledged_commits_on_some_seeds() {
+        let mut lost = 0;
+        for seed in 0..16 {
+            let (_mem, t) = machine(Durability::Unsynced, seed);
+            ops::put(&t, "k", b"acknowledged", 64).await.expect("put");
+            t.power().reboot().await.expect("reboot");
+            lost += content(&t.reopen(), "k").await.is_none() as u32;
+        }
+        assert!((1..16).contains(&lost), "some but not all lost: {lost}");
+    }
+}

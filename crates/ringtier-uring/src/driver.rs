@@ -633,36 +633,53 @@ impl Driver {
                 self.queue.pop_front();
                 continue;
             };
-            match job {
-                Active::Batch(mut b) => {
-                    let started = self.start_next_entry(id, &mut b);
+            let (job, goes_on) = self.guarded(id, job, |d, job| match job {
+                Active::Batch(b) => {
+                    d.start_next_entry(id, b);
                     let exhausted = b.next >= b.states.len();
-                    let finished = exhausted && b.active == 0;
                     if exhausted {
-                        self.queue.pop_front();
+                        d.queue.pop_front();
                     }
-                    if finished {
-                        self.release(id);
-                        b.finish();
-                    } else {
-                        self.jobs[id as usize] = Some(Active::Batch(b));
-                    }
-                    let _ = started;
+                    !(exhausted && b.active == 0)
                 }
-                Active::Write(mut w) => {
-                    self.queue.pop_front();
-                    if self.submit_write(id, &mut w) {
-                        self.jobs[id as usize] = Some(Active::Write(w));
-                    } else {
-                        self.release(id);
-                    }
+                Active::Write(w) => {
+                    d.queue.pop_front();
+                    d.submit_write(id, w)
                 }
-                Active::Fsync(mut f) => {
-                    self.queue.pop_front();
-                    self.submit_fsync(id, &mut f);
-                    self.jobs[id as usize] = Some(Active::Fsync(f));
+                Active::Fsync(f) => {
+                    d.queue.pop_front();
+                    d.submit_fsync(id, f);
+                    true
                 }
+            });
+            self.settle(id, job, goes_on);
+        }
+    }
+
+    /// Runs one step of job `id` (taken out of the table) under `catch_unwind`: if the step
+    /// panics, the job goes back into the table before the panic goes on, so that `Drop` still
+    /// owns the buffers and files the kernel may be using instead of an unwinding stack frame
+    /// freeing them.
+    fn guarded<R>(&mut self, id: u32, mut job: Active, step: impl FnOnce(&mut Self, &mut Active) -> R) -> (Active, R) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(self, &mut job))) {
+            Ok(r) => (job, r),
+            Err(panic) => {
+                self.jobs[id as usize] = Some(job);
+                std::panic::resume_unwind(panic)
             }
+        }
+    }
+
+    /// Puts a job back in the table when it goes on; otherwise frees its id and, for a batch,
+    /// hands the batch back to its caller (writes and fsyncs answered when they ended).
+    fn settle(&mut self, id: u32, job: Active, goes_on: bool) {
+        if goes_on {
+            self.jobs[id as usize] = Some(job);
+            return;
+        }
+        self.release(id);
+        if let Active::Batch(b) = job {
+            b.finish();
         }
     }
 
@@ -1003,41 +1020,36 @@ impl Driver {
                 tracing::error!("completion for an unknown job {id}");
                 continue;
             };
-            match job {
-                Active::Batch(mut b) => {
-                    self.on_batch_cqe(id, &mut b, idx, res);
-                    if b.next >= b.states.len() && b.active == 0 {
-                        self.queue.retain(|&q| q != id);
-                        self.release(id);
-                        b.finish();
-                    } else {
-                        self.jobs[id as usize] = Some(Active::Batch(b));
+            let (job, goes_on) = self.guarded(id, job, |d, job| match job {
+                Active::Batch(b) => {
+                    d.on_batch_cqe(id, b, idx, res);
+                    let done = b.next >= b.states.len() && b.active == 0;
+                    if done {
+                        d.queue.retain(|&q| q != id);
                     }
+                    !done
                 }
-                Active::Write(mut w) => {
-                    if self.on_write_cqe(id, &mut w, res) {
-                        self.release(id);
-                    } else {
-                        self.jobs[id as usize] = Some(Active::Write(w));
-                    }
-                }
-                Active::Fsync(mut f) => {
-                    #[cfg(feature = "fail-points")]
-                    let res = self.inject(FailOp::Fsync, res);
-                    if res < 0 && is_retryable(-res) && f.retries < MAX_RETRIES {
-                        f.retries += 1;
-                        self.submit_fsync(id, &mut f);
-                        self.jobs[id as usize] = Some(Active::Fsync(f));
-                        continue;
-                    }
-                    let out = if res < 0 { Err(Error::from_errno(-res, "fdatasync failed")) } else { Ok(()) };
-                    if let Some(done) = f.done.take() {
-                        let _ = done.send(out);
-                    }
-                    self.release(id);
-                }
-            }
+                Active::Write(w) => !d.on_write_cqe(id, w, res),
+                Active::Fsync(f) => d.on_fsync_cqe(id, f, res),
+            });
+            self.settle(id, job, goes_on);
         }
+    }
+
+    /// Returns true when the fsync is resubmitted (EAGAIN, EINTR).
+    fn on_fsync_cqe(&mut self, id: u32, f: &mut FsyncJob, res: i32) -> bool {
+        #[cfg(feature = "fail-points")]
+        let res = self.inject(FailOp::Fsync, res);
+        if res < 0 && is_retryable(-res) && f.retries < MAX_RETRIES {
+            f.retries += 1;
+            self.submit_fsync(id, f);
+            return true;
+        }
+        let out = if res < 0 { Err(Error::from_errno(-res, "fdatasync failed")) } else { Ok(()) };
+        if let Some(done) = f.done.take() {
+            let _ = done.send(out);
+        }
+        false
     }
 
     /// Returns true when the write job is complete.
@@ -1337,7 +1349,34 @@ impl Drop for Driver {
             }
         }
         self.in_flight_gauge.set(0.0);
-        if self.in_flight > 0 || self.wake_armed {
+        if self.in_flight == 0 && !self.wake_armed {
+            // The kernel holds nothing: answer what is left (only after a panic) with its
+            // buffers and close the files it opened.
+            for job in self.jobs.iter_mut().filter_map(Option::take) {
+                match job {
+                    Active::Batch(mut b) => {
+                        let keys = matches!(b.target, Target::Keys { .. });
+                        for st in b.states.iter_mut().filter(|st| matches!(st.phase, Phase::Read | Phase::Close)) {
+                            if let Some(slot) = st.slot.take() {
+                                let _ = self.ring.submitter().register_files_update(slot, &[-1]);
+                            } else if keys && st.fd >= 0 {
+                                // SAFETY: the entry opened this descriptor and owns it.
+                                unsafe { libc::close(st.fd) };
+                            }
+                            st.fd = -1;
+                        }
+                        b.finish();
+                    }
+                    Active::Write(mut w) => {
+                        if let Some(done) = w.done.take() {
+                            let _ = done
+                                .send((Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), w.buf.take()));
+                        }
+                    }
+                    Active::Fsync(f) => drop(f),
+                }
+            }
+        } else {
             tracing::error!(
                 tier = %self.shared.name,
                 in_flight = self.in_flight,

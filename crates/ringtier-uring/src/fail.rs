@@ -49,6 +49,10 @@ pub enum FailAction {
     /// The completion fails with this errno (positive, e.g. `libc::EIO`). Where the real
     /// operation opened a file, the driver closes it.
     Errno(i32),
+    /// The driver thread panics while handling the completion: what a bug in the driver
+    /// would do. Waiters get errors, nothing hangs, and no memory the kernel may still write is
+    /// freed.
+    Panic,
 }
 
 /// One fail point: which completions of an operation it rewrites, and how.
@@ -149,7 +153,7 @@ impl FailPoints {
         for st in rules.iter_mut().filter(|st| st.rule.op == op) {
             let applicable = match st.rule.action {
                 FailAction::Short(n) => res > 0 && (res as u32) > n && matches!(op, FailOp::Read | FailOp::Write),
-                FailAction::Errno(_) => true,
+                FailAction::Errno(_) | FailAction::Panic => true,
             };
             if !applicable {
                 continue;
@@ -166,6 +170,10 @@ impl FailPoints {
             return match st.rule.action {
                 FailAction::Short(n) => n as i32,
                 FailAction::Errno(e) => -e.abs(),
+                FailAction::Panic => {
+                    drop(rules);
+                    panic!("fail point: the io_uring driver panics on a {op:?} completion")
+                }
             };
         }
         res

@@ -4,7 +4,7 @@
 //! naming the file; never silent corruption, never a hang.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ringtier_core::conformance::pattern;
@@ -13,10 +13,7 @@ use ringtier_uring::fail::{FailAction, FailOp, FailPoints, FailRule};
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 /// Tests here count open descriptors, so they run one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn ext4_dir() -> tempfile::TempDir {
     // Direct I/O and its alignment are real on ext4 (tmpfs accepts anything).
@@ -60,7 +57,7 @@ async fn read_all_ways(t: &UringTier, files: &[(String, Vec<u8>)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_direct_reads_of_whole_blocks_continue_on_both_paths() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let fail = FailPoints::new(1);
@@ -76,7 +73,7 @@ async fn short_direct_reads_of_whole_blocks_continue_on_both_paths() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_reads_of_any_length_continue_where_the_size_is_known_or_reads_are_buffered() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     for policy in [DirectIoPolicy::Auto, DirectIoPolicy::Off] {
@@ -101,7 +98,7 @@ async fn short_reads_of_any_length_continue_where_the_size_is_known_or_reads_are
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eagain_and_eintr_are_retried_on_every_read_step() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let before = open_fds();
@@ -120,7 +117,7 @@ async fn eagain_and_eintr_are_retried_on_every_read_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_fail_only_their_request_and_name_the_file() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let before = open_fds();
@@ -158,7 +155,7 @@ async fn errors_fail_only_their_request_and_name_the_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_eagain_ends_in_an_error_not_a_hang() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let fail = FailPoints::new(5);
@@ -175,7 +172,7 @@ async fn endless_eagain_ends_in_an_error_not_a_hang() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_errors_do_not_fail_a_read_that_completed() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let fail = FailPoints::new(6);
@@ -187,7 +184,7 @@ async fn close_errors_do_not_fail_a_read_that_completed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_files_reads_retry_short_and_name_the_key_on_errors() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let files = files(dir.path());
     let (key, data) = &files[3];
@@ -233,7 +230,7 @@ fn staging_is_empty(root: &Path) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_writes_continue_under_direct_and_buffered_io() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let data = pattern(9, 3 * 65536 + 123);
     // Direct: short by whole blocks and off the alignment (continued from an aligned
@@ -258,7 +255,7 @@ async fn short_writes_continue_under_direct_and_buffered_io() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_and_fsync_errors_fail_the_object_and_publish_nothing() {
-    let _s = serial();
+    let _s = SERIAL.lock().await;
     let dir = ext4_dir();
     let data = pattern(11, 2 * 65536 + 5);
     // Temporary errors are retried.
@@ -297,7 +294,7 @@ async fn write_and_fsync_errors_fail_the_object_and_publish_nothing() {
 
 #[test]
 fn a_driver_panic_fails_its_waiters_and_nothing_hangs() {
-    let _s = serial();
+    let _s = SERIAL.blocking_lock();
     let dir = ext4_dir();
     let files = files(dir.path());
     let fail = FailPoints::new(14);

@@ -4,10 +4,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
+use ringtier_core::blocking::BlockingPool;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
-use ringtier_core::AlignedBuf;
 
-use crate::Staged;
+use crate::hooks::{Hooks, Probe};
+use crate::inflight::{start_error, Completion, CopyItem, Fence, InFlight, Reaper, Span};
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::new(ErrorKind::Io, format!("CUDA {what} failed: {e:?}")).with_operation(Operation::Setup)
@@ -37,108 +38,135 @@ fn context(device: usize) -> Result<Arc<CudaContext>> {
     CudaContext::new(device).map_err(|e| cuda_err("context creation", e))
 }
 
-/// An open device: its context and a copy stream.
+/// An open device: a copy stream, and a thread that observes each batch's completion event
+/// and only then releases what the batch's copies read.
 pub(crate) struct Device {
-    ctx: Arc<CudaContext>,
+    /// Dropped first: joining it waits for every queued batch's event.
+    waiter: BlockingPool,
     stream: Arc<CudaStream>,
+    hooks: Arc<Hooks>,
 }
 
 impl Device {
-    pub(crate) fn open(device: usize) -> Result<Self> {
+    pub(crate) fn open(device: usize, hooks: Arc<Hooks>) -> Result<Self> {
         let ctx = context(device)?;
         let stream = ctx.new_stream().map_err(|e| cuda_err("stream creation", e))?;
-        Ok(Device { ctx, stream })
+        let waiter = BlockingPool::new("ringtier-stage-cuda-wait", 1)?;
+        Ok(Device { waiter, stream, hooks })
     }
 
-    /// Launches one async host-to-device copy per buffer and records an event.
-    pub(crate) fn copy(&self, bufs: Vec<AlignedBuf>) -> Result<InFlight> {
-        let mut dst = Vec::with_capacity(bufs.len());
-        for b in &bufs {
-            // SAFETY: the device memory is written by the copy before anyone reads it.
-            let mut d: CudaSlice<u8> =
-                unsafe { self.stream.alloc::<u8>(b.len().max(1)) }.map_err(|e| cuda_err("allocation", e))?;
-            {
-                let (ptr, _record) = d.device_ptr_mut(&self.stream);
-                // SAFETY: the source is registered page-locked memory that stays alive (in
-                // `InFlight::bufs`) until the event recorded below has completed.
-                unsafe { result::memcpy_htod_async(ptr, b.as_slice(), self.stream.cu_stream()) }
-                    .map_err(|e| cuda_err("copy", e))?;
+    /// Starts one async host-to-device copy per item on the stream, records an event behind
+    /// them and hands the batch's reaper to the waiter thread. If copy `k` cannot be started,
+    /// the items from `k` on are released at once, the started ones after the event, and the
+    /// error says so.
+    pub(crate) fn launch(&self, items: Vec<CopyItem>, keep: bool) -> Result<InFlight<CudaSlice<u8>>> {
+        let count = items.len();
+        let completion = Completion::new(count);
+        // Made before the first copy starts, fenced by the whole stream until the event is
+        // recorded: from then on, whatever happens here (an early return, a panic) drops it,
+        // and its drop waits for the started copies.
+        let mut reaper = Reaper::new(
+            CudaFence::Stream(Arc::clone(&self.stream)),
+            Arc::clone(&completion),
+            keep,
+            Arc::clone(&self.hooks),
+        );
+        let mut failure = None;
+        for (index, CopyItem { span, bufs, label }) in items.into_iter().enumerate() {
+            // Held before the copy can start reading them.
+            let held = bufs.len();
+            reaper.hold(bufs);
+            match self.start(span) {
+                Ok((d, probe)) => {
+                    reaper.hold_output(index, d);
+                    reaper.hold_probe(probe);
+                }
+                Err((e, maybe_started)) => {
+                    match maybe_started {
+                        // The driver refused the copy; held until the fence all the same.
+                        Some(probe) => reaper.hold_probe(probe),
+                        // Never started: released here, and so are the items after it.
+                        None => drop(reaper.unhold(held)),
+                    }
+                    failure = Some(start_error(e, index, count, &label));
+                    break;
+                }
             }
-            dst.push(d);
         }
-        // Blocking-sync: a thread waiting on the event sleeps instead of spinning a core the
-        // loader's decode may need.
-        let event = self
-            .stream
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-            .map_err(|e| cuda_err("event", e))?;
-        let _ = &self.ctx;
-        Ok(InFlight { bufs, dst, event })
+        if !reaper.is_empty() {
+            // Blocking-sync: the waiter thread sleeps on the event instead of spinning a core
+            // the loader's decode may need. Without an event the stream itself is the fence.
+            match self.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)) {
+                Ok(event) => reaper.set_fence(CudaFence::Event(event)),
+                Err(e) => tracing::warn!("recording a staging event ({e:?}); synchronising the stream instead"),
+            }
+        }
+        // The waiter observes the fence, then releases. If the waiter is gone the job is
+        // dropped unrun, which observes and releases on this thread.
+        drop(self.waiter.run(move || {
+            drop(reaper);
+            Ok(())
+        }));
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(InFlight::new(completion)),
+        }
     }
-}
 
-impl Device {
-    /// One copy of `len` bytes at `src` (registered memory) to a fresh device buffer, waited.
-    pub(crate) fn copy_one(&self, src: *const u8, len: usize) -> Result<()> {
-        // SAFETY: written by the copy before any read.
-        let mut d: CudaSlice<u8> =
-            unsafe { self.stream.alloc::<u8>(len.max(1)) }.map_err(|e| cuda_err("allocation", e))?;
-        {
+    /// Allocates the destination and enqueues one copy. On error, the probe of a copy that
+    /// may have been enqueued all the same (its buffers then stay held until the fence).
+    fn start(&self, span: Span) -> std::result::Result<(CudaSlice<u8>, Probe), (Error, Option<Probe>)> {
+        let probe = self.hooks.before_copy(&span).map_err(|e| (e, None))?;
+        // SAFETY: the device memory is written by the copy before anyone reads it.
+        let mut d: CudaSlice<u8> = match unsafe { self.stream.alloc::<u8>(span.len().max(1)) } {
+            Ok(d) => d,
+            Err(e) => {
+                self.hooks.done_reading(&probe);
+                return Err((cuda_err("allocation", e), None));
+            }
+        };
+        let res = {
             let (ptr, _record) = d.device_ptr_mut(&self.stream);
-            // SAFETY: the caller's `len` bytes at `src` are registered memory it keeps alive and
-            // unwritten until this function returns, after the stream synchronised.
-            let slice = unsafe { std::slice::from_raw_parts(src, len) };
-            // SAFETY: as above; the device buffer holds at least `len` bytes.
-            unsafe { result::memcpy_htod_async(ptr, slice, self.stream.cu_stream()) }
-                .map_err(|e| cuda_err("copy", e))?;
+            // SAFETY: the span's buffers are held by the batch's reaper, which keeps them until
+            // its fence (behind this copy on the stream) has completed.
+            let src = unsafe { span.bytes() };
+            // SAFETY: as above; the device buffer holds at least `src.len()` bytes.
+            unsafe { result::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }
+        };
+        match res {
+            Ok(()) => Ok((d, probe)),
+            Err(e) => Err((cuda_err("copy", e), Some(probe))),
         }
-        self.stream.synchronize().map_err(|e| cuda_err("synchronize", e))
-    }
-
-    /// Copies synchronously from (pageable) buffers: the baseline without pinning or overlap.
-    pub(crate) fn copy_sync(&self, bufs: &[AlignedBuf]) -> Result<()> {
-        for b in bufs {
-            // SAFETY: written by the copy before any read.
-            let mut d: CudaSlice<u8> =
-                unsafe { self.stream.alloc::<u8>(b.len().max(1)) }.map_err(|e| cuda_err("allocation", e))?;
-            self.stream.memcpy_htod(b.as_slice(), &mut d).map_err(|e| cuda_err("copy", e))?;
-        }
-        self.stream.synchronize().map_err(|e| cuda_err("synchronize", e))
     }
 }
 
-/// A batch's copies in flight: the pinned buffers are held until the event completes.
-pub(crate) struct InFlight {
-    bufs: Vec<AlignedBuf>,
-    dst: Vec<CudaSlice<u8>>,
-    event: CudaEvent,
+/// What a CUDA batch's reaper waits on.
+enum CudaFence {
+    /// Everything enqueued on the stream (until the batch's event is recorded).
+    Stream(Arc<CudaStream>),
+    /// The batch's event, recorded behind its copies.
+    Event(CudaEvent),
 }
 
-impl InFlight {
-    /// Waits for the batch's event: a completed one is seen at once; otherwise a blocking
-    /// thread synchronises on it (polling on the runtime's timer would add up to a
-    /// millisecond, its granularity, to every batch).
-    async fn done(self) -> Result<Self> {
-        if self.event.is_complete() {
-            return Ok(self);
+impl Fence<CudaSlice<u8>> for CudaFence {
+    fn observe(&mut self) -> Result<()> {
+        match self {
+            CudaFence::Stream(s) => s.synchronize().map_err(|e| cuda_err("stream synchronize", e)),
+            CudaFence::Event(e) => e.synchronize().map_err(|e| cuda_err("event synchronize", e)),
         }
-        tokio::task::spawn_blocking(move || {
-            self.event.synchronize().map_err(|e| cuda_err("event synchronize", e))?;
-            Ok(self)
-        })
-        .await
-        .map_err(|e| Error::new(ErrorKind::Io, format!("CUDA event wait: {e}")))?
     }
 
-    /// Waits, then hands the pinned buffers back (for the copy benchmark).
-    pub(crate) async fn wait_keep(self) -> Result<Vec<AlignedBuf>> {
-        Ok(self.done().await?.bufs)
-    }
-
-    pub(crate) async fn wait(self) -> Result<Vec<Staged>> {
-        let done = self.done().await?;
-        drop(done.bufs);
-        Ok(done.dst.into_iter().map(Staged::Device).collect())
+    fn after_observe(&self, outputs: &[(usize, CudaSlice<u8>)], probes: &[Probe], hooks: &Hooks) {
+        if !hooks.wants_bytes() {
+            return;
+        }
+        for ((_, d), p) in outputs.iter().zip(probes) {
+            // Into pageable memory the copy is complete on return; synchronised all the same.
+            match d.stream().memcpy_dtov(d).and_then(|v| d.stream().synchronize().map(|()| v)) {
+                Ok(v) => hooks.verify(p, Some(&v)),
+                Err(e) => tracing::warn!("reading back staged bytes: {e:?}"),
+            }
+        }
     }
 }
 

@@ -3,12 +3,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ringtier_core::blocking::BlockingPool;
-use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{AlignedBuf, BufferPool, ReadBatch, Tier};
 
+use crate::hooks::Hooks;
+use crate::inflight::{CopyItem, InFlight, Span};
+
+#[cfg(test)]
+mod cancel_tests;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod hooks;
+mod host;
+mod inflight;
 
 /// Where staged batches end up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +46,22 @@ pub struct PinnedPool {
 
 impl PinnedPool {
     /// `count` buffers of `buf_size` bytes (rounded up to 4096), pinned for `target`.
+    ///
+    /// The slab is unlocked (or unregistered from the CUDA driver) and freed only when this
+    /// pool, its clones and every buffer taken from it are gone; a buffer that a copy to the
+    /// target may still read is held by that copy's batch until the copy completed, so the
+    /// slab outlives every copy from it whatever is dropped first.
     pub fn new(buf_size: usize, count: usize, target: Target) -> Result<Self> {
+        Self::build(buf_size, count, target, || {})
+    }
+
+    /// As `new`; `before_release` runs when the slab is about to be released (tests watch it).
+    fn build(
+        buf_size: usize,
+        count: usize,
+        target: Target,
+        before_release: impl FnOnce() + Send + Sync + 'static,
+    ) -> Result<Self> {
         if buf_size == 0 || count == 0 {
             return Err(Error::new(ErrorKind::InvalidInput, "a pinned pool needs buf_size > 0 and count > 0"));
         }
@@ -87,6 +109,7 @@ impl PinnedPool {
             }
         };
         let release = move || {
+            before_release();
             if pinning == Pinning::Mlock {
                 // SAFETY: unlock our own allocation once, when the pool and every buffer taken
                 // from it are gone.
@@ -121,17 +144,18 @@ impl PinnedPool {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
 fn no_cuda_feature() -> Error {
     Error::new(
         ErrorKind::Unsupported,
         "staging to a CUDA device needs ringtier built with the `cuda` feature; use the host target",
     )
-    .with_operation(Operation::Setup)
+    .with_operation(ringtier_core::Operation::Setup)
 }
 
 /// Host destination buffers, reused across batches (as device memory would be): a fresh
 /// allocation per sample would pay first-touch page faults on every copy.
-type HostFree = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+pub(crate) type HostFree = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
 
 /// A staged sample in host memory; its buffer returns to the stager's free list on drop.
 #[derive(Debug)]
@@ -184,6 +208,11 @@ impl Staged {
 }
 
 /// A batch whose copies to the target may still be running.
+///
+/// Dropping it without [`wait`](StagedBatch::wait), or dropping the `wait` future at its
+/// await, is safe at any time: the pinned buffers the copies read are owned by the batch's
+/// in-flight request, not by this handle, and return to the pool only once the copy engine's
+/// completion (the CUDA event, or the host copy thread) has been observed.
 pub struct StagedBatch {
     inner: Pending,
     bytes: u64,
@@ -196,13 +225,28 @@ impl std::fmt::Debug for StagedBatch {
     }
 }
 
-/// A host copy running on the copy thread.
-type HostCopy = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<HostBuf>>> + Send>>;
-
+/// A batch in flight on one of the copy engines.
 enum Pending {
-    Host(HostCopy),
+    Host(InFlight<HostBuf>),
     #[cfg(feature = "cuda")]
-    Cuda(cuda::InFlight),
+    Cuda(InFlight<cudarc::driver::CudaSlice<u8>>),
+}
+
+impl Pending {
+    /// The staged samples in order, and the pinned buffers if the batch kept them.
+    async fn wait(self) -> Result<(Vec<Staged>, Vec<AlignedBuf>)> {
+        match self {
+            Pending::Host(f) => {
+                let (out, kept) = f.wait().await?;
+                Ok((out.into_iter().map(Staged::Host).collect(), kept))
+            }
+            #[cfg(feature = "cuda")]
+            Pending::Cuda(f) => {
+                let (out, kept) = f.wait().await?;
+                Ok((out.into_iter().map(Staged::Device).collect(), kept))
+            }
+        }
+    }
 }
 
 impl StagedBatch {
@@ -216,26 +260,42 @@ impl StagedBatch {
         self.read_seconds
     }
 
-    /// Waits for the copies; the batch's pinned buffers return to the pool.
+    /// Waits for the copies and returns the staged samples in request order. The batch's
+    /// pinned buffers have returned to the pool by then (they do as soon as the copies
+    /// complete, waited for or not). A copy engine's error is returned here.
     pub async fn wait(self) -> Result<Vec<Staged>> {
-        match self.inner {
-            Pending::Host(f) => Ok(f.await?.into_iter().map(Staged::Host).collect()),
-            #[cfg(feature = "cuda")]
-            Pending::Cuda(inflight) => inflight.wait().await,
-        }
+        Ok(self.inner.wait().await?.0)
     }
+}
+
+/// The copy engine of a stager.
+enum Engine {
+    /// A thread standing in for the DMA engine.
+    Host(host::HostStream),
+    /// A CUDA stream, events, and a thread observing them.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::Device),
 }
 
 /// Reads batches into pinned buffers and copies them to the target, overlapping the copy of
 /// one batch with the read of the next.
+///
+/// Cancellation: every future it returns may be dropped at any await, and every
+/// [`StagedBatch`] may be dropped unwaited; pinned buffers still being copied stay owned by
+/// their in-flight batch until the copy completed (see the crate docs).
 pub struct Stager {
+    /// Dropped first: the copy engine finishes what it has queued before the rest goes.
+    engine: Engine,
     tier: Arc<dyn Tier>,
     pool: PinnedPool,
     target: Target,
-    copier: BlockingPool,
     host_free: HostFree,
-    #[cfg(feature = "cuda")]
-    device: Option<cuda::Device>,
+    /// Taken while a batch acquires pinned buffers, so that concurrent batches never each
+    /// hold part of the pool while waiting for the rest.
+    acquiring: tokio::sync::Mutex<()>,
+    /// The copy engine's test hooks (empty outside this crate's tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    hooks: Arc<Hooks>,
 }
 
 impl std::fmt::Debug for Stager {
@@ -247,29 +307,32 @@ impl std::fmt::Debug for Stager {
 impl Stager {
     /// A stager reading from `tier` into `pool`, staging to `target`.
     pub fn new(tier: Arc<dyn Tier>, pool: PinnedPool, target: Target) -> Result<Self> {
-        #[cfg(feature = "cuda")]
-        let device = match target {
-            Target::Cuda(d) => Some(cuda::Device::open(d)?),
-            Target::Host => None,
-        };
-        #[cfg(not(feature = "cuda"))]
-        if let Target::Cuda(_) = target {
-            return Err(no_cuda_feature());
-        }
-        let copier = BlockingPool::new("ringtier-stage-copy", 1)?;
-        Ok(Stager {
-            tier,
-            pool,
-            target,
-            copier,
-            host_free: HostFree::default(),
-            #[cfg(feature = "cuda")]
-            device,
-        })
+        Self::with_hooks(tier, pool, target, Arc::default())
     }
 
-    /// Reads `requests` into buffers of `pool`.
-    async fn read_into(&self, pool: &BufferPool, requests: &[(String, usize)]) -> Result<(Vec<AlignedBuf>, u64, f64)> {
+    fn with_hooks(tier: Arc<dyn Tier>, pool: PinnedPool, target: Target, hooks: Arc<Hooks>) -> Result<Self> {
+        let host_free = HostFree::default();
+        let engine = match target {
+            Target::Host => Engine::Host(host::HostStream::new(Arc::clone(&host_free), Arc::clone(&hooks))?),
+            #[cfg(feature = "cuda")]
+            Target::Cuda(d) => Engine::Cuda(cuda::Device::open(d, Arc::clone(&hooks))?),
+            #[cfg(not(feature = "cuda"))]
+            Target::Cuda(_) => return Err(no_cuda_feature()),
+        };
+        Ok(Stager { engine, tier, pool, target, host_free, acquiring: tokio::sync::Mutex::new(()), hooks })
+    }
+
+    /// Starts the copies of `items` on the engine; see [`host::HostStream::launch`].
+    fn launch(&self, items: Vec<CopyItem>, keep: bool) -> Result<Pending> {
+        match &self.engine {
+            Engine::Host(h) => h.launch(items, keep).map(Pending::Host),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(d) => d.launch(items, keep).map(Pending::Cuda),
+        }
+    }
+
+    /// Reads `requests` into buffers of `pool`: one copy item per request, named by its key.
+    async fn read_into(&self, pool: &BufferPool, requests: &[(String, usize)]) -> Result<(Vec<CopyItem>, u64, f64)> {
         if requests.len() > pool.count() {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -287,55 +350,38 @@ impl Stager {
             ));
         }
         let mut batch = ReadBatch::with_capacity(requests.len(), requests.len() * 32);
-        for (key, len) in requests {
-            batch.push(key, 0, *len, pool.acquire().await);
+        {
+            let _one_batch_at_a_time =
+                if pool.id() == self.pool.pool().id() { Some(self.acquiring.lock().await) } else { None };
+            for (key, len) in requests {
+                batch.push(key, 0, *len, pool.acquire().await);
+            }
         }
         let t = Instant::now();
         let mut batch = self.tier.read_batch(batch).await;
         let read_seconds = t.elapsed().as_secs_f64();
-        let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(requests.len());
+        let mut items = Vec::with_capacity(requests.len());
         let mut bytes = 0;
         for (key, _, res, buf) in batch.drain() {
             let n = res.map_err(|e| e.with_key(key))?;
             bytes += n as u64;
-            bufs.push(buf.ok_or_else(|| Error::new(ErrorKind::Shutdown, "buffer lost").with_key(key))?);
+            let buf = buf.ok_or_else(|| Error::new(ErrorKind::Shutdown, "buffer lost").with_key(key))?;
+            items.push(CopyItem::of(buf, key));
         }
-        Ok((bufs, bytes, read_seconds))
+        Ok((items, bytes, read_seconds))
     }
 
     /// Reads `requests` (key, bytes) into pinned buffers and launches their copies to the
     /// target; returns without waiting for the copies. A batch needs one pinned buffer per
     /// request, each at least as large as its request.
+    ///
+    /// If the copy of request `k` cannot be started, the error names it; the buffers of
+    /// requests `k..` are released at once and those of the copies already started once
+    /// they complete.
     pub async fn stage(&self, requests: &[(String, usize)]) -> Result<StagedBatch> {
-        let (bufs, bytes, read_seconds) = self.read_into(self.pool.pool(), requests).await?;
-        let inner = match self.target {
-            Target::Host => {
-                // The CPU path: a copy thread stands in for the DMA engine; the pinned buffers
-                // are dropped (recycled) only after their copy.
-                let free = Arc::clone(&self.host_free);
-                let fut = self.copier.run(move || {
-                    let out = bufs
-                        .iter()
-                        .map(|b| {
-                            let mut data = free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-                            data.clear();
-                            data.extend_from_slice(b.as_slice());
-                            HostBuf { data, free: Arc::clone(&free) }
-                        })
-                        .collect();
-                    drop(bufs);
-                    Ok(out)
-                });
-                Pending::Host(Box::pin(fut))
-            }
-            #[cfg(feature = "cuda")]
-            Target::Cuda(_) => match &self.device {
-                Some(d) => Pending::Cuda(d.copy(bufs)?),
-                None => return Err(no_cuda_feature()),
-            },
-            #[cfg(not(feature = "cuda"))]
-            Target::Cuda(_) => return Err(no_cuda_feature()),
-        };
+        let (items, bytes, read_seconds) = self.read_into(self.pool.pool(), requests).await?;
+        // No await from here on: the copies start and their batch owns the buffers.
+        let inner = self.launch(items, false)?;
         Ok(StagedBatch { inner, bytes, read_seconds })
     }
 
@@ -348,11 +394,14 @@ impl Stager {
         let pool = self.pool.pool();
         let batch = pool.count();
         let mut bufs = Vec::with_capacity(batch);
-        for _ in 0..batch {
-            let mut b = pool.acquire().await;
-            let cap = b.capacity();
-            b.set_window(0, cap)?;
-            bufs.push(b);
+        {
+            let _one_batch_at_a_time = self.acquiring.lock().await;
+            for _ in 0..batch {
+                let mut b = pool.acquire().await;
+                let cap = b.capacity();
+                b.set_window(0, cap)?;
+                bufs.push(b);
+            }
         }
         let bytes = (batch * pool.buf_size()) as f64 * rounds.max(1) as f64;
         // Through the stager: per-buffer copies, completion tracked per batch.
@@ -361,73 +410,38 @@ impl Stager {
             bufs = self.copy_batch(bufs).await?;
         }
         let staged = bytes / t.elapsed().as_secs_f64();
-        // The reference: one copy of the same bytes, into one destination touched beforehand.
-        let mut dst = vec![0u8; batch * pool.buf_size()];
-        (bufs, dst) = self.copy_reference(bufs, dst).await?;
+        // The reference: one copy of the same bytes, into a destination touched beforehand
+        // (the first copy).
+        bufs = self.copy_reference(bufs).await?;
         let t = Instant::now();
         for _ in 0..rounds.max(1) {
-            (bufs, dst) = self.copy_reference(bufs, dst).await?;
+            bufs = self.copy_reference(bufs).await?;
         }
-        drop(dst);
+        drop(bufs);
         let reference = bytes / t.elapsed().as_secs_f64();
         Ok((staged, reference))
     }
 
     /// Copies `bufs` the way `stage` does and hands them back once done.
     async fn copy_batch(&self, bufs: Vec<AlignedBuf>) -> Result<Vec<AlignedBuf>> {
-        match self.target {
-            Target::Host => {
-                let free = Arc::clone(&self.host_free);
-                self.copier
-                    .run(move || {
-                        for b in &bufs {
-                            let mut data = free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-                            data.clear();
-                            data.extend_from_slice(b.as_slice());
-                            drop(HostBuf { data, free: Arc::clone(&free) });
-                        }
-                        Ok(bufs)
-                    })
-                    .await
-            }
-            #[cfg(feature = "cuda")]
-            Target::Cuda(_) => match &self.device {
-                Some(d) => d.copy(bufs)?.wait_keep().await,
-                None => Err(no_cuda_feature()),
-            },
-            #[cfg(not(feature = "cuda"))]
-            Target::Cuda(_) => Err(no_cuda_feature()),
-        }
+        let items = bufs.into_iter().map(|b| CopyItem::of(b, "pinned buffer")).collect();
+        Ok(self.launch(items, true)?.wait().await?.1)
     }
 
-    /// One big copy of the whole pinned slab range the buffers cover (the reference).
-    async fn copy_reference(&self, bufs: Vec<AlignedBuf>, mut dst: Vec<u8>) -> Result<(Vec<AlignedBuf>, Vec<u8>)> {
-        let (base, _) = self.pool.pool().slab();
-        let len = bufs.len() * self.pool.pool().buf_size();
-        let base = base as usize;
-        match self.target {
-            Target::Host => {
-                self.copier
-                    .run(move || {
-                        // SAFETY: [base, base+len) is the whole pinned slab and `bufs` holds
-                        // every buffer of it, so nothing else reads or writes it meanwhile.
-                        let src = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
-                        dst[..len].copy_from_slice(src);
-                        Ok((bufs, dst))
-                    })
-                    .await
-            }
-            #[cfg(feature = "cuda")]
-            Target::Cuda(_) => match &self.device {
-                Some(d) => {
-                    d.copy_one(base as *const u8, len)?;
-                    Ok((bufs, dst))
-                }
-                None => Err(no_cuda_feature()),
-            },
-            #[cfg(not(feature = "cuda"))]
-            Target::Cuda(_) => Err(no_cuda_feature()),
+    /// One big copy of the whole pinned slab (the reference); `bufs` must be every buffer of
+    /// the pool, and are handed back once done.
+    async fn copy_reference(&self, bufs: Vec<AlignedBuf>) -> Result<Vec<AlignedBuf>> {
+        let pool = self.pool.pool();
+        if bufs.len() != pool.count() || bufs.iter().any(|b| b.pool_slot().map(|(id, _)| id) != Some(pool.id())) {
+            return Err(Error::new(ErrorKind::InvalidInput, "the reference copy needs every buffer of the pinned pool"));
         }
+        let (base, len) = pool.slab();
+        // SAFETY: `bufs` holds all `count` buffers of the pool (each slot is handed out once),
+        // so the whole slab lies inside memory they own and nothing else writes it while the
+        // copy item holds them.
+        let span = unsafe { Span::raw(base, len) };
+        let item = CopyItem { span, bufs, label: "pinned slab".into() };
+        Ok(self.launch(vec![item], true)?.wait().await?.1)
     }
 
     /// Baseline: reads into the pinned buffers and stops there (the raw read the staging
@@ -437,14 +451,16 @@ impl Stager {
     }
 
     /// Baseline: reads into `pageable` (ordinary, unpinned buffers) and copies to the target
-    /// synchronously, with no overlap. Returns the bytes staged.
+    /// with no overlap: the copies are waited for before it returns. Returns the bytes staged.
     pub async fn stage_pageable(&self, requests: &[(String, usize)], pageable: &BufferPool) -> Result<u64> {
-        let (bufs, bytes, _) = self.read_into(pageable, requests).await?;
-        match self.target {
-            Target::Host => {
-                // Into the same reused destination buffers as the pipelined path.
-                let copies: Vec<HostBuf> = bufs
+        let (items, bytes, _) = self.read_into(pageable, requests).await?;
+        match &self.engine {
+            Engine::Host(_) => {
+                // On this thread, into the same reused destination buffers as the pipelined
+                // path: the buffers are ours throughout.
+                let copies: Vec<HostBuf> = items
                     .iter()
+                    .flat_map(|item| item.bufs.iter())
                     .map(|b| {
                         let mut data =
                             self.host_free.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
@@ -456,12 +472,9 @@ impl Stager {
                 drop(copies);
             }
             #[cfg(feature = "cuda")]
-            Target::Cuda(_) => match &self.device {
-                Some(d) => d.copy_sync(&bufs)?,
-                None => return Err(no_cuda_feature()),
-            },
-            #[cfg(not(feature = "cuda"))]
-            Target::Cuda(_) => return Err(no_cuda_feature()),
+            Engine::Cuda(_) => {
+                self.launch(items, false)?.wait().await?;
+            }
         }
         Ok(bytes)
     }

@@ -1328,9 +1328,14 @@ impl Drop for Driver {
     /// jobs see "io_uring driver stopped". Memory the kernel may still write (buffers, paths,
     /// the eventfd word) is leaked if the kernel has not given it back by the deadline.
     fn drop(&mut self) {
-        let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL);
-        // SAFETY: cancel takes no pointers.
-        unsafe { self.push_raw(&sqe) };
+        // The eventfd read by its user_data (any kernel), then everything (Linux 5.19).
+        let wake = opcode::AsyncCancel::new(WAKE).build().user_data(CANCEL);
+        let any = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL);
+        // SAFETY: cancellations take no pointers.
+        unsafe {
+            self.push_raw(&wake);
+            self.push_raw(&any);
+        }
         let deadline = Instant::now() + DROP_DEADLINE;
         while (self.in_flight > 0 || self.wake_armed) && Instant::now() < deadline {
             let ts = types::Timespec::new().nsec(100_000_000);

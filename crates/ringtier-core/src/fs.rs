@@ -19,7 +19,7 @@ use crate::blocking::BlockingPool;
 
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
-use crate::tier::ObjectMeta;
+use crate::tier::{ObjectMeta, Space};
 
 /// Name of the staging directory inside a file tier's root.
 pub const STAGING_DIR: &str = ".ringtier-staging";
@@ -32,6 +32,7 @@ pub struct FsRoot {
     root: PathBuf,
     root_fd: OwnedFd,
     staging: PathBuf,
+    durable: bool,
 }
 
 /// `open_how` for `openat2` confined beneath the directory descriptor.
@@ -77,7 +78,20 @@ impl FsRoot {
         // SAFETY: fd is a freshly opened descriptor that nothing else owns.
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let staging = root.join(STAGING_DIR);
-        Ok(FsRoot { root, root_fd, staging })
+        let durable = fs_type_of_fd(root_fd.as_raw_fd()).is_none_or(|t| !is_volatile_fs_type(t));
+        Ok(FsRoot { root, root_fd, staging, durable })
+    }
+
+    /// Whether committed files survive a machine crash: false on a file system held in memory
+    /// (tmpfs, ramfs), true otherwise (also when the type cannot be told). Decided at open.
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+
+    /// Free and total bytes of the root's file system now (`fstatvfs`): the room a writer has.
+    pub fn space(&self) -> Result<Space> {
+        space_of_fd(self.root_fd.as_raw_fd())
+            .map_err(|e| e.with_operation(Operation::Stat).with_key(self.root.display().to_string()))
     }
 
     /// The root directory.
@@ -362,6 +376,55 @@ pub fn probe_dio_align(dir_fd: RawFd) -> Option<(u32, u32)> {
     dio_align_of_fd(file.as_raw_fd()).ok()
 }
 
+/// `f_type` of tmpfs.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+/// `f_type` of ramfs.
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+fn is_volatile_fs_type(f_type: i64) -> bool {
+    f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC
+}
+
+/// `statfs(2)` `f_type` of the file system holding the open descriptor `fd`.
+fn fs_type_of_fd(fd: RawFd) -> Option<i64> {
+    // SAFETY: statfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st is writable and of the right type.
+    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    Some(st.f_type as i64)
+}
+
+/// Free (available to this user) and total bytes of the file system holding `fd`.
+pub fn space_of_fd(fd: RawFd) -> Result<Space> {
+    // SAFETY: statvfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st is writable and of the right type.
+    if unsafe { libc::fstatvfs(fd, &mut st) } != 0 {
+        return Err(Error::from(io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast)] // the fields' widths differ between targets
+    let (frsize, avail, blocks) = (st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64);
+    Ok(Space { free_bytes: avail.saturating_mul(frsize), total_bytes: blocks.saturating_mul(frsize) })
+}
+
+/// Whether files under `path` survive a machine crash: false when it lies on a file system held
+/// in memory (tmpfs, ramfs); true otherwise, also when the type cannot be told.
+pub fn is_durable_fs(path: &Path) -> bool {
+    File::open(path).ok().and_then(|f| fs_type_of_fd(f.as_raw_fd())).is_none_or(|t| !is_volatile_fs_type(t))
+}
+
+/// Whether new files in the directory `dir` can be opened for direct I/O (`O_DIRECT`): the
+/// `statx(STATX_DIOALIGN)` of an unnamed temporary file there, as the io_uring tier probes it.
+/// `None` when it cannot be told (the directory cannot be opened, or holds no temporary file):
+/// the io_uring tier then decides per file.
+pub fn dir_supports_direct_io(dir: &Path) -> Option<bool> {
+    let d = File::open(dir).ok()?;
+    probe_dio_align(d.as_raw_fd()).map(|(mem, off)| mem > 0 && off > 0)
+}
+
 /// Filesystem type name of the filesystem holding `path` (ext4, tmpfs, xfs, ...), for
 /// messages; "unknown" when it cannot be told.
 pub fn fs_type_name(path: &Path) -> &'static str {
@@ -377,6 +440,7 @@ pub fn fs_type_name(path: &Path) -> &'static str {
     match st.f_type {
         0xEF53 => "ext4",
         0x0102_1994 => "tmpfs",
+        0x8584_58f6 => "ramfs",
         0x5846_5342 => "xfs",
         0x9123_683E => "btrfs",
         0x6969 => "nfs",

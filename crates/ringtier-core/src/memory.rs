@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix};
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Tier};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier};
 
 struct Object {
     data: Arc<[u8]>,
@@ -79,6 +79,10 @@ impl Tier for MemoryTier {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities { capacity_bytes: self.capacity, ..Capabilities::default() }
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        Ok(self.capacity.map(|cap| Space { free_bytes: cap.saturating_sub(self.used_bytes()), total_bytes: cap }))
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {

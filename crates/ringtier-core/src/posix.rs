@@ -17,7 +17,7 @@ use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::fs::FsRoot;
 use crate::key::validate_key;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 /// Configuration of a [`PosixTier`].
 #[derive(Debug, Clone)]
@@ -121,7 +121,12 @@ impl Tier for PosixTier {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { durable: true, ..Capabilities::default() }
+        Capabilities { durable: self.inner.root.durable(), ..Capabilities::default() }
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        let inner = Arc::clone(&self.inner);
+        self.inner.pool.run(move || inner.root.space().map(Some)).await.map_err(|e| e.with_tier(self.name()))
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {

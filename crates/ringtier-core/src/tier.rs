@@ -18,7 +18,8 @@ pub struct Capabilities {
     /// this tier (the root's `statx` DIO alignment for file tiers; 1 when there is none).
     /// Individual files may differ; file tiers decide per file.
     pub alignment: usize,
-    /// A committed object survives a crash of the process and of the machine.
+    /// A committed object survives a crash of the process and of the machine. False for the
+    /// memory tier and for file tiers on a file system held in memory (tmpfs, ramfs).
     pub durable: bool,
     /// Upper bound of bytes the tier may hold, when it has one.
     pub capacity_bytes: Option<u64>,
@@ -30,6 +31,16 @@ impl Default for Capabilities {
     fn default() -> Self {
         Capabilities { direct_io: false, alignment: 1, durable: false, capacity_bytes: None, native_batch: false }
     }
+}
+
+/// Room on a tier, in bytes (see [`Tier::space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes that can still be written: for a file tier, the file system's blocks available to
+    /// this user (`statvfs` `f_bavail` times `f_frsize`).
+    pub free_bytes: u64,
+    /// Bytes the tier holds when empty: the file system's size, or a capacity bound.
+    pub total_bytes: u64,
 }
 
 /// Metadata of one committed object.
@@ -114,6 +125,14 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// releases when the holding process dies.
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         let _ = name;
+        Ok(None)
+    }
+
+    /// Room on the tier now, where it can tell: the file system's free and total bytes for file
+    /// tiers (`statvfs` of the root), the capacity bound minus what is held for a bounded memory
+    /// tier. `Ok(None)` (the default) where it cannot (an unbounded memory tier, remote stores).
+    /// Layers forward it. A burst buffer treats the free bytes as a capacity.
+    async fn space(&self) -> Result<Option<Space>> {
         Ok(None)
     }
 

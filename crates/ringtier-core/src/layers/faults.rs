@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::buf::{align_down, AlignedBuf};
 use crate::catalog;
 use crate::error::{Error, Operation, Result};
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
 
 /// Which operations a [`FaultRule`] applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +191,10 @@ impl Tier for FaultInjecting {
             return Err(self.fail(f, Operation::List, prefix));
         }
         self.inner.list(prefix).await
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        self.inner.space().await
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

@@ -8,7 +8,7 @@ use metrics::{Counter, Histogram};
 use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -119,6 +119,10 @@ impl Tier for Metered {
         let res = self.inner.list(prefix).await;
         self.handles.record(Op::List, start, &res, 0);
         res
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        self.inner.space().await
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 /// Settings of a [`Throttled`] layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -148,6 +148,10 @@ impl Tier for Throttled {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         self.shared.pace(None, 0).await;
         self.inner.list(prefix).await
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        self.inner.space().await
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

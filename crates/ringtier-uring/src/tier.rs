@@ -16,7 +16,7 @@ use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
 use ringtier_core::key::validate_key;
-use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Tier, TierLock};
+use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
@@ -430,10 +430,15 @@ impl Tier for UringTier {
         Capabilities {
             direct_io: direct,
             alignment: if direct { mem.max(off) as usize } else { 1 },
-            durable: true,
+            durable: self.inner.root.durable(),
             capacity_bytes: None,
             native_batch: true,
         }
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        let inner = Arc::clone(&self.inner);
+        self.inner.meta.run(move || inner.root.space().map(Some)).await.map_err(|e| e.with_tier(self.name()))
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {

@@ -315,3 +315,19 @@ async fn registered_files_read_many_small_files_through_direct_descriptors() {
     assert_eq!(s.fixed_file_reads, 2 * n as u64, "every read through a direct descriptor: {s:?}");
     assert_eq!(s.register_fallbacks, 0, "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_and_free_space_come_from_the_filesystem() {
+    let dir = ext4_dir();
+    let t = tier(dir.path(), UringConfig::default());
+    assert!(t.capabilities().durable, "ext4 keeps what was fsynced");
+    let space = t.space().await.expect("space").expect("a file tier knows its space");
+    assert!(space.free_bytes > 0 && space.free_bytes <= space.total_bytes, "{space:?}");
+    let Ok(shm) = tempfile::Builder::new().prefix("uring").tempdir_in("/dev/shm") else {
+        eprintln!("skipped the tmpfs half: no /dev/shm");
+        return;
+    };
+    let t = tier(shm.path(), UringConfig::default());
+    assert_eq!(t.filesystem(), "tmpfs");
+    assert!(!t.capabilities().durable, "tmpfs loses everything at a power cut");
+}

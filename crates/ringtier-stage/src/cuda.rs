@@ -76,22 +76,30 @@ impl Device {
             // Held before the copy can start reading them.
             let held = bufs.len();
             reaper.hold(bufs);
-            match self.start(span) {
-                Ok((d, probe)) => {
-                    reaper.hold_output(index, d);
-                    reaper.hold_probe(probe);
+            let ready = self.hooks.before_copy(&span).and_then(|probe| match self.alloc(span.len()) {
+                Ok(d) => Ok((probe, d)),
+                Err(e) => {
+                    self.hooks.done_reading(&probe);
+                    Err(e)
                 }
-                Err((e, maybe_started)) => {
-                    match maybe_started {
-                        // The driver refused the copy; held until the fence all the same.
-                        Some(probe) => reaper.hold_probe(probe),
-                        // Never started: released here, and so are the items after it.
-                        None => drop(reaper.unhold(held)),
-                    }
-                    failure = Some(start_error(e, index, count, &label));
+            });
+            let (probe, mut d) = match ready {
+                Ok(r) => r,
+                Err(e) => {
+                    // Never started: released here, and so are the items after it.
+                    drop(reaper.unhold(held));
+                    failure = Some(start_error(e, index, count, index, &label));
                     break;
                 }
+            };
+            let enqueued = self.enqueue(span, &mut d);
+            reaper.hold_probe(probe);
+            if let Err(e) = enqueued {
+                // The driver refused the copy; its buffers stay held until the fence all the same.
+                failure = Some(start_error(e, index, count, index + 1, &label));
+                break;
             }
+            reaper.hold_output(index, d);
         }
         if !reaper.is_empty() {
             // Blocking-sync: the waiter thread sleeps on the event instead of spinning a core
@@ -113,30 +121,20 @@ impl Device {
         }
     }
 
-    /// Allocates the destination and enqueues one copy. On error, the probe of a copy that
-    /// may have been enqueued all the same (its buffers then stay held until the fence).
-    fn start(&self, span: Span) -> std::result::Result<(CudaSlice<u8>, Probe), (Error, Option<Probe>)> {
-        let probe = self.hooks.before_copy(&span).map_err(|e| (e, None))?;
+    /// A device buffer for a copy of `len` bytes.
+    fn alloc(&self, len: usize) -> Result<CudaSlice<u8>> {
         // SAFETY: the device memory is written by the copy before anyone reads it.
-        let mut d: CudaSlice<u8> = match unsafe { self.stream.alloc::<u8>(span.len().max(1)) } {
-            Ok(d) => d,
-            Err(e) => {
-                self.hooks.done_reading(&probe);
-                return Err((cuda_err("allocation", e), None));
-            }
-        };
-        let res = {
-            let (ptr, _record) = d.device_ptr_mut(&self.stream);
-            // SAFETY: the span's buffers are held by the batch's reaper, which keeps them until
-            // its fence (behind this copy on the stream) has completed.
-            let src = unsafe { span.bytes() };
-            // SAFETY: as above; the device buffer holds at least `src.len()` bytes.
-            unsafe { result::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }
-        };
-        match res {
-            Ok(()) => Ok((d, probe)),
-            Err(e) => Err((cuda_err("copy", e), Some(probe))),
-        }
+        unsafe { self.stream.alloc::<u8>(len.max(1)) }.map_err(|e| cuda_err("allocation", e))
+    }
+
+    /// Enqueues the copy of `span` into `d` on the stream.
+    fn enqueue(&self, span: Span, d: &mut CudaSlice<u8>) -> Result<()> {
+        let (ptr, _record) = d.device_ptr_mut(&self.stream);
+        // SAFETY: the span's buffers are held by the batch's reaper, which keeps them until its
+        // fence (behind this copy on the stream) has completed.
+        let src = unsafe { span.bytes() };
+        // SAFETY: as above; `d` holds at least `src.len()` bytes (`alloc(span.len())`).
+        unsafe { result::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }.map_err(|e| cuda_err("copy", e))
     }
 }
 

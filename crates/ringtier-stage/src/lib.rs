@@ -293,9 +293,6 @@ pub struct Stager {
     /// Taken while a batch acquires pinned buffers, so that concurrent batches never each
     /// hold part of the pool while waiting for the rest.
     acquiring: tokio::sync::Mutex<()>,
-    /// The copy engine's test hooks (empty outside this crate's tests).
-    #[cfg_attr(not(test), allow(dead_code))]
-    hooks: Arc<Hooks>,
 }
 
 impl std::fmt::Debug for Stager {
@@ -310,16 +307,17 @@ impl Stager {
         Self::with_hooks(tier, pool, target, Arc::default())
     }
 
+    /// As `new`, with the copy engine's test hooks (empty outside this crate's tests).
     fn with_hooks(tier: Arc<dyn Tier>, pool: PinnedPool, target: Target, hooks: Arc<Hooks>) -> Result<Self> {
         let host_free = HostFree::default();
         let engine = match target {
-            Target::Host => Engine::Host(host::HostStream::new(Arc::clone(&host_free), Arc::clone(&hooks))?),
+            Target::Host => Engine::Host(host::HostStream::new(Arc::clone(&host_free), hooks)?),
             #[cfg(feature = "cuda")]
-            Target::Cuda(d) => Engine::Cuda(cuda::Device::open(d, Arc::clone(&hooks))?),
+            Target::Cuda(d) => Engine::Cuda(cuda::Device::open(d, hooks)?),
             #[cfg(not(feature = "cuda"))]
             Target::Cuda(_) => return Err(no_cuda_feature()),
         };
-        Ok(Stager { engine, tier, pool, target, host_free, acquiring: tokio::sync::Mutex::new(()), hooks })
+        Ok(Stager { engine, tier, pool, target, host_free, acquiring: tokio::sync::Mutex::new(()) })
     }
 
     /// Starts the copies of `items` on the engine; see [`host::HostStream::launch`].
@@ -433,7 +431,10 @@ impl Stager {
     async fn copy_reference(&self, bufs: Vec<AlignedBuf>) -> Result<Vec<AlignedBuf>> {
         let pool = self.pool.pool();
         if bufs.len() != pool.count() || bufs.iter().any(|b| b.pool_slot().map(|(id, _)| id) != Some(pool.id())) {
-            return Err(Error::new(ErrorKind::InvalidInput, "the reference copy needs every buffer of the pinned pool"));
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "the reference copy needs every buffer of the pinned pool",
+            ));
         }
         let (base, len) = pool.slab();
         // SAFETY: `bufs` holds all `count` buffers of the pool (each slot is handed out once),

@@ -7,6 +7,9 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::manifest::Manifest;
 use ringtier_core::Tier;
 
+/// Stats [`Dataset::from_keys`] keeps in flight.
+pub const STATS_IN_FLIGHT: usize = 64;
+
 /// One sample: its key on the tier, its size, and its CRC-32C when a manifest gave one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
@@ -50,13 +53,27 @@ impl Dataset {
         Ok(Dataset { tier, samples })
     }
 
-    /// From keys on any tier; sizes come from `stat`.
+    /// From keys on any tier; sizes come from `stat`, up to [`STATS_IN_FLIGHT`] at a time
+    /// (on a remote or parallel file system each stat is a round trip). Order is kept; the
+    /// first error wins.
     pub async fn from_keys(tier: Arc<dyn Tier>, keys: impl IntoIterator<Item = String>) -> Result<Self> {
-        let mut samples = Vec::new();
-        for key in keys {
-            let meta = tier.stat(&key).await?;
-            samples.push(Sample { key, size: meta.size, crc32c: None });
+        let keys: Vec<String> = keys.into_iter().collect();
+        let mut sizes = vec![0u64; keys.len()];
+        let mut stats = tokio::task::JoinSet::new();
+        let mut next = 0;
+        while next < keys.len() || !stats.is_empty() {
+            while next < keys.len() && stats.len() < STATS_IN_FLIGHT {
+                let (tier, key, i) = (Arc::clone(&tier), keys[next].clone(), next);
+                stats.spawn(async move { (i, tier.stat(&key).await) });
+                next += 1;
+            }
+            if let Some(joined) = stats.join_next().await {
+                let (i, meta) =
+                    joined.map_err(|e| Error::new(ErrorKind::Shutdown, format!("a stat task failed: {e}")))?;
+                sizes[i] = meta?.size;
+            }
         }
+        let samples = keys.into_iter().zip(sizes).map(|(key, size)| Sample { key, size, crc32c: None }).collect();
         Ok(Dataset { tier, samples })
     }
 
@@ -83,5 +100,28 @@ impl Dataset {
     /// The largest sample.
     pub fn max_size(&self) -> u64 {
         self.samples.iter().map(|s| s.size).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringtier_core::{ops, MemoryTier};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn from_keys_stats_concurrently_and_keeps_order() {
+        let tier = Arc::new(MemoryTier::new());
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i:03}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            ops::put(tier.as_ref(), k, &vec![7u8; i + 1], 4096).await.expect("put");
+        }
+        let ds = Dataset::from_keys(tier.clone(), keys.clone()).await.expect("dataset");
+        let got: Vec<(String, u64)> = ds.samples().iter().map(|s| (s.key.clone(), s.size)).collect();
+        let want: Vec<(String, u64)> = keys.iter().enumerate().map(|(i, k)| (k.clone(), i as u64 + 1)).collect();
+        assert_eq!(got, want);
+        let mut with_missing = keys;
+        with_missing.insert(150, "missing".into());
+        let e = Dataset::from_keys(tier, with_missing).await.expect_err("a missing key fails");
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     }
 }

@@ -8,7 +8,7 @@ use ringtier_core::manifest::Manifest;
 use ringtier_core::Tier;
 
 /// Stats [`Dataset::from_keys`] keeps in flight.
-pub const STATS_IN_FLIGHT: usize = 64;
+pub(crate) const STATS_IN_FLIGHT: usize = 64;
 
 /// One sample: its key on the tier, its size, and its CRC-32C when a manifest gave one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Dataset {
         Ok(Dataset { tier, samples })
     }
 
-    /// From keys on any tier; sizes come from `stat`, up to [`STATS_IN_FLIGHT`] at a time
+    /// From keys on any tier; sizes come from `stat`, up to 64 at a time
     /// (on a remote or parallel file system each stat is a round trip). Order is kept; the
     /// first error wins.
     pub async fn from_keys(tier: Arc<dyn Tier>, keys: impl IntoIterator<Item = String>) -> Result<Self> {

@@ -5,5 +5,5 @@ mod store;
 
 pub use manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
 pub use store::{
-    CheckpointInfo, CheckpointStore, DrainStats, OnFull, Part, PartData, Restored, SaveReport, StoreConfig,
+    CheckpointInfo, CheckpointStore, DrainStats, OnFull, Part, PartData, Restored, SaveReport, SeekRead, StoreConfig,
 };

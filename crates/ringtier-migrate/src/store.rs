@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -67,20 +67,37 @@ impl Default for StoreConfig {
 pub enum PartData<'a> {
     /// A buffer the caller holds (never copied whole: written chunk by chunk).
     Bytes(&'a [u8]),
-    /// A stream, read chunk by chunk; `size_hint` helps the capacity check.
+    /// A stream, read chunk by chunk; `size_hint` helps the capacity check. It cannot be read
+    /// twice: a save that finds the fast tier full part-way through it fails with
+    /// [`ErrorKind::NoSpace`] (use [`PartData::Seekable`] where the source can be re-read).
     Reader {
         /// The stream.
         reader: Box<dyn Read + Send + 'a>,
         /// Its expected size, if known.
         size_hint: Option<u64>,
     },
+    /// A stream that can be read again from where the save started (a file): a save that
+    /// finds a tier full part-way through rewinds it and applies [`OnFull`].
+    Seekable {
+        /// The stream, read from its position when the save starts.
+        reader: Box<dyn SeekRead + 'a>,
+        /// Its expected size, if known.
+        size_hint: Option<u64>,
+    },
 }
+
+/// A readable, seekable stream (a [`std::fs::File`], a [`std::io::Cursor`], a
+/// [`std::io::BufReader`] over either): the source of a [`PartData::Seekable`].
+pub trait SeekRead: Read + Seek + Send {}
+
+impl<T: Read + Seek + Send> SeekRead for T {}
 
 impl fmt::Debug for PartData<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PartData::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
             PartData::Reader { size_hint, .. } => write!(f, "Reader(size_hint {size_hint:?})"),
+            PartData::Seekable { size_hint, .. } => write!(f, "Seekable(size_hint {size_hint:?})"),
         }
     }
 }
@@ -105,10 +122,15 @@ impl<'a> Part<'a> {
         Part { name: name.into(), data: PartData::Reader { reader: Box::new(reader), size_hint } }
     }
 
+    /// A part from a stream that can be rewound (a file): see [`PartData::Seekable`].
+    pub fn seekable(name: impl Into<String>, reader: impl Read + Seek + Send + 'a, size_hint: Option<u64>) -> Self {
+        Part { name: name.into(), data: PartData::Seekable { reader: Box::new(reader), size_hint } }
+    }
+
     fn size_hint(&self) -> u64 {
         match &self.data {
             PartData::Bytes(b) => b.len() as u64,
-            PartData::Reader { size_hint, .. } => size_hint.unwrap_or(0),
+            PartData::Reader { size_hint, .. } | PartData::Seekable { size_hint, .. } => size_hint.unwrap_or(0),
         }
     }
 }
@@ -232,6 +254,9 @@ struct Inner {
     m: Metrics,
     /// False for a store opened read-only (no lock, no recovery, no drain, no saves).
     writable: bool,
+    /// Checkpoints evicted since the store was opened: a save waiting for room after ENOSPC
+    /// retries only once this moved.
+    evictions: std::sync::atomic::AtomicU64,
     /// The store's lock on every tier that has locks, held while the store is open.
     _locks: Vec<TierLock>,
 }
@@ -562,13 +587,20 @@ impl Inner {
         Ok(bytes)
     }
 
-    /// Applies the eviction policy to tier `t` (not the slowest): drained checkpoints beyond
-    /// the newest `keep_last`, then the oldest drained ones while the fast tier's capacity bound
-    /// leaves no room for `need` more bytes.
-    async fn evict(&self, t: usize, need: u64) -> Result<()> {
+    /// Applies the eviction policy to tier `t` (not the slowest) and returns how many
+    /// checkpoints it removed. Only checkpoints already committed on a slower tier are evicted,
+    /// oldest first: those beyond the newest `keep_last`; then, for [`Evict::Room`], while the
+    /// fast tier's capacity bound or the file system's free space (less [`free_slack`]) leaves
+    /// no room for the bytes a save needs; for [`Evict::AfterEnospc`], also at least one (the
+    /// file system said it is full, whatever its free count said).
+    async fn evict(&self, t: usize, why: Evict) -> Result<usize> {
         if t + 1 >= self.tiers.len() {
-            return Ok(());
+            return Ok(0);
         }
+        let need = match why {
+            Evict::Policy => 0,
+            Evict::Room(n) | Evict::AfterEnospc(n) => n,
+        };
         let here = self.scan(t).await?;
         let mut slower = BTreeSet::new();
         for s in t + 1..self.tiers.len() {
@@ -577,27 +609,113 @@ impl Inner {
         let committed: Vec<u64> = here.iter().filter(|(_, f)| f.manifest).map(|(s, _)| *s).collect();
         let keep_from = committed.len().saturating_sub(self.cfg.keep_last);
         let mut used: u64 = here.values().filter(|f| f.manifest).map(|f| f.bytes).sum();
+        let mut evicted = 0;
         for (i, step) in committed.iter().enumerate() {
             if !slower.contains(step) {
                 continue; // never evict the only copy
             }
             let over_capacity = t == 0 && self.cfg.fast_capacity_bytes.is_some_and(|c| used + need > c);
-            if i < keep_from || over_capacity {
+            let short = match why {
+                Evict::Policy => false,
+                Evict::Room(_) => self.free_space(t).await.is_some_and(|free| free < need + free_slack(need)),
+                Evict::AfterEnospc(_) => {
+                    evicted == 0 || self.free_space(t).await.is_some_and(|free| free < need + free_slack(need))
+                }
+            };
+            if i < keep_from || over_capacity || short {
                 // Freeing a large file costs CPU (tmpfs frees every page on unlink): not while a
                 // save writes.
                 self.yield_to_saves().await;
                 self.remove(t, *step).await?;
                 used -= here[step].bytes;
+                evicted += 1;
+                self.evictions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 self.m.evictions[t].increment(1);
                 tracing::debug!(step, tier = self.tiers[t].name(), "evicted");
             }
         }
-        Ok(())
+        Ok(evicted)
+    }
+
+    /// Free bytes of tier `t`'s file system (or bound) now; `None` where the tier cannot tell.
+    async fn free_space(&self, t: usize) -> Option<u64> {
+        match self.tiers[t].space().await {
+            Ok(s) => s.map(|s| s.free_bytes),
+            Err(e) => {
+                tracing::debug!(tier = self.tiers[t].name(), "free space unknown: {e}");
+                None
+            }
+        }
+    }
+
+    /// Whether `need` more bytes fit on tier `t` now: within the fast tier's capacity bound and
+    /// the file system's free space (less [`free_slack`]).
+    async fn room(&self, t: usize, step: u64, need: u64) -> Result<Room> {
+        let name = self.tiers[t].name();
+        if t == 0 {
+            if let Some(cap) = self.cfg.fast_capacity_bytes {
+                if need > cap {
+                    return Ok(Room::Never(format!(
+                        "checkpoint {step} ({need} bytes) is larger than the fast tier's capacity of {cap} bytes"
+                    )));
+                }
+                let used = self.fast_used().await?;
+                if used + need > cap {
+                    return Ok(Room::Full(format!(
+                        "the fast tier's capacity of {cap} bytes holds {used} bytes and cannot take checkpoint {step} \
+                         ({need} bytes)"
+                    )));
+                }
+            }
+        }
+        match self.tiers[t].space().await {
+            Ok(Some(space)) if need > space.total_bytes => Ok(Room::Never(format!(
+                "checkpoint {step} ({need} bytes) is larger than tier {name:?} ({} bytes in all)",
+                space.total_bytes
+            ))),
+            Ok(Some(space)) if need + free_slack(need) > space.free_bytes => Ok(Room::Full(format!(
+                "tier {name:?} has {} bytes free, too few for checkpoint {step} ({need} bytes)",
+                space.free_bytes
+            ))),
+            Ok(_) => Ok(Room::Fits),
+            Err(e) => {
+                tracing::debug!(tier = name, "free space unknown: {e}");
+                Ok(Room::Fits)
+            }
+        }
     }
 
     async fn fast_used(&self) -> Result<u64> {
         Ok(self.scan(0).await?.values().filter(|f| f.manifest).map(|f| f.bytes).sum())
     }
+}
+
+/// Why [`Inner::evict`] runs.
+#[derive(Debug, Clone, Copy)]
+enum Evict {
+    /// Keep the newest `keep_last` drained checkpoints and the capacity bound.
+    Policy,
+    /// A save needs this many bytes on the tier.
+    Room(u64),
+    /// A save of this many bytes (0 when unknown) failed with ENOSPC on the tier.
+    AfterEnospc(u64),
+}
+
+/// Whether a save fits on a tier.
+#[derive(Debug)]
+enum Room {
+    Fits,
+    /// Not now: draining and evicting may make room. Says why.
+    Full(String),
+    /// Not even on an empty tier. Says why.
+    Never(String),
+}
+
+/// Bytes kept free on a file system beyond a checkpoint's own when deciding whether it fits:
+/// file-system metadata and the alignment padding of direct writes (1/256 of it plus 1 MiB).
+/// A save that still meets ENOSPC is handled as a full tier.
+fn free_slack(need: u64) -> u64 {
+    need / 256 + (1 << 20)
 }
 
 /// Counts a save in progress for as long as it lives.
@@ -740,7 +858,7 @@ async fn drain_loop(weak: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<(u64, usi
                     }
                     // Evict before reporting the drain done, so `drain()` returns on a settled
                     // store.
-                    if let Err(e) = inner.evict(from, 0).await {
+                    if let Err(e) = inner.evict(from, Evict::Policy).await {
                         tracing::warn!("evicting from {}: {e}", inner.tiers[from].name());
                     }
                     if !onward {
@@ -821,6 +939,9 @@ impl CheckpointStore {
                 Err(e) => return Err(e),
             }
         }
+        if writable {
+            warn_if_not_durable(&tiers, &cfg.prefix);
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let m = Metrics::new(&tiers);
         let bucket = cfg.drain_bytes_per_sec.map(|r| TokenBucket::new(r, Some(cfg.chunk_bytes as u64)));
@@ -838,6 +959,7 @@ impl CheckpointStore {
             bucket,
             m,
             writable,
+            evictions: std::sync::atomic::AtomicU64::new(0),
             _locks: locks,
         });
         let store = CheckpointStore { inner };
@@ -878,7 +1000,7 @@ impl CheckpointStore {
             }
         }
         for t in 0..n.saturating_sub(1) {
-            inner.evict(t, 0).await?;
+            inner.evict(t, Evict::Policy).await?;
         }
         Ok(())
     }
@@ -929,32 +1051,24 @@ impl CheckpointStore {
         let last = inner.tiers.len() - 1;
         let checked = start.elapsed();
         let estimate: u64 = parts.iter().map(Part::size_hint).sum();
+        // Where each seekable part starts, to rewind it for another attempt.
+        let mut starts = Vec::with_capacity(parts.len());
+        for p in parts.iter_mut() {
+            starts.push(match &mut p.data {
+                PartData::Seekable { reader, .. } => Some(reader.stream_position().map_err(|e| {
+                    Error::from(e).with_operation(Operation::Write).with_key(inner.part_key(step, &p.name))
+                })?),
+                _ => None,
+            });
+        }
         let mut target = if direct { last } else { 0 };
         let mut wrote_through = false;
-        // The capacity bound of the fast tier.
-        if target == 0 && last > 0 {
-            if let Some(cap) = inner.cfg.fast_capacity_bytes {
-                loop {
-                    inner.evict(0, estimate).await?;
-                    if inner.fast_used().await? + estimate <= cap {
-                        break;
-                    }
-                    if inner.cfg.on_full == OnFull::WriteThrough {
-                        target = 1;
-                        wrote_through = true;
-                        break;
-                    }
-                    if !self.wait_for_drain_progress().await {
-                        return Err(Error::from_errno(
-                            libc_enospc(),
-                            format!(
-                                "the fast tier's capacity of {cap} bytes cannot hold checkpoint {step} ({estimate} bytes) \
-                                 and nothing is left to drain"
-                            ),
-                        ));
-                    }
-                }
-            }
+        // Room on the fast tier (its capacity bound, its file system's free space) before a
+        // byte is written.
+        if target < last && !self.make_room(target, step, estimate).await? {
+            tracing::warn!(step, "tier {:?} is full; writing through", inner.tiers[target].name());
+            target += 1;
+            wrote_through = true;
         }
         loop {
             // The drain gives way while the checkpoint is written (not while waiting for room).
@@ -985,34 +1099,118 @@ impl CheckpointStore {
                         wrote_through,
                     });
                 }
-                Err((e, restartable)) => {
+                Err((e, consumed_stream)) => {
+                    // Nothing of this attempt stays: the failed part's staged object is already
+                    // aborted; committed parts go, manifest first.
                     let _ = inner.remove(target, step).await;
-                    let full = e.kind() == ErrorKind::NoSpace;
-                    if full && restartable && target < last {
-                        match inner.cfg.on_full {
-                            OnFull::WriteThrough => {
-                                tracing::warn!(step, "tier {:?} is full; writing through", inner.tiers[target].name());
-                                target += 1;
-                                wrote_through = true;
-                                continue;
-                            }
-                            OnFull::Wait => {
-                                let _ = inner.evict(target, estimate).await;
-                                if self.wait_for_drain_progress().await {
-                                    continue;
-                                }
-                            }
+                    if e.kind() != ErrorKind::NoSpace || target == last {
+                        inner.m.saves_err[target].increment(1);
+                        return Err(e.with_operation(Operation::Write));
+                    }
+                    // The tier filled up part-way: apply the on-full policy to the whole save.
+                    let name = inner.tiers[target].name();
+                    if consumed_stream {
+                        inner.m.saves_err[target].increment(1);
+                        return Err(Error::from_errno(
+                            libc_enospc(),
+                            format!(
+                                "checkpoint {step}: tier {name:?} is full ({e}), and a part given as a stream \
+                                 that cannot be read again was part-way written; give parts as bytes or as \
+                                 seekable streams (Part::seekable) so that a full tier can be retried"
+                            ),
+                        )
+                        .with_operation(Operation::Write));
+                    }
+                    rewind(&mut parts, &starts).map_err(|e| e.with_operation(Operation::Write))?;
+                    tracing::warn!(step, "tier {name:?} filled up during the save: {e}");
+                    match self.room_after_enospc(target, step, estimate, &e).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(step, "tier {name:?} is full; writing through");
+                            target += 1;
+                            wrote_through = true;
+                        }
+                        Err(e) => {
+                            inner.m.saves_err[target].increment(1);
+                            return Err(e.with_operation(Operation::Write));
                         }
                     }
-                    inner.m.saves_err[target].increment(1);
-                    return Err(e.with_operation(Operation::Write));
                 }
             }
         }
     }
 
-    /// Writes every part, then the manifest, on tier `t`. The bool says whether the parts can
-    /// be written again (buffers can, a consumed stream cannot).
+    /// Makes room for `need` bytes of checkpoint `step` on tier `t` before it is written:
+    /// evicts drained checkpoints, and with [`OnFull::Wait`] waits for the drain while that
+    /// can help. `Ok(true)` when it fits, `Ok(false)` to write through
+    /// ([`OnFull::WriteThrough`]); [`ErrorKind::NoSpace`] when waiting cannot help.
+    async fn make_room(&self, t: usize, step: u64, need: u64) -> Result<bool> {
+        let inner = &self.inner;
+        let mut last_look = false;
+        loop {
+            inner.evict(t, Evict::Room(need)).await?;
+            let why = match inner.room(t, step, need).await? {
+                Room::Fits => return Ok(true),
+                Room::Full(why) => why,
+                Room::Never(why) => {
+                    if inner.cfg.on_full == OnFull::WriteThrough {
+                        return Ok(false);
+                    }
+                    return Err(Error::from_errno(
+                        libc_enospc(),
+                        format!("{why}: it can never be saved there (save with on_full write-through or save_direct)"),
+                    ));
+                }
+            };
+            if inner.cfg.on_full == OnFull::WriteThrough {
+                return Ok(false);
+            }
+            if !self.wait_for_drain_progress().await {
+                // Nothing to drain: one more look (a drain may have just finished and evicted).
+                if last_look {
+                    return Err(Error::from_errno(
+                        libc_enospc(),
+                        format!("{why}, and nothing is left to drain or evict (on_full write-through would write it to the next tier)"),
+                    ));
+                }
+                last_look = true;
+            }
+        }
+    }
+
+    /// After a save of `step` met ENOSPC on tier `t` (`err`): `Ok(true)` to retry there once
+    /// something was evicted (or, with [`OnFull::Wait`], once a drain finished), `Ok(false)` to
+    /// write through ([`OnFull::WriteThrough`]); [`ErrorKind::NoSpace`] when waiting cannot
+    /// help. Each retry follows an eviction or a finished drain, so retries end.
+    async fn room_after_enospc(&self, t: usize, step: u64, need: u64, err: &Error) -> Result<bool> {
+        let inner = &self.inner;
+        let evictions = |i: &Inner| i.evictions.load(std::sync::atomic::Ordering::SeqCst);
+        let before = evictions(inner);
+        if inner.evict(t, Evict::AfterEnospc(need)).await? > 0 {
+            return Ok(true);
+        }
+        if inner.cfg.on_full == OnFull::WriteThrough {
+            return Ok(false);
+        }
+        if self.wait_for_drain_progress().await {
+            return Ok(true);
+        }
+        // Nothing pending: retry only if a drain evicted something meanwhile.
+        if evictions(inner) != before || inner.evict(t, Evict::AfterEnospc(need)).await? > 0 {
+            return Ok(true);
+        }
+        Err(Error::from_errno(
+            libc_enospc(),
+            format!(
+                "checkpoint {step}: tier {:?} is full ({err}), and nothing is left to drain or evict (on_full \
+                 write-through would write it to the next tier)",
+                inner.tiers[t].name()
+            ),
+        ))
+    }
+
+    /// Writes every part, then the manifest, on tier `t`. The bool says whether a part given as
+    /// a plain stream was read (it cannot be written again).
     async fn write_checkpoint(
         &self,
         t: usize,
@@ -1030,8 +1228,11 @@ impl CheckpointStore {
                     consumed_stream = true;
                     inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
                 }
+                PartData::Seekable { reader, .. } => {
+                    inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
+                }
             };
-            let (size, crc32c) = res.map_err(|e| (e, !consumed_stream))?;
+            let (size, crc32c) = res.map_err(|e| (e, consumed_stream))?;
             metas.push(PartMeta { name: p.name.clone(), size, crc32c });
         }
         let manifest = CheckpointManifest {
@@ -1044,7 +1245,7 @@ impl CheckpointStore {
         inner
             .write_object(t, &inner.manifest_key(step), &manifest.to_bytes())
             .await
-            .map_err(|e| (e, !consumed_stream))?;
+            .map_err(|e| (e, consumed_stream))?;
         Ok(manifest.total_bytes())
     }
 
@@ -1168,6 +1369,38 @@ impl CheckpointStore {
         }
         Ok(out)
     }
+}
+
+/// Warns (once per tier name and prefix in a process) when the slowest tier of a store is not
+/// durable: a checkpoint there does not survive a power cut or a reboot (tmpfs, memory).
+fn warn_if_not_durable(tiers: &[Arc<dyn Tier>], prefix: &str) {
+    static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let Some(slowest) = tiers.last() else { return };
+    if slowest.capabilities().durable {
+        return;
+    }
+    let first = WARNED.lock().unwrap_or_else(|p| p.into_inner()).insert(format!("{}\0{prefix}", slowest.name()));
+    if first {
+        tracing::warn!(
+            tier = slowest.name(),
+            prefix,
+            "the checkpoint store's slowest tier {:?} is not durable (memory or tmpfs): its checkpoints do not \
+             survive a power cut or a reboot",
+            slowest.name()
+        );
+    }
+}
+
+/// Seeks every seekable part back to where the save started reading it.
+fn rewind(parts: &mut [Part<'_>], starts: &[Option<u64>]) -> Result<()> {
+    for (p, start) in parts.iter_mut().zip(starts) {
+        if let (PartData::Seekable { reader, .. }, Some(pos)) = (&mut p.data, start) {
+            reader.seek(SeekFrom::Start(*pos)).map_err(|e| {
+                Error::from(e).with_key(format!("part {:?} (rewinding it for another attempt)", p.name))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn libc_enospc() -> i32 {

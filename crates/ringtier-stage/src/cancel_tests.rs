@@ -374,8 +374,9 @@ fn a_copy_that_cannot_start_releases_only_the_buffers_never_started() {
             for k in 0..n {
                 let pool = PinnedPool::new(buf_size, count, target).expect("pinned pool");
                 let rig = Rig::new(target, pool, n, buf_size, k as u64).await;
-                // 4 chunks of 2 ms: a copy takes about 8 ms on the host path.
-                rig.hooks.chunk_delay_ns.store(2_000_000, Ordering::SeqCst);
+                // 10 ms a 16 KiB chunk: a started copy runs for at least 10 ms on the host path,
+                // far longer than the checks below take.
+                rig.hooks.chunk_delay_ns.store(10_000_000, Ordering::SeqCst);
                 rig.hooks.fail_start_in.store(k + 1, Ordering::SeqCst);
                 let all: Vec<usize> = (0..n).collect();
                 let err = rig.stager.stage(&rig.requests(&all)).await.expect_err("copy k cannot start");
@@ -385,8 +386,8 @@ fn a_copy_that_cannot_start_releases_only_the_buffers_never_started() {
                 assert!(msg.contains(&format!("copy {} of {n}", k + 1)) && msg.contains("injected"), "{msg}");
                 assert_eq!(err.key(), Some(rig.objects[k].0.as_str()), "{msg}");
                 if target == Target::Host {
-                    // The k started copies are still running (k x 8 ms): exactly their buffers
-                    // are held, the n - k others are back.
+                    // The k started copies are still running: exactly their buffers are held,
+                    // the n - k others are back.
                     assert_eq!(held, k, "{target:?} k={k}: buffers held right after the error");
                     assert_eq!(rig.hooks.reading(), k, "{target:?} k={k}");
                 } else {
@@ -453,7 +454,7 @@ fn everything_dropped_while_copies_run_releases_the_slab_after_them() {
             };
             let rig = Rig::new(target, pool, 12, buf_size, 7).await;
             *hooks_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&rig.hooks));
-            rig.hooks.chunk_delay_ns.store(1_000_000, Ordering::SeqCst);
+            rig.hooks.chunk_delay_ns.store(2_000_000, Ordering::SeqCst);
             let mut batches = Vec::new();
             for chunk in [0..4, 4..8, 8..12] {
                 let which: Vec<usize> = chunk.collect();

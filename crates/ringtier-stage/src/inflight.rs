@@ -249,8 +249,14 @@ impl<D: Send + 'static, F: Fence<D>> Drop for Reaper<D, F> {
                 for (i, d) in self.outputs.drain(..) {
                     self.completion.put_output(i, d);
                 }
-                // Released (or handed back) only now, after the fence.
-                let kept = if self.keep { sources } else { Vec::new() };
+                // Released (or handed back) only now, after the fence, and before the waiter
+                // is told: when `wait` returns, the buffers are back in their pool.
+                let kept = if self.keep {
+                    sources
+                } else {
+                    drop(sources);
+                    Vec::new()
+                };
                 self.completion.finish(kept, None, &self.hooks);
             }
             Err(e) => {

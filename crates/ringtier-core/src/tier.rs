@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufferPool};
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::validate_key;
 
@@ -134,6 +134,13 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// Layers forward it. A burst buffer treats the free bytes as a capacity.
     async fn space(&self) -> Result<Option<Space>> {
         Ok(None)
+    }
+
+    /// The buffer pool this tier reads into best (registered with the kernel as fixed
+    /// buffers, for the io_uring tier), when it has one. A loader over the tier takes its
+    /// buffers from it instead of allocating a second, unregistered pool. Layers forward it.
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        None
     }
 
     /// Reads up to `len` bytes at `offset` into `buf` and hands it back with the byte count.

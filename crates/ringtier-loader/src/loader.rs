@@ -154,8 +154,21 @@ impl std::fmt::Debug for Loader {
 }
 
 impl Loader {
-    /// A loader over `dataset`. Allocates its buffer pool, (prefetch + 2) x batch_size
-    /// buffers of the largest sample, once.
+    /// The buffer pool a loader with `cfg` over samples of at most `max_sample_bytes` needs on a
+    /// tier of direct-I/O `alignment`: (prefetch + 2) x batch_size buffers, each the largest
+    /// sample plus one byte (a file that grew is noticed) rounded up to the alignment, plus
+    /// one alignment block for an unaligned start. Give a pool of this shape to the io_uring
+    /// tier (`UringTierOptions::pool`) and the loader reads into its registered buffers.
+    pub fn pool_config(max_sample_bytes: u64, alignment: usize, cfg: &LoaderConfig) -> PoolConfig {
+        let align = alignment.max(4096);
+        let buf_size = (max_sample_bytes as usize + 1).next_multiple_of(align) + align;
+        PoolConfig { buf_size, count: (cfg.prefetch + 2) * cfg.batch_size, align }
+    }
+
+    /// A loader over `dataset`. Its buffers come from the tier's own pool
+    /// ([`ringtier_core::Tier::buffer_pool`], registered with io_uring) when that pool is at
+    /// least the shape of [`Loader::pool_config`]; otherwise it allocates one of that shape,
+    /// once.
     pub fn new(dataset: Dataset, cfg: LoaderConfig) -> Result<Self> {
         if cfg.batch_size == 0 {
             return Err(Error::new(ErrorKind::InvalidInput, "batch size must be at least 1"));
@@ -175,9 +188,23 @@ impl Loader {
         if dataset.is_empty() {
             return Err(Error::new(ErrorKind::InvalidInput, "the dataset has no samples"));
         }
-        let align = dataset.tier().capabilities().alignment.max(4096);
-        let buf_size = (dataset.max_size() as usize + 1).next_multiple_of(align) + align;
-        let pool = BufferPool::new(PoolConfig { buf_size, count: (cfg.prefetch + 2) * cfg.batch_size, align })?;
+        let want = Self::pool_config(dataset.max_size(), dataset.tier().capabilities().alignment, &cfg);
+        let pool = match dataset.tier().buffer_pool() {
+            Some(p) if p.buf_size() >= want.buf_size && p.count() >= want.count && p.align() >= want.align => p,
+            tier_pool => {
+                if let Some(p) = tier_pool {
+                    tracing::info!(
+                        "the tier's buffer pool ({} x {} bytes) is smaller than the loader needs ({} x {} bytes); \
+                         allocating a separate, unregistered pool",
+                        p.count(),
+                        p.buf_size(),
+                        want.count,
+                        want.buf_size
+                    );
+                }
+                BufferPool::new(want)?
+            }
+        };
         let decoders = match cfg.decode {
             Some(d) => Some(BlockingPool::new("ringtier-decode", d.threads.max(1))?),
             None => None,
@@ -204,6 +231,11 @@ impl Loader {
     /// Bytes of the buffer pool.
     pub fn pool_bytes(&self) -> usize {
         self.shared.pool.buf_size() * self.shared.pool.count()
+    }
+
+    /// True when the loader reads into the tier's own buffer pool (see [`Loader::new`]).
+    pub fn uses_tier_pool(&self) -> bool {
+        self.shared.dataset.tier().buffer_pool().is_some_and(|p| p.id() == self.shared.pool.id())
     }
 
     /// Starts `epoch` at `position` (0 for the start; a saved position resumes with exactly

@@ -436,6 +436,10 @@ impl Tier for UringTier {
         }
     }
 
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.pool.clone()
+    }
+
     async fn space(&self) -> Result<Option<Space>> {
         let inner = Arc::clone(&self.inner);
         self.inner.meta.run(move || inner.root.space().map(Some)).await.map_err(|e| e.with_tier(self.name()))

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::buf::{align_down, AlignedBuf};
+use crate::buf::{align_down, AlignedBuf, BufferPool};
 use crate::catalog;
 use crate::error::{Error, Operation, Result};
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
@@ -195,6 +195,10 @@ impl Tier for FaultInjecting {
 
     async fn space(&self) -> Result<Option<Space>> {
         self.inner.space().await
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.buffer_pool()
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

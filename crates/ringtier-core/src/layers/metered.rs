@@ -5,7 +5,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use metrics::{Counter, Histogram};
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufferPool};
 use crate::catalog;
 use crate::error::Result;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
@@ -123,6 +123,10 @@ impl Tier for Metered {
 
     async fn space(&self) -> Result<Option<Space>> {
         self.inner.space().await
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.buffer_pool()
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use async_trait::async_trait;
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufferPool};
 use crate::catalog;
 use crate::error::Result;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
@@ -152,6 +152,10 @@ impl Tier for Throttled {
 
     async fn space(&self) -> Result<Option<Space>> {
         self.inner.space().await
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.buffer_pool()
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

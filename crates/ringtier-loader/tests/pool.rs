@@ -1,0 +1,76 @@
+//! The loader reads into the io_uring tier's registered buffer pool when the tier has one of
+//! the right shape, and allocates its own otherwise.
+
+use std::sync::Arc;
+
+use ringtier_core::{BufferPool, PoolConfig, Tier};
+use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i as u64).wrapping_mul(31).wrapping_add(seed * 7919) % 251) as u8).collect()
+}
+
+fn files(n: usize) -> (tempfile::TempDir, Vec<Vec<u8>>) {
+    let dir = tempfile::Builder::new().prefix("pool").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let data: Vec<Vec<u8>> = (0..n).map(|i| pattern(i as u64, 1000 + i * 977)).collect();
+    for (i, d) in data.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("s{i:03}")), d).expect("write");
+    }
+    (dir, data)
+}
+
+async fn read_epoch(loader: &Loader, data: &[Vec<u8>]) {
+    let mut e = loader.epoch(0, 0).expect("epoch");
+    let mut n = 0;
+    while let Some(b) = e.next().await {
+        let b = b.expect("batch");
+        for (i, s) in b.indices.iter().zip(&b.samples) {
+            assert_eq!(s.as_slice(), &data[*i as usize][..], "sample {i}");
+            n += 1;
+        }
+    }
+    assert_eq!(n, data.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loader_reads_into_the_tiers_registered_pool() {
+    let (dir, data) = files(40);
+    let cfg = LoaderConfig { batch_size: 4, prefetch: 2, ..LoaderConfig::default() };
+    let max = data.iter().map(Vec::len).max().unwrap_or(0) as u64;
+    let pool = BufferPool::new(Loader::pool_config(max, 4096, &cfg)).expect("pool");
+    let uring = Arc::new(
+        UringTier::with_options(
+            dir.path(),
+            UringConfig::default(),
+            UringTierOptions { pool: Some(pool), ..Default::default() },
+        )
+        .expect("tier"),
+    );
+    let tier: Arc<dyn Tier> = uring.clone();
+    let loader = Loader::new(Dataset::from_dir(tier, dir.path()).await.expect("dataset"), cfg).expect("loader");
+    assert!(loader.uses_tier_pool(), "one pool, the tier's");
+    read_epoch(&loader, &data).await;
+    let stats = uring.stats();
+    if stats.register_fallbacks == 0 {
+        assert!(stats.fixed_buffer_reads >= data.len() as u64, "{stats:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_too_small_for_the_loader_is_not_used() {
+    let (dir, data) = files(12);
+    let cfg = LoaderConfig { batch_size: 4, prefetch: 2, ..LoaderConfig::default() };
+    let small = BufferPool::new(PoolConfig { buf_size: 4096, count: 2, align: 4096 }).expect("pool");
+    let tier: Arc<dyn Tier> = Arc::new(
+        UringTier::with_options(
+            dir.path(),
+            UringConfig::default(),
+            UringTierOptions { pool: Some(small), ..Default::default() },
+        )
+        .expect("tier"),
+    );
+    let loader = Loader::new(Dataset::from_dir(tier, dir.path()).await.expect("dataset"), cfg).expect("loader");
+    assert!(!loader.uses_tier_pool());
+    read_epoch(&loader, &data).await;
+}

@@ -1,0 +1,54 @@
+#![doc = include_str!("../README.md")]
+
+// The tier trait, its types, buffers and errors: what every part of ringtier speaks.
+pub use ringtier_core::{
+    AlignedBuf, BufferPool, Capabilities, Error, ErrorKind, MemoryTier, ObjectKey, ObjectMeta, ObjectWriter, Operation,
+    PoolConfig, PosixConfig, PosixTier, ReadBatch, ReadEntry, Result, Space, Tier, TierLock,
+};
+
+// The modules of ringtier-core that users reach into: the layers that wrap any tier, the
+// whole-object helpers, buffer alignment helpers, key validation and the dataset manifest.
+pub use ringtier_core::{buf, key, layers, manifest, ops};
+
+// The most used names of the other crates, at the top level.
+pub use ringtier_loader::{Batch, Dataset, Epoch, Loader, LoaderConfig};
+pub use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
+pub use ringtier_stage::{PinnedPool, Stager};
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier};
+
+/// The O_DIRECT io_uring file tier: [`UringTier`](uring::UringTier), its knobs
+/// ([`UringConfig`](uring::UringConfig)) and the Direct-I/O policy (feature `uring`, on by
+/// default; Linux only). This is the crate `ringtier-uring`.
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub mod uring {
+    pub use ringtier_uring::*;
+}
+
+/// The input pipeline: [`Dataset`](loader::Dataset), the seeded sharded
+/// [`Sampler`](loader::Sampler), [`Loader`](loader::Loader) with bounded prefetch and an
+/// optional JPEG decode stage. This is the crate `ringtier-loader`.
+pub mod loader {
+    pub use ringtier_loader::*;
+}
+
+/// The crash-consistent checkpoint store with its burst buffer:
+/// [`CheckpointStore`](checkpoint::CheckpointStore) saves to the fastest tier and drains to
+/// slower ones in the background. This is the crate `ringtier-migrate`.
+pub mod checkpoint {
+    pub use ringtier_migrate::*;
+}
+
+/// Pinned host buffers and staging to an accelerator: [`PinnedPool`](stage::PinnedPool) and
+/// [`Stager`](stage::Stager) (CUDA with feature `cuda`, page-locked host memory without).
+/// This is the crate `ringtier-stage`.
+pub mod stage {
+    pub use ringtier_stage::*;
+}
+
+/// The metric catalog and the Prometheus exporter ([`install`](metrics::install)); feature
+/// `metrics`, on by default. This is the crate `ringtier-metrics`.
+#[cfg(feature = "metrics")]
+pub mod metrics {
+    pub use ringtier_metrics::*;
+}

@@ -381,27 +381,33 @@ fn field<'a>(args: &'a str, name: &str) -> Option<&'a str> {
     Some(rest[..end].trim().trim_matches('"'))
 }
 
-/// Ring operations and rename times (ms) from `perf trace` output.
+/// Ring operations and rename times (ms) from `perf trace` output. Events are taken in time
+/// order (a request's submission before its file lookup before its completion at equal times),
+/// whatever order the CPUs' buffers printed them in.
 fn parse_perf(text: &str) -> (Vec<RingOp>, Vec<f64>) {
-    let mut ops: Vec<RingOp> = Vec::new();
-    let mut renames = Vec::new();
+    let mut events: Vec<(f64, u8, &str, &str, &str)> = Vec::new();
     for line in text.lines() {
         let Some(ts) = line.split_whitespace().next().and_then(|t| t.parse::<f64>().ok()) else { continue };
-        let Some(open) = line.find('(').and_then(|_| line.find("): ")).map(|i| i + 3) else { continue };
-        let rest = &line[open..];
-        let Some((_, event)) = rest.split_once(' ') else { continue };
+        let Some(open) = line.find("): ").map(|i| i + 3) else { continue };
+        let Some((_, event)) = line[open..].split_once(' ') else { continue };
         let Some((name, args)) = event.split_once('(') else { continue };
+        let rank = match name {
+            "io_uring:io_uring_submit_req" => 0,
+            "io_uring:io_uring_file_get" => 1,
+            "io_uring:io_uring_complete" => 2,
+            _ => 3,
+        };
+        events.push((ts, rank, name, args, event));
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut ops: Vec<RingOp> = Vec::new();
+    let mut renames = Vec::new();
+    for (ts, _, name, args, event) in events {
         match name {
             "io_uring:io_uring_submit_req" => {
                 if let (Some(req), Some(op)) = (field(args, "req"), field(args, "op_str")) {
-                    ops.push(RingOp {
-                        req: req.into(),
-                        op: op.into(),
-                        fd: None,
-                        submitted: ts,
-                        completed: None,
-                        res: 0,
-                    });
+                    let op = op.into();
+                    ops.push(RingOp { req: req.into(), op, fd: None, submitted: ts, completed: None, res: 0 });
                 }
             }
             "io_uring:io_uring_file_get" => {
@@ -424,7 +430,6 @@ fn parse_perf(text: &str) -> (Vec<RingOp>, Vec<f64>) {
             _ => {}
         }
     }
-    renames.sort_by(f64::total_cmp);
     (ops, renames)
 }
 
@@ -451,23 +456,39 @@ fn uring_tier_syncs_data_through_the_ring_before_each_rename() {
     }
     let base = base_dir("durability-ring");
     let base_path = base.path().canonicalize().expect("canonical temp dir");
-    let trace = base_path.join("perf.txt");
-    let mut cmd = child_command("perf", "uring", &base_path, 1);
-    cmd.args(["trace", "-o"]).arg(&trace).args([
-        "-e",
-        "io_uring:io_uring_submit_req,io_uring:io_uring_file_get,io_uring:io_uring_complete,rename,renameat,renameat2",
-        "--",
-    ]);
-    child_args(&mut cmd);
-    let out = cmd.output().expect("perf");
-    assert!(
-        out.status.success(),
-        "traced child failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&trace).expect("trace");
-    let (ops, renames) = parse_perf(&text);
+    // perf drops events when its buffers overflow (a busy machine); a trace with a write or
+    // fsync that never completes is incomplete, not evidence, and is taken again.
+    let mut attempt = 0;
+    let (ops, renames) = loop {
+        attempt += 1;
+        let run = base_path.join(format!("run{attempt}"));
+        let trace = base_path.join(format!("perf{attempt}.txt"));
+        let mut cmd = child_command("perf", "uring", &run, 1);
+        cmd.args(["trace", "-o"]).arg(&trace).args([
+            "-e",
+            "io_uring:io_uring_submit_req,io_uring:io_uring_file_get,io_uring:io_uring_complete,rename,renameat,renameat2",
+            "--",
+        ]);
+        child_args(&mut cmd);
+        let out = cmd.output().expect("perf");
+        assert!(
+            out.status.success(),
+            "traced child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&trace).expect("trace");
+        let (ops, renames) = parse_perf(&text);
+        let incomplete =
+            ops.iter().filter(|o| matches!(o.op.as_str(), "WRITE" | "FSYNC") && o.completed.is_none()).count();
+        let lost_renames = renames.len() < STEPS.len() * (PARTS.len() + 1);
+        if incomplete == 0 && !lost_renames && !text.contains("LOST") {
+            break (ops, renames);
+        }
+        let why = format!("{incomplete} requests without a completion, {} renames", renames.len());
+        assert!(attempt < 4, "{attempt} perf traces lost events ({why} in the last, {})", trace.display());
+        eprintln!("perf trace {attempt} lost events ({why}); tracing again");
+    };
     // One tier, saves one after another: every commit is one rename, parts then manifest.
     assert_eq!(renames.len(), STEPS.len() * (PARTS.len() + 1), "renames traced: {renames:?}");
     let mut prev = 0.0;

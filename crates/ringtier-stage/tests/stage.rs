@@ -68,3 +68,35 @@ async fn bad_input_is_a_clear_error() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     assert!(PinnedPool::new(0, 2, Target::Host).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_batches_give_their_buffers_back_once_copied() {
+    let (dir, data) = files(16);
+    let pinned = PinnedPool::new(64 << 10, 8, Target::Host).expect("pinned pool");
+    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let tier: Arc<dyn Tier> =
+        Arc::new(UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier"));
+    let stager = Stager::new(tier, pinned.clone(), Target::Host).expect("stager");
+    let req = |r: std::ops::Range<usize>| -> Vec<(String, usize)> {
+        data[r].iter().map(|(k, d)| (k.clone(), d.len())).collect()
+    };
+    // Dropped unwaited, and a wait dropped after one poll: neither hands buffers back early
+    // nor loses them.
+    drop(stager.stage(&req(0..8)).await.expect("stage"));
+    let b = stager.stage(&req(8..16)).await.expect("stage");
+    let _ = tokio::time::timeout(std::time::Duration::ZERO, b.wait()).await;
+    let t = std::time::Instant::now();
+    while pinned.pool().in_use() > 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    assert_eq!(pinned.pool().in_use(), 0, "every pinned buffer came back");
+    // The whole pool is usable again.
+    let staged = stager.stage(&req(0..8)).await.expect("stage").wait().await.expect("wait");
+    for (i, s) in staged.iter().enumerate() {
+        match s {
+            Staged::Host(v) => assert_eq!(v.as_slice(), data[i].1.as_slice(), "sample {i}"),
+            #[allow(unreachable_patterns)]
+            _ => panic!("host target"),
+        }
+    }
+}

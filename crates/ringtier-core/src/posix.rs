@@ -28,7 +28,8 @@ pub struct PosixConfig {
     pub create: bool,
     /// Threads doing blocking I/O. Default 8.
     pub threads: usize,
-    /// Name used in errors and metric labels. Default `posix`.
+    /// Name used in errors and metric labels. Default `posix:ROOT` (what and where, so two
+    /// tiers are told apart).
     pub name: String,
     /// Largest single `pread`, in bytes; larger requests are read in chunks of this size
     /// (fio's `--bs`). 0, the default, reads each request with one call.
@@ -38,7 +39,9 @@ pub struct PosixConfig {
 impl PosixConfig {
     /// Defaults for `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        PosixConfig { root: root.into(), create: false, threads: 8, name: "posix".into(), read_chunk: 0 }
+        let root = root.into();
+        let name = format!("posix:{}", root.display());
+        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0 }
     }
 }
 

@@ -217,7 +217,8 @@ impl fmt::Debug for UringTier {
 /// Options of a [`UringTier`] that are not engine knobs.
 #[derive(Debug, Clone, Default)]
 pub struct UringTierOptions {
-    /// Name used in errors and metric labels. Default `uring`.
+    /// Name used in errors and metric labels. Default `uring:ROOT` (what and where, so two
+    /// tiers are told apart).
     pub name: Option<String>,
     /// Create the root directory when it is missing. Default false.
     pub create_root: bool,
@@ -241,7 +242,7 @@ impl UringTier {
 
     /// Opens a tier with `config` and `options`.
     pub fn with_options(root: impl AsRef<Path>, config: UringConfig, options: UringTierOptions) -> Result<Self> {
-        let name = options.name.unwrap_or_else(|| "uring".to_string());
+        let name = options.name.unwrap_or_else(|| format!("uring:{}", root.as_ref().display()));
         if config.rings == 0 || config.queue_depth == 0 {
             return Err(
                 Error::new(ErrorKind::InvalidInput, "rings and queue_depth must be at least 1").with_tier(&name)

@@ -331,3 +331,11 @@ async fn durability_and_free_space_come_from_the_filesystem() {
     assert_eq!(t.filesystem(), "tmpfs");
     assert!(!t.capabilities().durable, "tmpfs loses everything at a power cut");
 }
+
+#[test]
+fn tiers_are_named_after_what_and_where_they_are() {
+    let (a, b) = (ext4_dir(), ext4_dir());
+    let (ta, tb) = (tier(a.path(), UringConfig::default()), tier(b.path(), UringConfig::default()));
+    assert_eq!(ta.name(), format!("uring:{}", a.path().display()));
+    assert_ne!(ta.name(), tb.name(), "two tiers are told apart in errors and metrics");
+}

@@ -395,9 +395,10 @@ impl Region {
 /// recycled, already-faulted 4 KiB pages, and advice after the touch changes nothing).
 ///
 /// Why: a direct read or write from a buffer is split into one device segment per physically
-/// contiguous run of it. On the virtio disk of these machines an 8 MiB O_DIRECT write from
-/// scattered 4 KiB pages (2048 segments, 9 requests) took 6.6 ms against 3.8 ms from a buffer
-/// whose pages happened to be mostly contiguous (129 runs); huge pages make each 2 MiB one run.
+/// contiguous run of it, and a device takes a bounded number of segments per request, so a
+/// buffer of scattered 4 KiB pages turns one large O_DIRECT write into several requests and
+/// runs measurably slower; huge pages make each 2 MiB one run (figures in
+/// `docs/BENCHMARKS.md`, "The burst buffer").
 pub fn alloc_touched(size: usize, align: usize) -> Result<Region> {
     let oom = |n: usize| Error::new(ErrorKind::ResourceExhausted, format!("out of memory allocating {n} bytes"));
     if size >= HUGE_PAGE && align <= HUGE_PAGE {

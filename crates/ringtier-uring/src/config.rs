@@ -50,9 +50,9 @@ impl FromStr for DirectIoPolicy {
 /// I/O such as tmpfs, or an `auto` fallback) are issued.
 ///
 /// io_uring cannot complete a large buffered write without blocking, so the kernel hands it
-/// to an io-wq worker thread anyway; on tmpfs that path measured about 15% slower than a
-/// `pwrite` from one of the tier's own threads (244 MB checkpoints, `examples/` in
-/// ringtier-migrate and `ringtier bench ckpt --fast-dir /dev/shm/...`). O_DIRECT writes always
+/// to an io-wq worker thread anyway, a slower path than a `pwrite` from one of the tier's own
+/// threads (measured with `examples/save_vs_raw.rs` in ringtier-migrate and `ringtier bench
+/// ckpt --fast-dir /dev/shm/...`; figures in `docs/CHECKPOINTS.md`). O_DIRECT writes always
 /// go through the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BufferedWrites {

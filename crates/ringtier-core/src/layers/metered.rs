@@ -71,8 +71,8 @@ impl Handles {
 /// result, bytes, and latency, labelled with the tier's name and the operation.
 ///
 /// A batch read counts each request (operations, bytes) under `op="read"` and records the
-/// batch's duration once under `op="read_batch"`: recording every request's latency into the
-/// exporter's histogram cost about 5% of throughput at memory speed. Per-request service
+/// batch's duration once under `op="read_batch"`: a histogram sample per request costs
+/// measurable throughput at memory speed (`docs/BENCHMARKS.md`, "Metrics overhead"). Per-request service
 /// times are in each [`ReadEntry::latency`](crate::ReadEntry::latency) (and in `bench read`'s
 /// p50/p99).
 ///

@@ -26,6 +26,35 @@ pub const STAGING_DIR: &str = ".ringtier-staging";
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The path of a new staged file, removed when dropped unless [`StagedPath::keep`] takes it.
+///
+/// A staged file is made on a blocking thread for a caller that may have dropped its future
+/// meanwhile: returning the path in this guard makes the unanswered result remove the file
+/// (the pool drops it) instead of leaving it in the staging directory for the life of the
+/// process.
+#[derive(Debug)]
+pub struct StagedPath(Option<PathBuf>);
+
+impl StagedPath {
+    /// Guards the staged file at `path`.
+    pub fn new(path: PathBuf) -> Self {
+        StagedPath(Some(path))
+    }
+
+    /// Hands the path on (to the writer that now owns the file); nothing is removed.
+    pub fn keep(mut self) -> PathBuf {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for StagedPath {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
 /// The root directory of a file tier.
 #[derive(Debug)]
 pub struct FsRoot {

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::blocking::BlockingPool;
 use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::fs::FsRoot;
+use crate::fs::{FsRoot, StagedPath};
 use crate::key::validate_key;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
@@ -185,10 +185,12 @@ impl Tier for PosixTier {
             .run(move || {
                 let staged = inner.root.new_staging_path()?;
                 let file = std::fs::OpenOptions::new().write(true).create_new(true).read(true).open(&staged)?;
-                Ok((file, staged))
+                // Removed with the result if this future is dropped before it arrives.
+                Ok((file, StagedPath::new(staged)))
             })
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        let staged = staged.keep();
         Ok(Box::new(PosixWriter { tier: self.clone(), key: key.to_string(), file: Some(Arc::new(file)), staged }))
     }
 

@@ -1,5 +1,6 @@
 //! The conformance suite against the memory and posix tiers and every layer.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,4 +56,28 @@ mod power_cut_synced {
     ringtier_core::conformance_tests!(|| {
         Fixture::new(Arc::new(PowerCutTier::new(Arc::new(MemoryTier::new()), Durability::Synced, 1)))
     });
+}
+
+/// A `create` whose future is dropped while the pool thread makes the staged file leaves no
+/// staged file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_dropped_create_leaves_no_staged_file() {
+    let dir = tempfile::Builder::new().prefix("posix-drop").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let tier = PosixTier::new(PosixConfig { threads: 1, ..PosixConfig::new(dir.path()) }).expect("posix tier");
+    let mut dropped = 0;
+    for i in 0..50 {
+        // Polled once (the job goes to the pool), then dropped unless it already finished.
+        let key = format!("k{i}");
+        let mut fut = std::pin::pin!(tier.create(&key));
+        match std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await {
+            std::task::Poll::Ready(writer) => drop(writer.expect("create")),
+            std::task::Poll::Pending => dropped += 1,
+        }
+    }
+    assert!(dropped > 0, "no create was dropped while running");
+    // The pool's one thread has finished every job once a later create returns.
+    drop(tier.create("last").await.expect("create"));
+    let staging = dir.path().join(ringtier_core::fs::STAGING_DIR);
+    let left: Vec<_> = std::fs::read_dir(&staging).expect("staging dir").flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "staged files left by dropped creates: {left:?}");
 }

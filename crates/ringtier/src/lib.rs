@@ -17,31 +17,30 @@ pub use ringtier_stage::{PinnedPool, Stager};
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier};
 
-/// The O_DIRECT io_uring file tier: [`UringTier`](uring::UringTier), its knobs
-/// ([`UringConfig`](uring::UringConfig)) and the Direct-I/O policy (feature `uring`, on by
-/// default; Linux only). This is the crate `ringtier-uring`.
+/// The O_DIRECT io_uring file tier: [`UringTier`], its knobs ([`UringConfig`]) and the
+/// Direct-I/O policy (feature `uring`, on by default; Linux only). This is the crate
+/// `ringtier-uring`.
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub mod uring {
     pub use ringtier_uring::*;
 }
 
-/// The input pipeline: [`Dataset`](loader::Dataset), the seeded sharded
-/// [`Sampler`](loader::Sampler), [`Loader`](loader::Loader) with bounded prefetch and an
-/// optional JPEG decode stage. This is the crate `ringtier-loader`.
+/// The input pipeline: [`Dataset`], the seeded sharded [`Sampler`](loader::Sampler),
+/// [`Loader`] with bounded prefetch and an optional JPEG decode stage. This is the crate
+/// `ringtier-loader`.
 pub mod loader {
     pub use ringtier_loader::*;
 }
 
-/// The crash-consistent checkpoint store with its burst buffer:
-/// [`CheckpointStore`](checkpoint::CheckpointStore) saves to the fastest tier and drains to
-/// slower ones in the background. This is the crate `ringtier-migrate`.
+/// The crash-consistent checkpoint store with its burst buffer: [`CheckpointStore`] saves to
+/// the fastest tier and drains to slower ones in the background. This is the crate
+/// `ringtier-migrate`.
 pub mod checkpoint {
     pub use ringtier_migrate::*;
 }
 
-/// Pinned host buffers and staging to an accelerator: [`PinnedPool`](stage::PinnedPool) and
-/// [`Stager`](stage::Stager) (CUDA with feature `cuda`, page-locked host memory without).
-/// This is the crate `ringtier-stage`.
+/// Pinned host buffers and staging to an accelerator: [`PinnedPool`] and [`Stager`] (CUDA
+/// with feature `cuda`, page-locked host memory without). This is the crate `ringtier-stage`.
 pub mod stage {
     pub use ringtier_stage::*;
 }

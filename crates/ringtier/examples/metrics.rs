@@ -18,9 +18,11 @@ use ringtier::{ops, Tier, UringConfig, UringTier};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
-    let port = match args.next() {
-        Some(p) => p.parse()?,
-        None => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+    // The exporter reports the address it was given, so port 0 would hide the bound port: pick
+    // a free one here.
+    let port = match args.next().map(|p| p.parse::<u16>()).transpose()? {
+        Some(p) if p > 0 => p,
+        _ => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
     };
     let linger: f64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(0.0);
 

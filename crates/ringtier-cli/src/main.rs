@@ -119,7 +119,8 @@ struct PaperArgs {
     /// Report directory (created; default ./ringtier-report).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Work directory for generated data (default: a new temp dir, removed after).
+    /// Work directory for generated data (default: a new directory in the temp dir, or in the
+    /// current directory when the temp dir has no direct I/O (tmpfs); removed after).
     #[arg(long)]
     work: Option<PathBuf>,
     /// The paper's sizes (16,384 and 9,144 files, 600 MB checkpoints) instead of the quick ones.
@@ -521,8 +522,9 @@ struct RandReadArgs {
     /// Runs.
     #[arg(long, default_value_t = 1)]
     repeats: usize,
-    /// Direct-I/O policy: off, auto or required.
-    #[arg(long, default_value = "required")]
+    /// Direct-I/O policy: off, auto (direct where the file system has it, else buffered; the
+    /// report says which) or required.
+    #[arg(long, default_value = "auto")]
     direct: DirectIoPolicy,
     /// Register the file as a fixed file.
     #[arg(long)]
@@ -562,7 +564,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_cli() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole chain of causes, and no backtrace even when RUST_BACKTRACE
+            // is set: an error here is the user's input or the machine's state, not a bug (bugs
+            // panic, and panics keep their backtraces).
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cli() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -590,17 +605,18 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Paper(a) => {
             let tmp;
-            let work = match a.work {
-                Some(w) => w,
+            let (work, work_note) = match a.work {
+                Some(w) => (w, None),
                 None => {
-                    tmp =
-                        tempfile::Builder::new().prefix("ringtier-paper-").tempdir().context("creating a temp dir")?;
-                    tmp.path().to_path_buf()
+                    let (dir, note) = paper::temp_work_dir()?;
+                    tmp = dir;
+                    (tmp.path().to_path_buf(), note)
                 }
             };
             let cfg = paper::PaperConfig {
                 out: a.out.unwrap_or_else(paper::default_out),
                 work,
+                work_note,
                 full: a.full,
                 tiny: a.tiny,
                 repeats: a.repeats.max(1),
@@ -752,7 +768,8 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             }
             let parts = files
                 .into_iter()
-                .map(|(n, f, size)| ringtier_migrate::Part::reader(n, std::io::BufReader::new(f), Some(size)))
+                // Seekable: a fast tier that fills up part-way is retried elsewhere from the start.
+                .map(|(n, f, size)| ringtier_migrate::Part::seekable(n, std::io::BufReader::new(f), Some(size)))
                 .collect();
             let r = if direct { store.save_direct(step, parts).await? } else { store.save(step, parts).await? };
             println!(

@@ -61,13 +61,14 @@ pub(crate) fn prepare_file(path: &std::path::Path, size: u64) -> Result<()> {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     eprintln!("writing {} MiB of random data to {}", size >> 20, path.display());
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
+    let open = |flags: i32| OpenOptions::new().write(true).create(true).truncate(true).custom_flags(flags).open(path);
+    // O_DIRECT keeps the data out of the page cache; a file system without it is written
+    // buffered (the fsync below still makes the data durable).
+    let mut f = match open(libc::O_DIRECT) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(0),
+        other => other,
+    }
+    .with_context(|| format!("creating {}", path.display()))?;
     let chunk = 4 << 20;
     let mut buf = AlignedBuf::new(chunk, 4096)?;
     let mut rng = Rng::new(size);

@@ -50,6 +50,13 @@ struct Point {
     runs: Vec<PassResult>,
 }
 
+/// An engine asked for that the dataset's file system cannot serve, left out of the sweep.
+#[derive(Debug, Serialize)]
+struct SkippedEngine {
+    engine: Engine,
+    reason: String,
+}
+
 #[derive(Debug, Serialize)]
 struct Headline {
     best_overall: Option<PointRef>,
@@ -60,6 +67,9 @@ struct Headline {
     uring_direct_one_ring_over_best: Option<f64>,
     /// Per repeat: uring-direct CPU s/GiB at its best point over posix-threads' at its best.
     cpu_per_gib_uring_direct_over_posix: Option<Summary>,
+    uring_buffered_best: Option<PointRef>,
+    /// Per repeat: uring-buffered CPU s/GiB at its best point over posix-threads' at its best.
+    cpu_per_gib_uring_buffered_over_posix: Option<Summary>,
 }
 
 #[derive(Debug, Serialize)]
@@ -79,6 +89,9 @@ struct Report {
     repeats: usize,
     cold: bool,
     knobs: Knobs,
+    /// Engines asked for but not run, with the reason (uring-direct where the file system has
+    /// no direct I/O, e.g. tmpfs).
+    skipped_engines: Vec<SkippedEngine>,
     points: Vec<Point>,
     headline: Headline,
     peak_rss_bytes: u64,
@@ -112,8 +125,31 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         bail!("concurrency and ring counts must be at least 1");
     }
     let fs = ringtier_core::fs::fs_type_name(&ds.root);
-    let mut points: Vec<(Engine, usize, usize)> = Vec::new();
+    // An engine the file system cannot serve is left out, and the table and JSON say so.
+    let mut skipped = Vec::new();
+    let mut engines = Vec::new();
     for &e in &cfg.engines {
+        if e == Engine::UringDirect && ringtier_core::fs::dir_supports_direct_io(&ds.root) == Some(false) {
+            skipped.push(SkippedEngine {
+                engine: e,
+                reason: format!("{} ({fs}) has no direct I/O (statx reports no DIO alignment)", ds.root.display()),
+            });
+        } else if !engines.contains(&e) {
+            engines.push(e);
+        }
+    }
+    for s in &skipped {
+        eprintln!("skipping {}: {}", s.engine, s.reason);
+    }
+    if engines.is_empty() {
+        bail!(
+            "no engine can read {}: {}; use --engines posix-threads,uring-buffered",
+            ds.root.display(),
+            skipped.iter().map(|s| format!("{}: {}", s.engine, s.reason)).collect::<Vec<_>>().join("; ")
+        );
+    }
+    let mut points: Vec<(Engine, usize, usize)> = Vec::new();
+    for &e in &engines {
         let concurrency: Vec<usize> = match e {
             Engine::Memory => cfg.threads.iter().copied().take(1).collect(),
             Engine::PosixThreads => cfg.threads.clone(),
@@ -174,6 +210,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
     };
     let posix_best = best(&|p| p.0 == Engine::PosixThreads);
     let uring_best = best(&|p| p.0 == Engine::UringDirect);
+    let uring_buffered_best = best(&|p| p.0 == Engine::UringBuffered);
     let uring_one_ring = best(&|p| p.0 == Engine::UringDirect && p.2 == 1);
     let overall = best(&|p| p.0 != Engine::Memory);
     let ratio = |i: usize, j: usize, f: &dyn Fn(&PassResult) -> f64| {
@@ -219,8 +256,13 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
             (Some(u), Some(p)) => Some(ratio(u, p, &|r| r.cpu_seconds_per_gib())),
             _ => None,
         },
+        uring_buffered_best: uring_buffered_best.map(point_ref),
+        cpu_per_gib_uring_buffered_over_posix: match (uring_buffered_best, posix_best) {
+            (Some(u), Some(p)) => Some(ratio(u, p, &|r| r.cpu_seconds_per_gib())),
+            _ => None,
+        },
     };
-    print_table(ds, fs, cfg, &out, &headline);
+    print_table(ds, fs, cfg, &out, &headline, &skipped);
     let report = Report {
         schema: "ringtier.bench.read/1",
         machine: Machine::probe(),
@@ -235,6 +277,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         repeats: cfg.repeats,
         cold: !cfg.warm,
         knobs: cfg.knobs,
+        skipped_engines: skipped,
         points: out,
         headline,
         peak_rss_bytes: peak_rss_bytes(),
@@ -249,7 +292,14 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
     Ok(value)
 }
 
-fn print_table(ds: &Dataset, fs: &str, cfg: &ReadBenchConfig, points: &[Point], h: &Headline) {
+fn print_table(
+    ds: &Dataset,
+    fs: &str,
+    cfg: &ReadBenchConfig,
+    points: &[Point],
+    h: &Headline,
+    skipped: &[SkippedEngine],
+) {
     println!();
     println!(
         "{} files, {:.1} MB (median {:.0} KB), on {fs}; {} pass(es) per point, {}, shuffled; min/median/max",
@@ -259,6 +309,9 @@ fn print_table(ds: &Dataset, fs: &str, cfg: &ReadBenchConfig, points: &[Point], 
         cfg.repeats,
         if cfg.warm { "warm" } else { "cold (posix_fadvise DONTNEED before each pass)" }
     );
+    for s in skipped {
+        println!("{:<15} skipped: {}", s.engine.as_str(), s.reason);
+    }
     println!(
         "{:<15} {:>12} {:>5}  {:>26}  {:>8}  {:>20}  {:>7} {:>7}  {:>7}  {:>7}",
         "engine", "concurrency", "rings", "MB/s", "files/s", "CPU s/GiB", "p50 ms", "p99 ms", "speedup", "x posix"

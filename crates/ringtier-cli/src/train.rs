@@ -230,6 +230,7 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
     let report = serde_json::json!({
         "schema": "ringtier.bench.train/1",
         "machine": Machine::probe(),
+        "storage": {"path": cfg.dir.display().to_string(), "filesystem": ringtier_core::fs::fs_type_name(&cfg.dir)},
         "config": cfg,
         "points": points,
         "runs": runs,

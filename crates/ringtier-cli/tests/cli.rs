@@ -206,27 +206,157 @@ fn bad_datasets_fail_clearly_or_skip_and_count() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no files"));
 }
 
+/// A directory on tmpfs (`/dev/shm`), or `None` (the test is skipped, saying why) where
+/// there is none.
+fn tmpfs_dir(prefix: &str) -> Option<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    let is_tmpfs = Command::new("stat")
+        .args(["-f", "-c", "%T", "/dev/shm"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "tmpfs");
+    if !shm.is_dir() || !is_tmpfs {
+        eprintln!("skipped: no tmpfs at /dev/shm");
+        return None;
+    }
+    Some(tempfile::Builder::new().prefix(prefix).tempdir_in(shm).expect("tempdir in /dev/shm"))
+}
+
+fn paper_report(out: &std::path::Path) -> String {
+    let report = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    for want in ["## 1. Read micro-benchmark", "## 2. AlexNet mini-app", "## 3. Burst buffer", "2.3x", "2.6x"] {
+        assert!(report.contains(want), "report has {want:?}: {report}");
+    }
+    for f in ["read.json", "read.svg", "train-read.json", "train-decode.json", "ckpt.json"] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!(report.contains(&format!("Machine: {cpus} CPUs")), "the core count measured: {report}");
+    assert!(report.contains(&format!("({cpus} CPUs here)")), "{report}");
+    assert!(!report.contains("NaN"), "{report}");
+    report
+}
+
 #[test]
-fn paper_writes_a_report_with_all_three_experiments() {
+fn paper_with_tmpdir_on_tmpfs_generates_its_data_where_direct_io_works() {
+    // The default run where /tmp is tmpfs (Fedora, Arch, Debian 13): the work directory goes to
+    // the current directory (ext4 here), and the read experiment keeps O_DIRECT.
+    let Some(tmp) = tmpfs_dir("ringtier-cli-tmpdir") else { return };
     let dir = tempfile::Builder::new().prefix("cli-paper").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let out = dir.path().join("report");
     // Tiny sizes: this tests the command, not the figures.
     let run = ringtier()
         .args(["--repeats", "1", "--tiny", "--out"])
         .arg(&out)
-        .arg("--work")
-        .arg(dir.path().join("work"))
+        .env("TMPDIR", tmp.path())
+        .current_dir(dir.path())
         .output()
         .expect("run ringtier");
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let report = std::fs::read_to_string(out.join("report.md")).expect("report.md");
-    for want in ["## 1. Read micro-benchmark", "## 2. AlexNet mini-app", "## 3. Burst buffer", "2.3x", "2.6x"] {
-        assert!(report.contains(want), "report has {want:?}");
+    let report = paper_report(&out);
+    assert!(report.contains("(tmpfs) has no direct I/O, so the data is generated in"), "{report}");
+    assert!(report.contains("io_uring (uring-direct)"), "{report}");
+    assert!(report.contains("on ext4, read cold"), "{report}");
+    assert!(report.contains("fast tier: a ext4 directory (raw O_DIRECT write"), "{report}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read_dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ringtier-paper-"))
+        .collect();
+    assert!(left.is_empty(), "the work directory is removed after: {left:?}");
+    assert_eq!(std::fs::read_dir(tmp.path()).expect("read_dir").count(), 0, "nothing written to TMPDIR");
+}
+
+#[test]
+fn paper_on_a_work_directory_without_direct_io_reads_buffered_and_says_so() {
+    let Some(work) = tmpfs_dir("ringtier-cli-work") else { return };
+    let dir = tempfile::Builder::new().prefix("cli-paper").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let out = dir.path().join("report");
+    let run = ringtier()
+        .args(["paper", "--repeats", "1", "--tiny", "--out"])
+        .arg(&out)
+        .arg("--work")
+        .arg(work.path())
+        .output()
+        .expect("run ringtier");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = paper_report(&out);
+    assert!(
+        report.contains("(tmpfs) has no direct I/O, so the io_uring engine reads through the page cache"),
+        "{report}"
+    );
+    assert!(report.contains("io_uring (uring-buffered) with one thread"), "{report}");
+    assert!(report.contains("on tmpfs, read cold"), "{report}");
+    assert!(report.contains("fast tier: a tmpfs directory"), "{report}");
+    let read: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("read.json")).expect("json")).expect("parse");
+    let engines: std::collections::BTreeSet<&str> =
+        read["points"].as_array().expect("points").iter().filter_map(|p| p["engine"].as_str()).collect();
+    assert_eq!(engines, ["posix-threads", "uring-buffered"].into_iter().collect());
+    assert!(!work.path().join("imagenet").exists(), "generated data removed");
+}
+
+#[test]
+fn a_user_error_is_one_clear_line_even_with_rust_backtrace_set() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "read", "--dir", "/nonexistent-dataset"], "dataset directory /nonexistent-dataset"),
+        (&["ckpt", "--tiers", "/proc/ringtier-no/a", "ls"], "/proc/ringtier-no/a"),
+    ];
+    for (args, want) in cases {
+        let out = ringtier()
+            .args(*args)
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .output()
+            .expect("run ringtier");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: exit status {:?}", out.status);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line, no stack dump: {stderr}");
+        assert!(lines[0].starts_with("error: ") && lines[0].contains(want), "{args:?}: {stderr}");
+        assert!(lines[0].contains("No such file or directory"), "the cause on the same line: {stderr}");
     }
-    for f in ["read.json", "read.svg", "train-read.json", "train-decode.json", "ckpt.json"] {
-        assert!(out.join(f).is_file(), "{f} written");
+}
+
+#[test]
+fn bench_read_on_tmpfs_skips_what_the_file_system_cannot_serve() {
+    let Some(dir) = tmpfs_dir("ringtier-cli-read") else { return };
+    let ds = dir.path().join("ds");
+    gen(&ds, "40");
+    let json = dir.path().join("r.json");
+    // The default engines (posix-threads, uring-direct, uring-buffered).
+    let out = ringtier()
+        .args(["bench", "read", "--repeats", "1", "--concurrency", "1,2", "--dir"])
+        .arg(&ds)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run ringtier bench read");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(v["storage"]["filesystem"], "tmpfs");
+    let ran: std::collections::BTreeSet<&str> =
+        v["points"].as_array().expect("points").iter().filter_map(|p| p["engine"].as_str()).collect();
+    let skipped: Vec<&str> =
+        v["skipped_engines"].as_array().expect("skipped_engines").iter().filter_map(|s| s["engine"].as_str()).collect();
+    assert_eq!(skipped, ["uring-direct"], "tmpfs has no direct I/O here: {v}");
+    assert!(v["skipped_engines"][0]["reason"].as_str().expect("reason").contains("no direct I/O"));
+    assert_eq!(ran, ["posix-threads", "uring-buffered"].into_iter().collect(), "the others ran");
+    assert!(stdout.contains("uring-direct    skipped: "), "the table says which: {stdout}");
+    for p in v["points"].as_array().expect("points") {
+        assert_eq!(p["runs"][0]["files"], 40, "{p}");
     }
-    assert!(!dir.path().join("work/imagenet").exists(), "generated data removed");
+    // Only engines the file system cannot serve: a clear error, not a stack dump.
+    let out = ringtier()
+        .args(["bench", "read", "--repeats", "1", "--engines", "uring-direct", "--dir"])
+        .arg(&ds)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no engine can read") && err.contains("uring-buffered"), "{err}");
+    assert!(!err.contains("backtrace"), "{err}");
 }
 
 #[test]

@@ -384,3 +384,88 @@ fn bench_stage_stages_to_host_memory_and_refuses_cuda_without_the_feature() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
 }
+
+/// A tmpfs of `size` mounted on a temp dir (unmounted when dropped), or `None`, saying why,
+/// where mounting is not permitted.
+struct SmallFs(tempfile::TempDir);
+
+impl SmallFs {
+    fn mount(size: &str) -> Option<SmallFs> {
+        let dir = tempfile::Builder::new().prefix("small-fs").tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
+        match Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+        {
+            Ok(o) if o.status.success() => Some(SmallFs(dir)),
+            Ok(o) => {
+                eprintln!("skipped: cannot mount a {size} tmpfs here: {}", String::from_utf8_lossy(&o.stderr).trim());
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn ckpt_save_larger_than_a_physically_full_fast_tier() {
+    // The 150 MB save onto a 100 MB fast tier, scaled down: 24 MB onto 16 MiB, no
+    // --fast-capacity (the file system's own size and free space are the bound).
+    let Some(fast) = SmallFs::mount("16m") else { return };
+    let dir = tempfile::Builder::new().prefix("cli-full").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let model = dir.path().join("model.bin");
+    let data: Vec<u8> = (0..24_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&model, &data).expect("write model");
+    let tiers = format!("{},{}", fast.0.path().display(), dir.path().join("slow").display());
+    let save = |extra: &[&str]| {
+        ringtier()
+            .args(["ckpt", "--tiers", &tiers])
+            .args(extra)
+            .args(["save", "--step", "1", "--part"])
+            .arg(format!("model={}", model.display()))
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("run ringtier ckpt save")
+    };
+    let fast_files = || {
+        let mut n = 0;
+        let mut stack = vec![fast.0.path().to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                } else if !e.file_name().to_string_lossy().starts_with(".ringtier-lock") {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    // Waiting cannot help: one clear line, nothing left behind.
+    let out = save(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.trim().lines().count() == 1 && err.contains("error: no_space"), "{err}");
+    assert!(err.contains("larger than tier") && err.contains("write-through"), "{err}");
+    assert_eq!(fast_files(), 0, "no partial checkpoint on the fast tier");
+    // Write-through: saved on the slow tier, whole.
+    let out = save(&["--on-full", "write-through"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("saved step 1 (24.0 MB) on slow") && stdout.contains("written through"), "{stdout}");
+    assert_eq!(fast_files(), 0);
+    let restored = dir.path().join("restored");
+    let out =
+        ringtier().args(["ckpt", "--tiers", &tiers, "restore", "--out"]).arg(&restored).output().expect("restore");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(restored.join("model")).expect("restored") == data, "the bytes saved");
+}

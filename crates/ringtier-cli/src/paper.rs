@@ -47,10 +47,10 @@ pub(crate) fn temp_work_dir() -> Result<(tempfile::TempDir, Option<String>)> {
         Ok(_) => format!("the temp dir {} ({tmp_fs}) has no direct I/O", tmp.display()),
         Err(e) => format!("the temp dir {} cannot be used ({e})", tmp.display()),
     };
-    match make(Path::new(".")) {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    match make(&cwd) {
         Ok(here) if ringtier_core::fs::dir_supports_direct_io(here.path()) == Some(true) => {
-            let shown = std::path::absolute(here.path()).unwrap_or_else(|_| here.path().to_path_buf());
-            let note = format!("{why_not_tmp}, so the data is generated in {} instead", shown.display());
+            let note = format!("{why_not_tmp}, so the data is generated in {} instead", here.path().display());
             eprintln!("note: {note} (removed after)");
             Ok((here, Some(note)))
         }
@@ -267,15 +267,18 @@ fn render(facts: &RunFacts, r: &Results) -> Result<String> {
     let (read, rj) = (&r.read, "read.json");
     let _ = writeln!(
         md,
-        "Machine: {} CPUs, {:.0} GiB, kernel {}. Work directory: `{}` ({}){}. {} repeats per point; figures are \
-         medians with min..max.\n",
+        "Machine: {} CPUs, {:.0} GiB, kernel {}. Work directory: `{}` ({}){}. {} per point; figures are medians \
+         with min..max.\n",
         num(read, rj, "machine.cpus")?,
         num(read, rj, "machine.memory_bytes")? / (1u64 << 30) as f64,
         text(read, rj, "machine.kernel")?,
         facts.work.display(),
         facts.work_fs,
         facts.work_note.as_ref().map(|n| format!(": {n}")).unwrap_or_default(),
-        num(read, rj, "repeats")?
+        match num(read, rj, "repeats")? {
+            1.0 => "1 repeat".to_string(),
+            n => format!("{n} repeats"),
+        }
     );
     read_section(&mut md, read)?;
     train_section(&mut md, facts, &r.train_read, &r.train_decode)?;

@@ -47,10 +47,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, BufferPool};
+use crate::buf::BufferPool;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::ops;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
 
 /// What survives a power cut on a [`PowerCutTier`] (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -537,6 +537,16 @@ impl Tier for PowerCutTier {
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         self.check_up(Operation::Open, name)?;
         self.inner.lock(name).await
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        let op = InFlight::start(self, Operation::Stat, "")?;
+        let res = self.inner.space().await;
+        op.finish(Operation::Stat, "", res)
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.buffer_pool()
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

@@ -48,8 +48,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::buf::{AlignedBuf, BufferPool};
-use crate::buf::BufferPool;
 use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::ops;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
 
 /// What survives a power cut on a [`PowerCutTier`] (see the [module docs](self)).

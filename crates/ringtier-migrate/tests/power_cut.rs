@@ -65,7 +65,7 @@ fn parts_of(seed: u64, step: u64) -> Vec<(String, Vec<u8>)> {
 }
 
 /// What one schedule did, summed over runs.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Tally {
     schedules: u64,
     ops: u64,
@@ -78,6 +78,8 @@ struct Tally {
     checked: u64,
     /// Acknowledged checkpoints gone after a cut (allowed only on a volatile fast tier).
     acked_lost: u64,
+    /// Countdown cuts by the operation they came during: "commit manifest on slow", ...
+    cut_during: BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -92,6 +94,9 @@ impl Tally {
         self.uncertain_lost += o.uncertain_lost;
         self.checked += o.checked;
         self.acked_lost += o.acked_lost;
+        for (k, v) in &o.cut_during {
+            *self.cut_during.entry(k.clone()).or_default() += v;
+        }
     }
 }
 
@@ -235,6 +240,18 @@ impl Schedule {
     }
 
     async fn reboot(&mut self) -> Result<(), String> {
+        if let Some((op, key, tier)) = self.power.last_cut() {
+            let what = if key.ends_with("/MANIFEST.json") {
+                "manifest"
+            } else if key.contains("/parts/") {
+                "part"
+            } else {
+                "other"
+            };
+            let during = format!("{} {what} on {tier}", op.as_str());
+            self.note(format!("the cut came during {} {key} on {tier}", op.as_str()));
+            *self.tally.cut_during.entry(during).or_default() += 1;
+        }
         let report = self.power.reboot().await.map_err(|e| self.fail(format!("reboot: {e}")))?;
         self.tally.reboots += 1;
         self.tally.uncertain_kept += report.kept;
@@ -497,7 +514,7 @@ fn run_all(name: &str, machine: Machine, default: u64, base: u64) -> Tally {
             }
         }
     }
-    eprintln!("{name}: {total:?} in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!("{name}: {total:#?} in {:.1} s", started.elapsed().as_secs_f64());
     assert!(failures.is_empty(), "{name}: failing seeds {failures:?} (replay each with RINGTIER_SEED=...)");
     total
 }
@@ -508,6 +525,19 @@ fn no_acknowledged_checkpoint_is_lost_or_torn_across_power_cuts() {
     if t.schedules >= 100 {
         assert!(t.cuts > t.schedules, "cuts happen in most schedules: {t:?}");
         assert!(t.cuts_in_recovery > 0 && t.uncertain_kept > 0 && t.uncertain_lost > 0, "{t:?}");
+        // Cuts land in every step: a save's writes and commits, the drain's copy and its
+        // manifest on the slow tier, eviction's and recovery's deletes.
+        for during in [
+            "write part on fast",
+            "commit part on fast",
+            "commit manifest on fast",
+            "commit part on slow",
+            "commit manifest on slow",
+            "delete manifest on fast",
+            "delete part on fast",
+        ] {
+            assert!(t.cut_during.get(during).is_some_and(|&n| n > 0), "no cut during {during}: {:?}", t.cut_during);
+        }
     }
 }
 

@@ -115,6 +115,8 @@ struct State {
     in_flight: usize,
     disks: Vec<Disk>,
     stats: PowerCutStats,
+    /// The operation the last countdown cut came during: (operation, key, tier).
+    last_cut: Option<(Operation, String, String)>,
 }
 
 impl State {
@@ -197,6 +199,7 @@ impl PowerCut {
             in_flight: 0,
             disks: Vec::new(),
             stats: PowerCutStats::default(),
+            last_cut: None,
         };
         PowerCut { domain: Arc::new(Domain { state: Mutex::new(state), idle: Notify::new() }) }
     }
@@ -240,6 +243,12 @@ impl PowerCut {
     /// True while the power is out (after a cut, before the reboot).
     pub fn is_down(&self) -> bool {
         self.domain.lock().down
+    }
+
+    /// The operation the last countdown cut ([`PowerCut::cut_after`]) came during, as
+    /// (operation, key, tier name); `None` when none fired since the last reboot.
+    pub fn last_cut(&self) -> Option<(Operation, String, String)> {
+        self.domain.lock().last_cut.clone()
     }
 
     /// Counters so far.
@@ -306,6 +315,7 @@ impl PowerCut {
         let mut st = self.domain.lock();
         st.boot += 1;
         st.down = false;
+        st.last_cut = None;
         st.countdown = None;
         st.stats.reboots += 1;
         Ok(report)
@@ -465,7 +475,11 @@ impl PowerCutTier {
     /// when the power is out or goes out during it.
     fn tick(&self, op: Operation, key: &str) -> Result<()> {
         let mut st = self.domain.lock();
-        if st.down || st.boot != self.boot || st.tick() {
+        if st.down || st.boot != self.boot {
+            return Err(down_error(op, key, &self.name));
+        }
+        if st.tick() {
+            st.last_cut = Some((op, key.to_string(), self.name.clone()));
             return Err(down_error(op, key, &self.name));
         }
         Ok(())
@@ -497,6 +511,7 @@ impl PowerCutTier {
             st.disks[self.disk].durable.entry(key.to_string()).or_insert(before);
         }
         if st.tick() {
+            st.last_cut = Some((op, key.to_string(), self.name.clone()));
             st.disks[self.disk].uncertain.entry(key.to_string()).or_default().push(content);
             return Err(down_error(op, key, &self.name));
         }

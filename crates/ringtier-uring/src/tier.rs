@@ -14,7 +14,7 @@ use futures_channel::oneshot;
 use ringtier_core::blocking::BlockingPool;
 use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
-use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot};
+use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedPath};
 use ringtier_core::key::validate_key;
 use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
@@ -495,6 +495,8 @@ impl Tier for UringTier {
                 let (file, direct) = match open(want_direct) {
                     Ok(f) => (f, want_direct),
                     Err(e) if want_direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                        // The kernel may create the file before it refuses O_DIRECT.
+                        let _ = std::fs::remove_file(&staged);
                         if inner.shared.policy == DirectIoPolicy::Required {
                             return Err(Error::new(
                                 ErrorKind::Unsupported,
@@ -506,11 +508,15 @@ impl Tier for UringTier {
                     }
                     Err(e) => return Err(e.into()),
                 };
+                // From here the file exists: an error, or a result nobody waits for any more
+                // (this future dropped), removes it.
+                let staged = StagedPath::new(staged);
                 let (mem, off) = if direct { dio_align_of_fd(file.as_raw_fd())? } else { (1, 1) };
                 Ok((file, staged, direct, u64::from(mem.max(off)).max(1)))
             })
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
+        let staged = staged.keep();
         Ok(Box::new(UringWriter {
             tier: self.clone(),
             key: key.to_string(),
@@ -737,7 +743,7 @@ impl ObjectWriter for UringWriter {
         self.buffered.take();
         // If this future is dropped before the rename, the staged file goes (a rename already
         // under way on a metadata thread then fails, or has already published the object).
-        let staged_guard = RemoveOnDrop(Some(self.staged.clone()));
+        let staged_guard = StagedPath::new(self.staged.clone());
         let res = async {
             if self.padded {
                 file.set_len(self.end)?;
@@ -748,11 +754,11 @@ impl ObjectWriter for UringWriter {
             self.tier.inner.meta.run(move || inner.root.publish_staged(&file, &staged, &key)).await
         }
         .await;
-        let mut staged_guard = staged_guard;
         if res.is_ok() {
-            staged_guard.0 = None;
+            staged_guard.keep();
+        } else {
+            drop(staged_guard);
         }
-        drop(staged_guard);
         res.map_err(|e| self.err(e, Operation::Commit))
     }
 
@@ -760,17 +766,6 @@ impl ObjectWriter for UringWriter {
         self.file.take();
         self.buffered.take();
         std::fs::remove_file(&self.staged).map_err(|e| self.err(e.into(), Operation::Abort))
-    }
-}
-
-/// Removes a staged file when dropped, unless disarmed (its path taken).
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
-        }
     }
 }
 

@@ -89,14 +89,23 @@ pub fn check(config: &ExporterConfig) -> Result<()> {
 /// Installs the Prometheus recorder globally and serves `/metrics` on `config.addr` from a
 /// background thread. Describes every catalog metric (HELP and TYPE lines). Call once, before
 /// building tiers; a second call returns the first exporter if the address is the same.
+///
+/// Port 0 serves on a free port, which [`MetricsExporter::addr`] reports (the port is chosen
+/// by binding it once just before the exporter binds it again).
 pub fn install(config: &ExporterConfig) -> Result<MetricsExporter> {
     if let Some(e) = INSTALLED.get() {
-        if e.addr == config.addr {
+        if e.addr == config.addr || config.addr.port() == 0 && e.addr.ip() == config.addr.ip() {
             return Ok(e.clone());
         }
         return Err(setup_err(format!("a metrics exporter is already installed on {}", e.addr)));
     }
     check(config)?;
+    let mut config = *config;
+    if config.addr.port() == 0 {
+        let probe = TcpListener::bind(config.addr)
+            .map_err(|e| Error::from(e).with_operation(Operation::Setup).with_key(config.addr.to_string()))?;
+        config.addr = probe.local_addr().map_err(|e| Error::from(e).with_operation(Operation::Setup))?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("ringtier-metrics")

@@ -18,12 +18,8 @@ use ringtier::{ops, Tier, UringConfig, UringTier};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
-    // The exporter reports the address it was given, so port 0 would hide the bound port: pick
-    // a free one here.
-    let port = match args.next().map(|p| p.parse::<u16>()).transpose()? {
-        Some(p) if p > 0 => p,
-        _ => std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
-    };
+    // Port 0 (the default) serves on a free port; the exporter reports which.
+    let port = args.next().map(|p| p.parse::<u16>()).transpose()?.unwrap_or(0);
     let linger: f64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(0.0);
 
     // First the exporter, then the tiers: their metric handles bind to it when they are built.

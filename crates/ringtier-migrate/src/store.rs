@@ -1147,9 +1147,14 @@ impl CheckpointStore {
     async fn make_room(&self, t: usize, step: u64, need: u64) -> Result<bool> {
         let inner = &self.inner;
         let mut last_look = false;
+        // Most saves fit: one look at the tier's room, no eviction scan on the blocking path.
+        let mut room = inner.room(t, step, need).await?;
         loop {
-            inner.evict(t, Evict::Room(need)).await?;
-            let why = match inner.room(t, step, need).await? {
+            if matches!(room, Room::Full(_)) {
+                inner.evict(t, Evict::Room(need)).await?;
+                room = inner.room(t, step, need).await?;
+            }
+            let why = match room {
                 Room::Fits => return Ok(true),
                 Room::Full(why) => why,
                 Room::Never(why) => {
@@ -1175,6 +1180,7 @@ impl CheckpointStore {
                 }
                 last_look = true;
             }
+            room = inner.room(t, step, need).await?;
         }
     }
 

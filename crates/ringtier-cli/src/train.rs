@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ringtier_core::Tier;
+use ringtier_core::manifest::Manifest;
+use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
 use ringtier_migrate::{Part, StoreConfig};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
@@ -61,15 +62,6 @@ struct Run {
 }
 
 async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> {
-    let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(Arc::new(
-        UringTier::with_options(
-            &cfg.dir,
-            UringConfig::default(),
-            UringTierOptions { name: Some("dataset".into()), ..Default::default() },
-        )
-        .with_context(|| format!("opening {}", cfg.dir.display()))?,
-    )));
-    let dataset = Dataset::from_dir(tier, &cfg.dir).await?;
     let lcfg = LoaderConfig {
         batch_size: cfg.batch,
         prefetch,
@@ -78,6 +70,25 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
         on_bad: OnBadSample::Skip,
         ..LoaderConfig::default()
     };
+    // With a manifest the largest sample is known before the tier opens: the tier registers a
+    // pool of the loader's shape as fixed buffers and the loader reads into it.
+    let pool = match Manifest::load(&cfg.dir) {
+        Ok(m) => {
+            let max = m.entries.iter().map(|e| e.size).max().unwrap_or(0);
+            Some(BufferPool::new(Loader::pool_config(max, 4096, &lcfg))?)
+        }
+        // No manifest (or a bad one, which from_dir reports): the loader allocates its pool.
+        Err(_) => None,
+    };
+    let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(Arc::new(
+        UringTier::with_options(
+            &cfg.dir,
+            UringConfig::default(),
+            UringTierOptions { name: Some("dataset".into()), pool, ..Default::default() },
+        )
+        .with_context(|| format!("opening {}", cfg.dir.display()))?,
+    )));
+    let dataset = Dataset::from_dir(tier, &cfg.dir).await?;
     let loader = Loader::new(dataset, lcfg)?;
     let store = match &cfg.ckpt_dirs {
         Some((fast, slow)) if cfg.ckpt_every > 0 => {

@@ -180,9 +180,11 @@ pub fn catalog_markdown() -> String {
         "# Metrics\n\n\
          Every metric ringtier emits. Generated from the catalog (`ringtier-core/src/catalog.rs`) by\n\
          `ringtier metrics catalog`; a test fails when this file and the code differ.\n\n\
-         Label values are bounded: `tier` is a tier's configured name, `op` and `result` come from\n\
-         fixed sets; no key, file name or step is ever a label. Latency histograms have buckets\n\
-         from 10 µs to 10 s.\n\n\
+         Label values are bounded: `tier` is a tier's name (one per tier the process opened: by\n\
+         default what and where it is, `uring:ROOT` or `posix:ROOT`, so a fast and a slow directory\n\
+         are told apart; set `name` for a shorter label, as the CLI does with `fast`, `slow`,\n\
+         `dataset`), `op` and `result` come from fixed sets; no key, file name or step is ever a label.\n\
+         Latency histograms have buckets from 10 µs to 10 s.\n\n\
          | name | type | labels | help |\n|---|---|---|---|\n",
     );
     for m in CATALOG {

@@ -22,11 +22,11 @@ pub(crate) fn dir_tier(
     throttle: Option<u64>,
     buffered_writes: BufferedWrites,
 ) -> Result<Arc<dyn Tier>> {
-    let options = UringTierOptions { name: Some(name.to_string()), create_root: true, ..Default::default() };
+    let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
     let tier: Arc<dyn Tier> = Arc::new(
         UringTier::with_options(
             dir,
-            UringConfig { direct_io: DirectIoPolicy::Auto, buffered_writes, ..UringConfig::default() },
+            UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_buffered_writes(buffered_writes),
             options,
         )
         .with_context(|| format!("opening tier {name} at {}", dir.display()))?,
@@ -224,7 +224,7 @@ async fn one_run(
     for d in [&fast, &slow] {
         let _ = std::fs::remove_dir_all(d);
     }
-    let store_cfg = StoreConfig { keep_last: cfg.keep_last, on_full: OnFull::Wait, ..StoreConfig::default() };
+    let store_cfg = StoreConfig::default().with_keep_last(cfg.keep_last).with_on_full(OnFull::Wait);
     let store =
         open_store(&[fast.clone(), slow.clone()], cfg.layer_bps(slow_bps), cfg.buffered_writes, store_cfg, false)
             .await?;

@@ -585,7 +585,8 @@ fn run_cli() -> Result<()> {
     let cli = Cli::parse();
     if let Some(addr) = cli.metrics_addr {
         // Before any tier exists: metric handles bind to the recorder when tiers are built.
-        let cfg = ringtier_metrics::ExporterConfig { addr, allow_remote: cli.metrics_allow_remote };
+        let cfg =
+            ringtier_metrics::ExporterConfig::default().with_addr(addr).with_allow_remote(cli.metrics_allow_remote);
         let exporter = ringtier_metrics::install(&cfg)?;
         eprintln!("serving Prometheus metrics on http://{}/metrics", exporter.addr());
     }
@@ -740,17 +741,15 @@ fn run(command: Command) -> Result<()> {
 }
 
 async fn ckpt_command(a: CkptArgs) -> Result<()> {
-    let cfg = ringtier_migrate::StoreConfig {
-        prefix: a.prefix.clone(),
-        keep_last: a.keep_last,
-        drain_bytes_per_sec: a.drain_bw,
-        fast_capacity_bytes: a.fast_capacity,
-        on_full: match a.on_full {
+    let cfg = ringtier_migrate::StoreConfig::default()
+        .with_prefix(a.prefix.clone())
+        .with_keep_last(a.keep_last)
+        .with_drain_bytes_per_sec(a.drain_bw)
+        .with_fast_capacity_bytes(a.fast_capacity)
+        .with_on_full(match a.on_full {
             OnFullArg::Wait => ringtier_migrate::OnFull::Wait,
             OnFullArg::WriteThrough => ringtier_migrate::OnFull::WriteThrough,
-        },
-        ..ringtier_migrate::StoreConfig::default()
-    };
+        });
     // Looking (ls, restore, verify) opens read-only: it works next to a training process that
     // has the store open, and never runs recovery under that process's feet.
     let read_only = matches!(a.action, CkptAction::Ls | CkptAction::Restore { .. } | CkptAction::Verify { .. });

@@ -177,8 +177,8 @@ impl Reader {
         // Two batches in flight, each large enough to keep every thread or ring slot busy.
         let batch_size = (concurrency * rings.max(1)).max(16);
         let buf_size = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
-        let pool = BufferPool::new(PoolConfig { buf_size, count: 2 * batch_size, align: 4096 })
-            .context("allocating the buffer pool")?;
+        let pool =
+            BufferPool::new(PoolConfig::new(buf_size, 2 * batch_size, 4096)).context("allocating the buffer pool")?;
         let tier: Arc<dyn Tier> = match engine {
             Engine::Memory => {
                 let mem = MemoryTier::new().named(engine.as_str());
@@ -195,34 +195,29 @@ impl Reader {
                 Arc::new(mem)
             }
             Engine::PosixThreads => Arc::new(
-                PosixTier::new(PosixConfig {
-                    threads: concurrency,
-                    read_chunk: knobs.read_size,
-                    name: engine.as_str().to_string(),
-                    ..PosixConfig::new(&ds.root)
-                })
+                PosixTier::new(
+                    PosixConfig::new(&ds.root)
+                        .with_threads(concurrency)
+                        .with_read_chunk(knobs.read_size)
+                        .with_name(engine.as_str().to_string()),
+                )
                 .context("opening the posix tier")?,
             ),
             Engine::UringDirect | Engine::UringBuffered => {
-                let config = UringConfig {
-                    queue_depth: concurrency as u32,
-                    rings: rings.max(1),
-                    sqpoll_idle_ms: knobs.sqpoll.then_some(50),
-                    register_buffers: knobs.register_buffers,
-                    register_files: knobs.register_files,
-                    direct_io: if engine == Engine::UringDirect {
+                let config = UringConfig::default()
+                    .with_queue_depth(concurrency as u32)
+                    .with_rings(rings.max(1))
+                    .with_sqpoll_idle_ms(knobs.sqpoll.then_some(50))
+                    .with_register_buffers(knobs.register_buffers)
+                    .with_register_files(knobs.register_files)
+                    .with_direct_io(if engine == Engine::UringDirect {
                         DirectIoPolicy::Required
                     } else {
                         DirectIoPolicy::Off
-                    },
-                    max_read_bytes: knobs.read_size as u32,
-                    ..UringConfig::default()
-                };
-                let options = UringTierOptions {
-                    pool: Some(pool.clone()),
-                    name: Some(engine.as_str().to_string()),
-                    ..Default::default()
-                };
+                    })
+                    .with_max_read_bytes(knobs.read_size as u32);
+                let options =
+                    UringTierOptions::default().with_pool(pool.clone()).with_name(engine.as_str().to_string());
                 Arc::new(UringTier::with_options(&ds.root, config, options).context("opening the io_uring tier")?)
             }
         };

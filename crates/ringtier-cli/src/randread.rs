@@ -101,17 +101,15 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
     let dir = cfg.file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let key = cfg.file.file_name().and_then(|n| n.to_str()).context("file name is not UTF-8")?;
     let depth = cfg.depth as usize;
-    let pool = BufferPool::new(PoolConfig { buf_size: cfg.block_size, count: 2 * depth, align: 4096 })?;
-    let config = UringConfig {
-        queue_depth: cfg.depth,
-        rings: 1,
-        sqpoll_idle_ms: cfg.sqpoll.then_some(50),
-        register_buffers: cfg.register_buffers,
-        register_files: cfg.register_files,
-        direct_io: cfg.direct,
-        ..UringConfig::default()
-    };
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::new(cfg.block_size, 2 * depth, 4096))?;
+    let config = UringConfig::default()
+        .with_queue_depth(cfg.depth)
+        .with_rings(1)
+        .with_sqpoll_idle_ms(cfg.sqpoll.then_some(50))
+        .with_register_buffers(cfg.register_buffers)
+        .with_register_files(cfg.register_files)
+        .with_direct_io(cfg.direct);
+    let options = UringTierOptions::default().with_pool(pool.clone());
     let tier = UringTier::with_options(dir, config, options)?;
     let fs = tier.filesystem();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -50,10 +50,10 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
     let ds = Dataset::open(&cfg.dir)?;
     let buf = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
     let pinned = PinnedPool::new(buf, cfg.depth * cfg.batch, cfg.target)?;
-    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let options = UringTierOptions::default().with_pool(pinned.pool().clone());
     let tier: Arc<dyn Tier> = Arc::new(UringTier::with_options(&ds.root, UringConfig::default(), options)?);
     let stager = Stager::new(tier, pinned.clone(), cfg.target)?;
-    let pageable = BufferPool::new(PoolConfig { buf_size: buf, count: cfg.batch, align: 4096 })?;
+    let pageable = BufferPool::new(PoolConfig::new(buf, cfg.batch, 4096))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     eprintln!(
         "staging {} files ({:.0} MB) to {:?}: batches of {}, {} in flight, pinned buffers {:?}",

@@ -62,14 +62,12 @@ struct Run {
 }
 
 async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> {
-    let lcfg = LoaderConfig {
-        batch_size: cfg.batch,
-        prefetch,
-        seed: rep as u64,
-        decode: cfg.decode.then_some(DecodeConfig { size: 224, threads: cfg.decode_threads }),
-        on_bad: OnBadSample::Skip,
-        ..LoaderConfig::default()
-    };
+    let lcfg = LoaderConfig::default()
+        .with_batch_size(cfg.batch)
+        .with_prefetch(prefetch)
+        .with_seed(rep as u64)
+        .with_decode(cfg.decode.then_some(DecodeConfig::default().with_size(224).with_threads(cfg.decode_threads)))
+        .with_on_bad(OnBadSample::Skip);
     // With a manifest the largest sample is known before the tier opens: the tier registers a
     // pool of the loader's shape as fixed buffers and the loader reads into it.
     let pool = match Manifest::load(&cfg.dir) {
@@ -84,7 +82,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
         UringTier::with_options(
             &cfg.dir,
             UringConfig::default(),
-            UringTierOptions { name: Some("dataset".into()), pool, ..Default::default() },
+            UringTierOptions::default().with_name("dataset".to_string()).with_pool(pool),
         )
         .with_context(|| format!("opening {}", cfg.dir.display()))?,
     )));
@@ -96,7 +94,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
             for d in &dirs {
                 let _ = std::fs::remove_dir_all(d);
             }
-            let cfg_store = StoreConfig { keep_last: 1, ..StoreConfig::default() };
+            let cfg_store = StoreConfig::default().with_keep_last(1);
             Some(
                 crate::ckpt::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store, false)
                     .await?,

@@ -18,7 +18,7 @@ fn crash_part(step: u64, part: usize, size: usize) -> Vec<u8> {
 }
 
 fn tier(dir: &std::path::Path, name: &str) -> Arc<dyn Tier> {
-    let options = UringTierOptions { name: Some(name.into()), create_root: true, ..Default::default() };
+    let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
     Arc::new(UringTier::with_options(dir, UringConfig::default(), options).expect("tier"))
 }
 
@@ -59,7 +59,7 @@ fn sigkill_at_random_points_loses_no_saved_checkpoint() {
         rt.block_on(async {
             let store = CheckpointStore::open(
                 vec![tier(&fast, "fast"), tier(&slow, "slow")],
-                StoreConfig { keep_last: 1, ..StoreConfig::default() },
+                StoreConfig::default().with_keep_last(1),
             )
             .await
             .unwrap_or_else(|e| panic!("iteration {iter}: reopen failed: {e}"));

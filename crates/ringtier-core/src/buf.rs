@@ -254,6 +254,7 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Configuration of a [`BufferPool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Bytes per buffer (rounded up to `align`). Default 1 MiB.
     pub buf_size: usize,
@@ -261,6 +262,31 @@ pub struct PoolConfig {
     pub count: usize,
     /// Alignment of every buffer, a power of two, at least 4096. Default 4096.
     pub align: usize,
+}
+
+impl PoolConfig {
+    /// `count` buffers of `buf_size` bytes aligned to `align`.
+    pub fn new(buf_size: usize, count: usize, align: usize) -> Self {
+        PoolConfig { buf_size, count, align }
+    }
+
+    /// Sets [`PoolConfig::buf_size`].
+    pub fn with_buf_size(mut self, buf_size: usize) -> Self {
+        self.buf_size = buf_size;
+        self
+    }
+
+    /// Sets [`PoolConfig::count`].
+    pub fn with_count(mut self, count: usize) -> Self {
+        self.count = count;
+        self
+    }
+
+    /// Sets [`PoolConfig::align`].
+    pub fn with_align(mut self, align: usize) -> Self {
+        self.align = align;
+        self
+    }
 }
 
 impl Default for PoolConfig {

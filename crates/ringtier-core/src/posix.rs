@@ -21,6 +21,7 @@ use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier
 
 /// Configuration of a [`PosixTier`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PosixConfig {
     /// Root directory of the tier.
     pub root: PathBuf,
@@ -34,6 +35,38 @@ pub struct PosixConfig {
     /// Largest single `pread`, in bytes; larger requests are read in chunks of this size
     /// (fio's `--bs`). 0, the default, reads each request with one call.
     pub read_chunk: usize,
+}
+
+impl PosixConfig {
+    /// Sets [`PosixConfig::root`].
+    pub fn with_root(mut self, root: PathBuf) -> Self {
+        self.root = root;
+        self
+    }
+
+    /// Sets [`PosixConfig::create`].
+    pub fn with_create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// Sets [`PosixConfig::threads`].
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Sets [`PosixConfig::name`].
+    pub fn with_name(mut self, name: String) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// Sets [`PosixConfig::read_chunk`].
+    pub fn with_read_chunk(mut self, read_chunk: usize) -> Self {
+        self.read_chunk = read_chunk;
+        self
+    }
 }
 
 impl PosixConfig {

@@ -11,7 +11,7 @@ use ringtier_core::{MemoryTier, PosixConfig, PosixTier, Tier};
 fn posix() -> Fixture {
     // Inside the work tree: a real ext4 filesystem, not tmpfs.
     let dir = tempfile::Builder::new().prefix("conf-posix").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let tier = PosixTier::new(PosixConfig { threads: 4, ..PosixConfig::new(dir.path()) }).expect("posix tier");
+    let tier = PosixTier::new(PosixConfig::new(dir.path()).with_threads(4)).expect("posix tier");
     Fixture::with_guard(Arc::new(tier), dir)
 }
 
@@ -63,7 +63,7 @@ mod power_cut_synced {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_dropped_create_leaves_no_staged_file() {
     let dir = tempfile::Builder::new().prefix("posix-drop").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let tier = PosixTier::new(PosixConfig { threads: 1, ..PosixConfig::new(dir.path()) }).expect("posix tier");
+    let tier = PosixTier::new(PosixConfig::new(dir.path()).with_threads(1)).expect("posix tier");
     let mut dropped = 0;
     for i in 0..50 {
         // Polled once (the job goes to the pool), then dropped unless it already finished.

@@ -7,7 +7,7 @@ use ringtier_core::layers::{FaultInjecting, Metered, Throttle, Throttled};
 use ringtier_core::{ops, MemoryTier, PosixConfig, PosixTier, Tier};
 
 fn posix_at(dir: &std::path::Path) -> PosixTier {
-    PosixTier::new(PosixConfig { threads: 2, create: true, ..PosixConfig::new(dir) }).expect("posix tier")
+    PosixTier::new(PosixConfig::new(dir).with_threads(2).with_create(true)).expect("posix tier")
 }
 
 #[tokio::test]

@@ -4,11 +4,26 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 
 /// Decode settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DecodeConfig {
     /// Output width and height in pixels. Default 224 (AlexNet's input).
     pub size: u32,
     /// Threads decoding. Default 2.
     pub threads: usize,
+}
+
+impl DecodeConfig {
+    /// Sets [`DecodeConfig::size`].
+    pub fn with_size(mut self, size: u32) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// Sets [`DecodeConfig::threads`].
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
 }
 
 impl Default for DecodeConfig {

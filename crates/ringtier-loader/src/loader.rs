@@ -27,6 +27,7 @@ pub enum OnBadSample {
 
 /// Settings of a [`Loader`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LoaderConfig {
     /// Samples per batch. Default 64.
     pub batch_size: usize,
@@ -49,6 +50,68 @@ pub struct LoaderConfig {
     pub on_bad: OnBadSample,
     /// Check CRC-32C against the manifest where it has one. Default false.
     pub verify: bool,
+}
+
+impl LoaderConfig {
+    /// Sets [`LoaderConfig::batch_size`].
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets [`LoaderConfig::prefetch`].
+    pub fn with_prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Sets [`LoaderConfig::drop_last`].
+    pub fn with_drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Sets [`LoaderConfig::shuffle`].
+    pub fn with_shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// Sets [`LoaderConfig::seed`].
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets [`LoaderConfig::rank`].
+    pub fn with_rank(mut self, rank: usize) -> Self {
+        self.rank = rank;
+        self
+    }
+
+    /// Sets [`LoaderConfig::world`].
+    pub fn with_world(mut self, world: usize) -> Self {
+        self.world = world;
+        self
+    }
+
+    /// Sets [`LoaderConfig::decode`].
+    pub fn with_decode(mut self, decode: impl Into<Option<DecodeConfig>>) -> Self {
+        self.decode = decode.into();
+        self
+    }
+
+    /// Sets [`LoaderConfig::on_bad`].
+    pub fn with_on_bad(mut self, on_bad: OnBadSample) -> Self {
+        self.on_bad = on_bad;
+        self
+    }
+
+    /// Sets [`LoaderConfig::verify`].
+    pub fn with_verify(mut self, verify: bool) -> Self {
+        self.verify = verify;
+        self
+    }
 }
 
 impl Default for LoaderConfig {
@@ -162,7 +225,7 @@ impl Loader {
     pub fn pool_config(max_sample_bytes: u64, alignment: usize, cfg: &LoaderConfig) -> PoolConfig {
         let align = alignment.max(4096);
         let buf_size = (max_sample_bytes as usize + 1).next_multiple_of(align) + align;
-        PoolConfig { buf_size, count: (cfg.prefetch + 2) * cfg.batch_size, align }
+        PoolConfig::new(buf_size, (cfg.prefetch + 2) * cfg.batch_size, align)
     }
 
     /// A loader over `dataset`. Its buffers come from the tier's own pool

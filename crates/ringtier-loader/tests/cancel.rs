@@ -136,15 +136,13 @@ async fn run(seed: u64, queue_depth: u32, registered_pool: bool, prefetch: usize
     let dir = dataset_dir(seed);
     let churn_dir = tempfile::Builder::new().prefix("churn").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let mut rng = Rng::new(seed ^ u64::from(queue_depth) << 40 ^ (prefetch as u64) << 48);
-    let cfg = LoaderConfig {
-        batch_size: 4 + rng.below(12) as usize,
-        prefetch,
-        seed,
-        on_bad: OnBadSample::Fail,
-        ..LoaderConfig::default()
-    };
+    let cfg = LoaderConfig::default()
+        .with_batch_size(4 + rng.below(12) as usize)
+        .with_prefetch(prefetch)
+        .with_seed(seed)
+        .with_on_bad(OnBadSample::Fail);
     let max = (0..FILES).map(|i| sample(seed, i).len() as u64).max().unwrap_or(1);
-    let config = UringConfig { queue_depth, register_buffers: registered_pool, ..UringConfig::default() };
+    let config = UringConfig::default().with_queue_depth(queue_depth).with_register_buffers(registered_pool);
     let mut options = UringTierOptions::default();
     if registered_pool {
         options.pool = Some(BufferPool::new(Loader::pool_config(max, 4096, &cfg)).map_err(|e| e.to_string())?);

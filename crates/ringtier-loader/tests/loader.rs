@@ -50,7 +50,7 @@ async fn epoch_indices(loader: &Loader, epoch: u64, position: usize) -> Vec<u32>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_decode_and_cover_the_epoch_once() {
     let dir = dataset_dir(50);
-    let cfg = LoaderConfig { batch_size: 8, decode: Some(DecodeConfig::default()), seed: 3, ..LoaderConfig::default() };
+    let cfg = LoaderConfig::default().with_batch_size(8).with_decode(DecodeConfig::default()).with_seed(3);
     let loader = Loader::new(dataset(dir.path()).await, cfg).expect("loader");
     let mut e = loader.epoch(0, 0).expect("epoch");
     let mut seen = Vec::new();
@@ -81,7 +81,7 @@ async fn ranks_shard_exactly_once_and_resume_gives_the_rest() {
     let dir = dataset_dir(31);
     let mut all = Vec::new();
     for rank in 0..3 {
-        let cfg = LoaderConfig { batch_size: 4, rank, world: 3, seed: 9, ..LoaderConfig::default() };
+        let cfg = LoaderConfig::default().with_batch_size(4).with_rank(rank).with_world(3).with_seed(9);
         let loader = Loader::new(dataset(dir.path()).await, cfg).expect("loader");
         let full = epoch_indices(&loader, 2, 0).await;
         assert_eq!(full.len(), loader.samples_per_epoch());
@@ -103,7 +103,7 @@ async fn bad_samples_are_skipped_and_counted_or_fail() {
     std::fs::remove_file(dir.path().join(&m.entries[2].key)).expect("rm");
     let junk = vec![0x55u8; m.entries[5].size as usize];
     std::fs::write(dir.path().join(&m.entries[5].key), &junk).expect("junk");
-    let cfg = LoaderConfig { batch_size: 5, decode: Some(DecodeConfig::default()), ..LoaderConfig::default() };
+    let cfg = LoaderConfig::default().with_batch_size(5).with_decode(DecodeConfig::default());
     let loader = Loader::new(dataset(dir.path()).await, cfg.clone()).expect("loader");
     let mut e = loader.epoch(0, 0).expect("epoch");
     let mut skipped = Vec::new();
@@ -115,8 +115,7 @@ async fn bad_samples_are_skipped_and_counted_or_fail() {
     assert!(skipped.iter().any(|s| s.contains(&m.entries[2].key) && s.contains("not_found")), "{skipped:?}");
     assert!(skipped.iter().any(|s| s.contains(&m.entries[5].key) && s.contains("JPEG")), "{skipped:?}");
 
-    let loader =
-        Loader::new(dataset(dir.path()).await, LoaderConfig { on_bad: OnBadSample::Fail, ..cfg }).expect("loader");
+    let loader = Loader::new(dataset(dir.path()).await, cfg.with_on_bad(OnBadSample::Fail)).expect("loader");
     let mut e = loader.epoch(0, 0).expect("epoch");
     let mut failed = None;
     while let Some(b) = e.next().await {
@@ -132,7 +131,7 @@ async fn bad_samples_are_skipped_and_counted_or_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_prefetch_the_consumer_waits_for_every_read() {
     let dir = dataset_dir(24);
-    let cfg = LoaderConfig { batch_size: 6, prefetch: 0, ..LoaderConfig::default() };
+    let cfg = LoaderConfig::default().with_batch_size(6).with_prefetch(0);
     let loader = Loader::new(dataset(dir.path()).await, cfg).expect("loader");
     let mut e = loader.epoch(0, 0).expect("epoch");
     while let Some(b) = e.next().await {
@@ -148,17 +147,17 @@ async fn bad_settings_are_clear_errors() {
     let dir = dataset_dir(5);
     let ds = dataset(dir.path()).await;
     let bad = [
-        LoaderConfig { batch_size: 0, ..LoaderConfig::default() },
-        LoaderConfig { world: 0, ..LoaderConfig::default() },
-        LoaderConfig { rank: 2, world: 2, ..LoaderConfig::default() },
-        LoaderConfig { batch_size: 8, drop_last: true, ..LoaderConfig::default() },
+        LoaderConfig::default().with_batch_size(0),
+        LoaderConfig::default().with_world(0),
+        LoaderConfig::default().with_rank(2).with_world(2),
+        LoaderConfig::default().with_batch_size(8).with_drop_last(true),
     ];
     for cfg in bad {
         let err = Loader::new(ds.clone(), cfg.clone()).expect_err("bad settings");
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{cfg:?}: {err}");
     }
     // A batch larger than the dataset without drop_last: one short batch.
-    let loader = Loader::new(ds, LoaderConfig { batch_size: 8, ..LoaderConfig::default() }).expect("loader");
+    let loader = Loader::new(ds, LoaderConfig::default().with_batch_size(8)).expect("loader");
     assert_eq!(epoch_indices(&loader, 0, 0).await.len(), 5);
 }
 
@@ -167,8 +166,7 @@ fn a_synchronous_loop_iterates_an_epoch() {
     let dir = dataset_dir(20);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let loader = rt.block_on(async {
-        Loader::new(dataset(dir.path()).await, LoaderConfig { batch_size: 6, ..LoaderConfig::default() })
-            .expect("loader")
+        Loader::new(dataset(dir.path()).await, LoaderConfig::default().with_batch_size(6)).expect("loader")
     });
     let epoch = {
         let _guard = rt.enter();

@@ -36,16 +36,12 @@ async fn read_epoch(loader: &Loader, data: &[Vec<u8>]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loader_reads_into_the_tiers_registered_pool() {
     let (dir, data) = files(40);
-    let cfg = LoaderConfig { batch_size: 4, prefetch: 2, ..LoaderConfig::default() };
+    let cfg = LoaderConfig::default().with_batch_size(4).with_prefetch(2);
     let max = data.iter().map(Vec::len).max().unwrap_or(0) as u64;
     let pool = BufferPool::new(Loader::pool_config(max, 4096, &cfg)).expect("pool");
     let uring = Arc::new(
-        UringTier::with_options(
-            dir.path(),
-            UringConfig::default(),
-            UringTierOptions { pool: Some(pool), ..Default::default() },
-        )
-        .expect("tier"),
+        UringTier::with_options(dir.path(), UringConfig::default(), UringTierOptions::default().with_pool(pool))
+            .expect("tier"),
     );
     let tier: Arc<dyn Tier> = uring.clone();
     let loader = Loader::new(Dataset::from_dir(tier, dir.path()).await.expect("dataset"), cfg).expect("loader");
@@ -60,15 +56,11 @@ async fn the_loader_reads_into_the_tiers_registered_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_too_small_for_the_loader_is_not_used() {
     let (dir, data) = files(12);
-    let cfg = LoaderConfig { batch_size: 4, prefetch: 2, ..LoaderConfig::default() };
-    let small = BufferPool::new(PoolConfig { buf_size: 4096, count: 2, align: 4096 }).expect("pool");
+    let cfg = LoaderConfig::default().with_batch_size(4).with_prefetch(2);
+    let small = BufferPool::new(PoolConfig::new(4096, 2, 4096)).expect("pool");
     let tier: Arc<dyn Tier> = Arc::new(
-        UringTier::with_options(
-            dir.path(),
-            UringConfig::default(),
-            UringTierOptions { pool: Some(small), ..Default::default() },
-        )
-        .expect("tier"),
+        UringTier::with_options(dir.path(), UringConfig::default(), UringTierOptions::default().with_pool(small))
+            .expect("tier"),
     );
     let loader = Loader::new(Dataset::from_dir(tier, dir.path()).await.expect("dataset"), cfg).expect("loader");
     assert!(!loader.uses_tier_pool());

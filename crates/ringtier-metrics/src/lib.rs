@@ -16,11 +16,26 @@ pub const LATENCY_BUCKETS: [f64; 19] = [
 
 /// Where and how to serve `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExporterConfig {
     /// Address to listen on. Default `127.0.0.1:9464`.
     pub addr: SocketAddr,
     /// Allow an address that is not loopback (serving to the network). Default false.
     pub allow_remote: bool,
+}
+
+impl ExporterConfig {
+    /// Sets [`ExporterConfig::addr`].
+    pub fn with_addr(mut self, addr: SocketAddr) -> Self {
+        self.addr = addr;
+        self
+    }
+
+    /// Sets [`ExporterConfig::allow_remote`].
+    pub fn with_allow_remote(mut self, allow_remote: bool) -> Self {
+        self.allow_remote = allow_remote;
+        self
+    }
 }
 
 impl Default for ExporterConfig {

@@ -51,8 +51,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for bw in paths {
         let root = dir.join(bw.as_str());
         let _ = std::fs::remove_dir_all(&root);
-        let options = UringTierOptions { create_root: true, ..Default::default() };
-        let config = UringConfig { buffered_writes: bw, ..UringConfig::default() };
+        let options = UringTierOptions::default().with_create_root(true);
+        let config = UringConfig::default().with_buffered_writes(bw);
         let tier: Arc<dyn Tier> = Arc::new(UringTier::with_options(&root, config, options)?);
         println!("{bw}: {} ({})", root.display(), ringtier_core::fs::fs_type_name(&root));
         stores.push((root, CheckpointStore::open(vec![tier], StoreConfig::default()).await?));

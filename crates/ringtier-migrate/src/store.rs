@@ -28,6 +28,7 @@ pub enum OnFull {
 
 /// Settings of a [`CheckpointStore`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// Key prefix of the store on every tier. Default `ckpt`.
     pub prefix: String,
@@ -46,6 +47,56 @@ pub struct StoreConfig {
     pub on_full: OnFull,
     /// Retries of an operation that failed with a temporary error. Default 3.
     pub retries: u32,
+}
+
+impl StoreConfig {
+    /// Sets [`StoreConfig::prefix`].
+    pub fn with_prefix(mut self, prefix: String) -> Self {
+        self.prefix = prefix;
+        self
+    }
+
+    /// Sets [`StoreConfig::chunk_bytes`].
+    pub fn with_chunk_bytes(mut self, chunk_bytes: usize) -> Self {
+        self.chunk_bytes = chunk_bytes;
+        self
+    }
+
+    /// Sets [`StoreConfig::drain_concurrency`].
+    pub fn with_drain_concurrency(mut self, drain_concurrency: usize) -> Self {
+        self.drain_concurrency = drain_concurrency;
+        self
+    }
+
+    /// Sets [`StoreConfig::drain_bytes_per_sec`].
+    pub fn with_drain_bytes_per_sec(mut self, drain_bytes_per_sec: impl Into<Option<u64>>) -> Self {
+        self.drain_bytes_per_sec = drain_bytes_per_sec.into();
+        self
+    }
+
+    /// Sets [`StoreConfig::keep_last`].
+    pub fn with_keep_last(mut self, keep_last: usize) -> Self {
+        self.keep_last = keep_last;
+        self
+    }
+
+    /// Sets [`StoreConfig::fast_capacity_bytes`].
+    pub fn with_fast_capacity_bytes(mut self, fast_capacity_bytes: impl Into<Option<u64>>) -> Self {
+        self.fast_capacity_bytes = fast_capacity_bytes.into();
+        self
+    }
+
+    /// Sets [`StoreConfig::on_full`].
+    pub fn with_on_full(mut self, on_full: OnFull) -> Self {
+        self.on_full = on_full;
+        self
+    }
+
+    /// Sets [`StoreConfig::retries`].
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
 }
 
 impl Default for StoreConfig {

@@ -86,8 +86,8 @@ fn parts_of(seed: u64, step: u64) -> Vec<(String, Vec<u8>)> {
 }
 
 fn uring(dir: &Path, name: &str, queue_depth: u32) -> Arc<dyn Tier> {
-    let options = UringTierOptions { name: Some(name.into()), create_root: true, ..Default::default() };
-    let config = UringConfig { queue_depth, direct_io: DirectIoPolicy::Auto, ..UringConfig::default() };
+    let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
+    let config = UringConfig::default().with_queue_depth(queue_depth).with_direct_io(DirectIoPolicy::Auto);
     Arc::new(UringTier::with_options(dir, config, options).expect("uring tier"))
 }
 
@@ -224,7 +224,7 @@ async fn run(seed: u64, queue_depth: u32) -> Result<String, String> {
     let (fast, slow) = (base.path().join("fast"), base.path().join("slow"));
     let churn_dir = base.path().join("churn");
     std::fs::create_dir_all(&churn_dir).expect("churn dir");
-    let cfg = StoreConfig { chunk_bytes: 64 << 10, keep_last: 1, drain_concurrency: 2, ..StoreConfig::default() };
+    let cfg = StoreConfig::default().with_chunk_bytes(64 << 10).with_keep_last(1).with_drain_concurrency(2);
     let store =
         CheckpointStore::open(vec![uring(&fast, "fast", queue_depth), uring(&slow, "slow", queue_depth)], cfg.clone())
             .await

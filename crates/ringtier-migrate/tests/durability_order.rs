@@ -46,12 +46,12 @@ fn mark(dir: &Path, what: &str) {
 fn open_tier(kind: &str, dir: &Path, name: &str) -> Arc<dyn Tier> {
     match kind {
         "posix" => Arc::new(
-            PosixTier::new(PosixConfig { create: true, name: name.into(), threads: 2, ..PosixConfig::new(dir) })
+            PosixTier::new(PosixConfig::new(dir).with_create(true).with_name(name.into()).with_threads(2))
                 .expect("posix tier"),
         ),
         "uring" => {
-            let options = UringTierOptions { name: Some(name.into()), create_root: true, ..Default::default() };
-            let config = UringConfig { direct_io: DirectIoPolicy::Auto, queue_depth: 4, ..UringConfig::default() };
+            let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
+            let config = UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_queue_depth(4);
             Arc::new(UringTier::with_options(dir, config, options).expect("uring tier"))
         }
         other => panic!("unknown tier kind {other}"),
@@ -79,7 +79,7 @@ fn traced_child() {
         if tiers == 2 {
             t.push(open_tier(&kind, &base.join("slow"), "slow"));
         }
-        let cfg = StoreConfig { chunk_bytes: 64 << 10, keep_last: 0, ..StoreConfig::default() };
+        let cfg = StoreConfig::default().with_chunk_bytes(64 << 10).with_keep_last(0);
         let store = CheckpointStore::open(t, cfg).await.expect("open");
         for step in STEPS {
             let data: Vec<Vec<u8>> = PARTS.iter().enumerate().map(|(i, (_, n))| part_bytes(step, i, *n)).collect();

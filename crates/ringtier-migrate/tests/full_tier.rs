@@ -51,7 +51,7 @@ impl Drop for SmallFs {
 }
 
 fn posix(dir: &Path, name: &str) -> Arc<dyn Tier> {
-    let cfg = PosixConfig { create: true, threads: 2, name: name.into(), ..PosixConfig::new(dir) };
+    let cfg = PosixConfig::new(dir).with_create(true).with_threads(2).with_name(name.into());
     Arc::new(PosixTier::new(cfg).expect("posix tier"))
 }
 
@@ -74,7 +74,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn cfg(on_full: OnFull, keep_last: usize) -> StoreConfig {
-    StoreConfig { on_full, keep_last, chunk_bytes: 1 << 20, ..StoreConfig::default() }
+    StoreConfig::default().with_on_full(on_full).with_keep_last(keep_last).with_chunk_bytes(1 << 20)
 }
 
 /// How a test hands a checkpoint's bytes to the store.

@@ -157,14 +157,12 @@ impl Schedule {
         let fast = power.attach(wrap(&fast_mem), machine.fast);
         let slow = power.attach(wrap(&slow_mem), machine.slow);
         let fast_capacity_bytes = if rng.chance(30) { Some(20_000 + rng.below(60_000)) } else { None };
-        let cfg = StoreConfig {
-            chunk_bytes: 4096,
-            drain_concurrency: 1 + rng.below(2) as usize,
-            keep_last: rng.below(3) as usize,
-            fast_capacity_bytes,
-            on_full: if rng.chance(50) { OnFull::Wait } else { OnFull::WriteThrough },
-            ..StoreConfig::default()
-        };
+        let cfg = StoreConfig::default()
+            .with_chunk_bytes(4096)
+            .with_drain_concurrency(1 + rng.below(2) as usize)
+            .with_keep_last(rng.below(3) as usize)
+            .with_fast_capacity_bytes(fast_capacity_bytes)
+            .with_on_full(if rng.chance(50) { OnFull::Wait } else { OnFull::WriteThrough });
         Schedule {
             seed,
             rng,

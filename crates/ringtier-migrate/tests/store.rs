@@ -28,13 +28,13 @@ async fn save(store: &CheckpointStore, step: u64) -> ringtier_core::Result<ringt
 }
 
 fn small_chunks() -> StoreConfig {
-    StoreConfig { chunk_bytes: 64 << 10, ..StoreConfig::default() }
+    StoreConfig::default().with_chunk_bytes(64 << 10)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn save_drain_evict_and_restore() {
     let (fast, slow) = (mem("fast"), mem("slow"));
-    let cfg = StoreConfig { keep_last: 1, ..small_chunks() };
+    let cfg = small_chunks().with_keep_last(1);
     let store = CheckpointStore::open(vec![Arc::clone(&fast), Arc::clone(&slow)], cfg).await.expect("open");
     for step in [10, 20, 30] {
         let r = save(&store, step).await.expect("save");
@@ -93,7 +93,7 @@ async fn streamed_parts_and_bad_parts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_copies_fall_back_to_slower_ones() {
     let (fast, slow) = (mem("fast"), mem("slow"));
-    let cfg = StoreConfig { keep_last: 10, ..small_chunks() };
+    let cfg = small_chunks().with_keep_last(10);
     let store = CheckpointStore::open(vec![Arc::clone(&fast), Arc::clone(&slow)], cfg).await.expect("open");
     for step in 1..=4 {
         save(&store, step).await.expect("save");
@@ -144,12 +144,9 @@ async fn recovery_removes_partials_and_requeues_undrained() {
     assert_eq!(ro.list().await.expect("list").iter().map(|c| c.step).collect::<Vec<_>>(), [5, 6]);
     assert_eq!(fast.list("ckpt/00000000000000000007/").await.expect("list").len(), 1, "partial left alone");
     drop(ro);
-    let store = CheckpointStore::open(
-        vec![Arc::clone(&fast), Arc::clone(&slow)],
-        StoreConfig { keep_last: 1, ..small_chunks() },
-    )
-    .await
-    .expect("open recovers");
+    let store = CheckpointStore::open(vec![Arc::clone(&fast), Arc::clone(&slow)], small_chunks().with_keep_last(1))
+        .await
+        .expect("open recovers");
     assert!(fast.list("ckpt/00000000000000000007/").await.expect("list").is_empty(), "partial removed");
     store.drain().await.expect("the drain resumes");
     let steps: Vec<(u64, usize)> = store.list().await.expect("list").iter().map(|c| (c.step, c.tiers.len())).collect();
@@ -187,7 +184,7 @@ async fn injected_faults_are_retried_or_reported_and_lose_nothing() {
 async fn a_full_fast_tier_writes_through_or_waits() {
     // Real ENOSPC from the fast tier: write through to the slow one.
     let full: Arc<dyn Tier> = Arc::new(MemoryTier::with_capacity(100_000).named("tiny"));
-    let cfg = StoreConfig { on_full: OnFull::WriteThrough, ..small_chunks() };
+    let cfg = small_chunks().with_on_full(OnFull::WriteThrough);
     let store = CheckpointStore::open(vec![full, mem("slow")], cfg).await.expect("open");
     let r = save(&store, 1).await.expect("written through");
     assert!(r.wrote_through && r.tier == "slow", "{r:?}");
@@ -203,7 +200,7 @@ async fn a_full_fast_tier_writes_through_or_waits() {
     // never holds more than the bound, nothing is dropped.
     let (fast, slow) = (mem("fast"), mem("slow"));
     let throttled: Arc<dyn Tier> = Arc::new(Throttled::new(Arc::clone(&slow), Throttle::bandwidth(50 << 20)));
-    let cfg = StoreConfig { fast_capacity_bytes: Some(1_100_000), keep_last: 100, ..small_chunks() };
+    let cfg = small_chunks().with_fast_capacity_bytes(1_100_000).with_keep_last(100);
     let store = CheckpointStore::open(vec![Arc::clone(&fast), throttled], cfg).await.expect("open");
     for step in 1..=6 {
         let r = save(&store, step).await.expect("waits for room");
@@ -222,7 +219,7 @@ async fn a_full_fast_tier_writes_through_or_waits() {
 async fn burst_buffer_on_real_directories_with_direct_io() {
     let base = tempfile::Builder::new().prefix("ckpt").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let open = |name: &str| -> Arc<dyn Tier> {
-        let options = UringTierOptions { name: Some(name.into()), create_root: true, ..Default::default() };
+        let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
         Arc::new(UringTier::with_options(base.path().join(name), UringConfig::default(), options).expect("tier"))
     };
     let store = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect("open");
@@ -240,7 +237,7 @@ async fn burst_buffer_on_real_directories_with_direct_io() {
     let e = CheckpointStore::open(vec![open("fast"), open("slow")], StoreConfig::default()).await.expect_err("busy");
     assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
     assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
-    let other = StoreConfig { prefix: "other".into(), ..StoreConfig::default() };
+    let other = StoreConfig::default().with_prefix("other".into());
     drop(CheckpointStore::open(vec![open("fast"), open("slow")], other).await.expect("another prefix"));
     // Read-only, next to the open store: lists and loads, never saves.
     let ro = CheckpointStore::open_read_only(vec![open("fast"), open("slow")], StoreConfig::default())
@@ -260,7 +257,7 @@ async fn burst_buffer_on_real_directories_with_direct_io() {
 
 #[tokio::test(start_paused = true)]
 async fn the_drain_respects_its_bandwidth_cap() {
-    let cfg = StoreConfig { drain_bytes_per_sec: Some(1 << 20), chunk_bytes: 64 << 10, ..StoreConfig::default() };
+    let cfg = StoreConfig::default().with_drain_bytes_per_sec(1 << 20).with_chunk_bytes(64 << 10);
     let store = CheckpointStore::open(vec![mem("fast"), mem("slow")], cfg).await.expect("open");
     let data = pattern(2, 4 << 20);
     store.save(1, vec![Part::bytes("w", &data)]).await.expect("save");

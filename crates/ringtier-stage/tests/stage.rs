@@ -23,7 +23,7 @@ async fn batches_stage_into_host_memory_through_a_registered_pinned_pool() {
     let (dir, data) = files(24);
     let pinned = PinnedPool::new(64 << 10, 16, Target::Host).expect("pinned pool");
     assert_eq!(pinned.pinning(), Pinning::Mlock, "root can lock 1 MiB");
-    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let options = UringTierOptions::default().with_pool(pinned.pool().clone());
     let uring = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier");
     let tier: Arc<dyn Tier> = Arc::new(uring.clone());
     let stager = Stager::new(tier, pinned.clone(), Target::Host).expect("stager");
@@ -73,7 +73,7 @@ async fn bad_input_is_a_clear_error() {
 async fn dropped_batches_give_their_buffers_back_once_copied() {
     let (dir, data) = files(16);
     let pinned = PinnedPool::new(64 << 10, 8, Target::Host).expect("pinned pool");
-    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let options = UringTierOptions::default().with_pool(pinned.pool().clone());
     let tier: Arc<dyn Tier> =
         Arc::new(UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier"));
     let stager = Stager::new(tier, pinned.clone(), Target::Host).expect("stager");

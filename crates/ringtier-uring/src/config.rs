@@ -90,8 +90,10 @@ impl FromStr for BufferedWrites {
     }
 }
 
-/// Knobs of the io_uring engine. Build with [`UringConfig::default`] and adjust.
+/// Knobs of the io_uring engine: `UringConfig::default()` and the `with_*` methods
+/// (`#[non_exhaustive]`: new knobs do not break callers).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UringConfig {
     /// Requests in flight per ring (files in progress for batch reads). Default 32.
     pub queue_depth: u32,
@@ -119,6 +121,62 @@ pub struct UringConfig {
     pub max_read_bytes: u32,
     /// How writes to files without O_DIRECT are issued. Default [`BufferedWrites::Threads`].
     pub buffered_writes: BufferedWrites,
+}
+
+impl UringConfig {
+    /// Sets [`UringConfig::queue_depth`].
+    pub fn with_queue_depth(mut self, queue_depth: u32) -> Self {
+        self.queue_depth = queue_depth;
+        self
+    }
+
+    /// Sets [`UringConfig::rings`].
+    pub fn with_rings(mut self, rings: usize) -> Self {
+        self.rings = rings;
+        self
+    }
+
+    /// Sets [`UringConfig::sqpoll_idle_ms`].
+    pub fn with_sqpoll_idle_ms(mut self, sqpoll_idle_ms: impl Into<Option<u32>>) -> Self {
+        self.sqpoll_idle_ms = sqpoll_idle_ms.into();
+        self
+    }
+
+    /// Sets [`UringConfig::register_buffers`].
+    pub fn with_register_buffers(mut self, register_buffers: bool) -> Self {
+        self.register_buffers = register_buffers;
+        self
+    }
+
+    /// Sets [`UringConfig::register_files`].
+    pub fn with_register_files(mut self, register_files: bool) -> Self {
+        self.register_files = register_files;
+        self
+    }
+
+    /// Sets [`UringConfig::direct_io`].
+    pub fn with_direct_io(mut self, direct_io: DirectIoPolicy) -> Self {
+        self.direct_io = direct_io;
+        self
+    }
+
+    /// Sets [`UringConfig::metadata_threads`].
+    pub fn with_metadata_threads(mut self, metadata_threads: usize) -> Self {
+        self.metadata_threads = metadata_threads;
+        self
+    }
+
+    /// Sets [`UringConfig::max_read_bytes`].
+    pub fn with_max_read_bytes(mut self, max_read_bytes: u32) -> Self {
+        self.max_read_bytes = max_read_bytes;
+        self
+    }
+
+    /// Sets [`UringConfig::buffered_writes`].
+    pub fn with_buffered_writes(mut self, buffered_writes: BufferedWrites) -> Self {
+        self.buffered_writes = buffered_writes;
+        self
+    }
 }
 
 impl Default for UringConfig {

@@ -216,6 +216,7 @@ impl fmt::Debug for UringTier {
 
 /// Options of a [`UringTier`] that are not engine knobs.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct UringTierOptions {
     /// Name used in errors and metric labels. Default `uring:ROOT` (what and where, so two
     /// tiers are told apart).
@@ -232,6 +233,39 @@ pub struct UringTierOptions {
     /// test every completion path. Feature `fail-points`.
     #[cfg(feature = "fail-points")]
     pub fail_points: Option<Arc<FailPoints>>,
+}
+
+impl UringTierOptions {
+    /// Sets [`UringTierOptions::name`].
+    pub fn with_name(mut self, name: impl Into<Option<String>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets [`UringTierOptions::create_root`].
+    pub fn with_create_root(mut self, create_root: bool) -> Self {
+        self.create_root = create_root;
+        self
+    }
+
+    /// Sets [`UringTierOptions::pool`].
+    pub fn with_pool(mut self, pool: impl Into<Option<BufferPool>>) -> Self {
+        self.pool = pool.into();
+        self
+    }
+
+    /// Sets [`UringTierOptions::assume_dio_alignment`].
+    pub fn with_assume_dio_alignment(mut self, assume_dio_alignment: impl Into<Option<(u32, u32)>>) -> Self {
+        self.assume_dio_alignment = assume_dio_alignment.into();
+        self
+    }
+
+    #[cfg(feature = "fail-points")]
+    /// Sets [`UringTierOptions::fail_points`].
+    pub fn with_fail_points(mut self, fail_points: impl Into<Option<Arc<FailPoints>>>) -> Self {
+        self.fail_points = fail_points.into();
+        self
+    }
 }
 
 impl UringTier {

@@ -47,8 +47,8 @@ fn read_hot_path_allocates_nothing_per_request() {
         std::fs::write(p, pattern(i as u64, 3000 + i)).expect("write");
     }
     std::fs::write(dir.path().join("big"), pattern(1, 8 << 20)).expect("write");
-    let pool = BufferPool::new(PoolConfig { buf_size: 16 << 10, count: N, align: 4096 }).expect("pool");
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::new(16 << 10, N, 4096)).expect("pool");
+    let options = UringTierOptions::default().with_pool(pool.clone());
     let tier = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier");
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
 

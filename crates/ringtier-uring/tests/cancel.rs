@@ -188,7 +188,7 @@ async fn round(seed: u64, config: UringConfig, writers: u64) {
     let tier = UringTier::with_options(
         &root,
         config.clone(),
-        ringtier_uring::UringTierOptions { create_root: true, ..Default::default() },
+        ringtier_uring::UringTierOptions::default().with_create_root(true),
     )
     .expect("tier");
     // Files the readers read.
@@ -276,12 +276,12 @@ fn run(config: UringConfig) {
 
 #[test]
 fn dropped_futures_never_write_elsewhere_at_depth_1() {
-    run(UringConfig { queue_depth: 1, ..UringConfig::default() });
+    run(UringConfig::default().with_queue_depth(1));
 }
 
 #[test]
 fn dropped_futures_never_write_elsewhere_at_depth_4_with_registered_files() {
-    run(UringConfig { queue_depth: 4, rings: 2, register_files: true, ..UringConfig::default() });
+    run(UringConfig::default().with_queue_depth(4).with_rings(2).with_register_files(true));
 }
 
 #[test]

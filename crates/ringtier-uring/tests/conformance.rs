@@ -10,8 +10,8 @@ use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, Uri
 
 fn fixture(base: &Path, config: UringConfig) -> Fixture {
     let dir = tempfile::Builder::new().prefix("conf-uring").tempdir_in(base).expect("tempdir");
-    let pool = BufferPool::new(PoolConfig { buf_size: 256 << 10, count: 8, align: 4096 }).expect("pool");
-    let options = UringTierOptions { pool: Some(pool), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::new(256 << 10, 8, 4096)).expect("pool");
+    let options = UringTierOptions::default().with_pool(pool);
     let tier = UringTier::with_options(dir.path(), config, options).expect("uring tier");
     Fixture::with_guard(Arc::new(tier), dir)
 }
@@ -29,7 +29,7 @@ mod ext4_direct_required {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig { direct_io: DirectIoPolicy::Required, queue_depth: 4, ..UringConfig::default() }
+        UringConfig::default().with_direct_io(DirectIoPolicy::Required).with_queue_depth(4)
     ));
 }
 
@@ -37,7 +37,7 @@ mod ext4_buffered_two_rings {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig { direct_io: DirectIoPolicy::Off, rings: 2, ..UringConfig::default() }
+        UringConfig::default().with_direct_io(DirectIoPolicy::Off).with_rings(2)
     ));
 }
 
@@ -51,7 +51,7 @@ mod tmpfs_buffered_writes_on_ring {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         Path::new("/dev/shm"),
-        UringConfig { buffered_writes: BufferedWrites::Ring, ..UringConfig::default() }
+        UringConfig::default().with_buffered_writes(BufferedWrites::Ring)
     ));
 }
 
@@ -59,14 +59,11 @@ mod ext4_buffered_writes_on_ring {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(
         ext4(),
-        UringConfig { direct_io: DirectIoPolicy::Off, buffered_writes: BufferedWrites::Ring, ..UringConfig::default() }
+        UringConfig::default().with_direct_io(DirectIoPolicy::Off).with_buffered_writes(BufferedWrites::Ring)
     ));
 }
 
 mod ext4_sqpoll {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(
-        ext4(),
-        UringConfig { sqpoll_idle_ms: Some(10), ..UringConfig::default() }
-    ));
+    ringtier_core::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_sqpoll_idle_ms(10)));
 }

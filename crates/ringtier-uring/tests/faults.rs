@@ -21,7 +21,7 @@ fn ext4_dir() -> tempfile::TempDir {
 }
 
 fn tier(dir: &Path, config: UringConfig, fail: &Arc<FailPoints>) -> UringTier {
-    let options = UringTierOptions { fail_points: Some(Arc::clone(fail)), ..Default::default() };
+    let options = UringTierOptions::default().with_fail_points(Arc::clone(fail));
     UringTier::with_options(dir, config, options).expect("tier")
 }
 
@@ -79,7 +79,7 @@ async fn short_reads_of_any_length_continue_where_the_size_is_known_or_reads_are
     for policy in [DirectIoPolicy::Auto, DirectIoPolicy::Off] {
         let fail = FailPoints::new(2);
         fail.add(FailRule::new(FailOp::Read, FailAction::Short(1000)));
-        let t = tier(dir.path(), UringConfig { direct_io: policy, ..UringConfig::default() }, &fail);
+        let t = tier(dir.path(), UringConfig::default().with_direct_io(policy), &fail);
         for (key, data) in &files {
             // At an offset: the statx path knows the size, so an unaligned short O_DIRECT
             // read is continued from an aligned position, not taken for the end.
@@ -126,7 +126,7 @@ async fn errors_fail_only_their_request_and_name_the_file() {
             let fail = FailPoints::new(4);
             // The second request of the batch's step fails once.
             fail.add(FailRule::new(op, FailAction::Errno(errno)).after(1).times(1));
-            let t = tier(dir.path(), UringConfig { queue_depth: 1, ..UringConfig::default() }, &fail);
+            let t = tier(dir.path(), UringConfig::default().with_queue_depth(1), &fail);
             let mut batch = ReadBatch::new();
             for (key, data) in &files {
                 // Offset 1: every request goes statx -> open -> read -> close.
@@ -191,7 +191,7 @@ async fn an_open_files_reads_retry_short_and_name_the_key_on_errors() {
     let fail = FailPoints::new(7);
     fail.add(FailRule::new(FailOp::Read, FailAction::Short(8192)).times(3));
     fail.add(FailRule::new(FailOp::Read, FailAction::Errno(libc::EINTR)).times(2));
-    let t = tier(dir.path(), UringConfig { register_files: true, ..UringConfig::default() }, &fail);
+    let t = tier(dir.path(), UringConfig::default().with_register_files(true), &fail);
     let file = t.open_file(key).await.expect("open");
     let mut batch = ReadBatch::new();
     for off in [0usize, 65536, 131072] {
@@ -244,7 +244,7 @@ async fn short_writes_continue_under_direct_and_buffered_io() {
     for (i, (policy, short)) in cases.into_iter().enumerate() {
         let fail = FailPoints::new(10);
         fail.add(FailRule::new(FailOp::Write, FailAction::Short(short)).times(20));
-        let config = UringConfig { direct_io: policy, buffered_writes: BufferedWrites::Ring, ..UringConfig::default() };
+        let config = UringConfig::default().with_direct_io(policy).with_buffered_writes(BufferedWrites::Ring);
         let t = tier(dir.path(), config, &fail);
         let key = format!("w{i}");
         write_object(&t, &key, &data, 65536).await.expect("write");
@@ -304,7 +304,7 @@ fn a_driver_panic_fails_its_waiters_and_nothing_hangs() {
     let root = dir.path().to_path_buf();
     std::thread::spawn(move || {
         rt.block_on(async {
-            let t = tier(&root, UringConfig { queue_depth: 4, ..UringConfig::default() }, &fail);
+            let t = tier(&root, UringConfig::default().with_queue_depth(4), &fail);
             let mut batch = ReadBatch::new();
             for _ in 0..4 {
                 for (key, data) in &files {

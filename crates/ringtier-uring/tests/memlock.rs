@@ -15,8 +15,8 @@ fn low_memlock_falls_back_to_plain_buffers() {
 
     let dir = tempfile::Builder::new().prefix("memlock").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     std::fs::write(dir.path().join("x"), pattern(5, 1 << 20)).expect("write");
-    let pool = BufferPool::new(PoolConfig { buf_size: 1 << 20, count: 16, align: 4096 }).expect("pool");
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::new(1 << 20, 16, 4096)).expect("pool");
+    let options = UringTierOptions::default().with_pool(pool.clone());
     let tier = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier still opens");
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     rt.block_on(async {

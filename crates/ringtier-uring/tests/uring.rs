@@ -68,7 +68,7 @@ async fn ext4_reads_go_direct_and_tails_read_correctly() {
 async fn policy_off_reads_buffered() {
     let dir = ext4_dir();
     write_file(dir.path(), "x", &pattern(1, 5000));
-    let t = tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Off, ..UringConfig::default() });
+    let t = tier(dir.path(), UringConfig::default().with_direct_io(DirectIoPolicy::Off));
     assert!(!t.capabilities().direct_io);
     assert_eq!(ops::get(&t, "x").await.expect("get"), pattern(1, 5000));
     let s = t.stats();
@@ -89,7 +89,7 @@ async fn misaligned_buffer_falls_back_under_auto_and_fails_under_required() {
     let s = auto.stats();
     assert_eq!((s.direct_io_fallbacks, s.reads_buffered), (1, 1), "counted fallback: {s:?}");
 
-    let required = tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() });
+    let required = tier(dir.path(), UringConfig::default().with_direct_io(DirectIoPolicy::Required));
     let (buf, _backing2) = skewed_buf(16_384, 8);
     let (res, _buf) = required.read_at("x", 100, 10_000, buf).await;
     let err = res.expect_err("misaligned buffer under required");
@@ -110,10 +110,9 @@ async fn many_small_files_in_one_batch_with_a_registered_pool() {
     for i in 0..n {
         write_file(dir.path(), &format!("class{:02}/img{i:04}.jpg", i % 7), &pattern(i as u64, 500 + i * 97));
     }
-    let pool = BufferPool::new(PoolConfig { buf_size: 64 << 10, count: n, align: 4096 }).expect("pool");
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
-    let t = UringTier::with_options(dir.path(), UringConfig { queue_depth: 8, ..UringConfig::default() }, options)
-        .expect("tier");
+    let pool = BufferPool::new(PoolConfig::new(64 << 10, n, 4096)).expect("pool");
+    let options = UringTierOptions::default().with_pool(pool.clone());
+    let t = UringTier::with_options(dir.path(), UringConfig::default().with_queue_depth(8), options).expect("tier");
     let mut batch = ReadBatch::with_capacity(n, n * 24);
     for i in 0..n {
         batch.push(&format!("class{:02}/img{i:04}.jpg", i % 7), 0, 64 << 10, pool.try_acquire().expect("buffer"));
@@ -140,9 +139,9 @@ async fn open_file_random_reads_with_fixed_files_and_buffers() {
     let dir = ext4_dir();
     let data = pattern(42, 4 << 20);
     write_file(dir.path(), "big.bin", &data);
-    let pool = BufferPool::new(PoolConfig { buf_size: 128 << 10, count: 32, align: 4096 }).expect("pool");
-    let config = UringConfig { register_files: true, rings: 2, ..UringConfig::default() };
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::new(128 << 10, 32, 4096)).expect("pool");
+    let config = UringConfig::default().with_register_files(true).with_rings(2);
+    let options = UringTierOptions::default().with_pool(pool.clone());
     let t = UringTier::with_options(dir.path(), config, options).expect("tier");
     let f = t.open_file("big.bin").await.expect("open");
     assert!(f.is_direct());
@@ -195,7 +194,7 @@ async fn bad_input_gives_clear_errors_and_never_leaves_the_root() {
     let (res, _) = t.read_at("adir", 0, 10, AlignedBuf::new(4096, 4096).expect("buf")).await;
     assert_eq!(res.expect_err("directory").kind(), ErrorKind::NotFound);
     assert!(UringTier::new(outer.path().join("nope"), UringConfig::default()).is_err(), "missing root");
-    assert!(UringTier::new(&root, UringConfig { queue_depth: 0, ..UringConfig::default() }).is_err());
+    assert!(UringTier::new(&root, UringConfig::default().with_queue_depth(0)).is_err());
     assert!(t.open_file("../secret").await.is_err());
     assert!(t.open_file("escape").await.is_err());
 }
@@ -203,8 +202,7 @@ async fn bad_input_gives_clear_errors_and_never_leaves_the_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_writes_pad_and_trim_the_tail() {
     let dir = ext4_dir();
-    let t: Arc<dyn Tier> =
-        Arc::new(tier(dir.path(), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() }));
+    let t: Arc<dyn Tier> = Arc::new(tier(dir.path(), UringConfig::default().with_direct_io(DirectIoPolicy::Required)));
     let data = pattern(3, 3 * 4096 + 123);
     ops::put(t.as_ref(), "ckpt/part-0", &data, 8192).await.expect("put");
     assert_eq!(std::fs::read(dir.path().join("ckpt/part-0")).expect("read back"), data);
@@ -233,8 +231,7 @@ async fn direct_writes_pad_and_trim_the_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filesystem_without_direct_io_errors_under_required_and_falls_back_under_auto() {
     // procfs has no O_DIRECT (statx reports no DIO alignment for its files).
-    let required =
-        tier(Path::new("/proc/self"), UringConfig { direct_io: DirectIoPolicy::Required, ..UringConfig::default() });
+    let required = tier(Path::new("/proc/self"), UringConfig::default().with_direct_io(DirectIoPolicy::Required));
     let (res, _) = required.read_at("status", 0, 100, AlignedBuf::new(4096, 4096).expect("buf")).await;
     let err = res.expect_err("no O_DIRECT on procfs");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
@@ -253,7 +250,7 @@ async fn max_read_bytes_reads_a_file_in_chunks_through_one_open() {
     let dir = ext4_dir();
     let data = pattern(8, (1 << 20) + 100);
     write_file(dir.path(), "big", &data);
-    let t = tier(dir.path(), UringConfig { max_read_bytes: 128 << 10, ..UringConfig::default() });
+    let t = tier(dir.path(), UringConfig::default().with_max_read_bytes(128 << 10));
     let mut batch = ReadBatch::new();
     batch.push("big", 0, data.len(), AlignedBuf::new(data.len() + 4096, 4096).expect("buf"));
     let batch = t.read_batch(batch).await;
@@ -274,7 +271,7 @@ async fn a_wrong_alignment_guess_is_corrected_through_statx() {
     write_file(dir.path(), "x", &data);
     // Pretend new files need no alignment; ext4 needs 512 bytes, so the kernel refuses the
     // unaligned direct read of the fast path and statx decides instead.
-    let options = UringTierOptions { assume_dio_alignment: Some((1, 1)), ..Default::default() };
+    let options = UringTierOptions::default().with_assume_dio_alignment((1, 1));
     let t = UringTier::with_options(dir.path(), UringConfig::default(), options).expect("tier");
     let (res, buf) = t.read_at("x", 0, 10_000, AlignedBuf::new(16_384, 4096).expect("buf")).await;
     assert_eq!(res.expect("read"), 10_000);
@@ -292,7 +289,7 @@ async fn registered_files_read_many_small_files_through_direct_descriptors() {
     for i in 0..n {
         write_file(dir.path(), &format!("d/f{i}"), &pattern(i as u64, 1000 + i * 50));
     }
-    let config = UringConfig { register_files: true, queue_depth: 16, ..UringConfig::default() };
+    let config = UringConfig::default().with_register_files(true).with_queue_depth(16);
     let t = tier(dir.path(), config);
     let mut batch = ReadBatch::new();
     for i in 0..n {

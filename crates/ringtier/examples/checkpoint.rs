@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         // Both temp dirs sit on one disk: a token bucket makes the second one slow.
         slow = Arc::new(Throttled::new(slow, Throttle::bandwidth(50_000_000)));
     }
-    let config = StoreConfig { keep_last: 1, ..Default::default() };
+    let config = StoreConfig::default().with_keep_last(1);
     let store = CheckpointStore::open(vec![fast, slow], config).await?;
 
     let first = store.latest().await?.map_or(1, |s| s + 1);

@@ -35,7 +35,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for epoch in 0..2 {
         let mut seen = vec![0u32; dataset.len()];
         for rank in 0..world {
-            let config = LoaderConfig { batch_size, prefetch, seed: 7, rank, world, ..Default::default() };
+            let config = LoaderConfig::default()
+                .with_batch_size(batch_size)
+                .with_prefetch(prefetch)
+                .with_seed(7)
+                .with_rank(rank)
+                .with_world(world);
             let loader = Loader::new(dataset.clone(), config)?;
             let mut batches = loader.epoch(epoch, 0)?;
             while let Some(batch) = batches.next().await {

@@ -35,8 +35,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     if largest > 64 << 20 {
         return Err(format!("a file of {largest} bytes: read large files with UringTier::open_file").into());
     }
-    let pool = BufferPool::new(PoolConfig { buf_size: largest as usize, count: batch_size, ..Default::default() })?;
-    let options = UringTierOptions { pool: Some(pool.clone()), ..Default::default() };
+    let pool = BufferPool::new(PoolConfig::default().with_buf_size(largest as usize).with_count(batch_size))?;
+    let options = UringTierOptions::default().with_pool(pool.clone());
     let tier = UringTier::with_options(&dir, UringConfig::default(), options)?;
 
     let start = Instant::now();

@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // Pinned buffers for two batches: the one being read and the one being copied.
     let pinned = PinnedPool::new(largest, 2 * batch_size, Target::Host)?;
     println!("pinned pool: {} buffers of {} bytes, {:?}", 2 * batch_size, pinned.pool().buf_size(), pinned.pinning());
-    let options = UringTierOptions { pool: Some(pinned.pool().clone()), ..Default::default() };
+    let options = UringTierOptions::default().with_pool(pinned.pool().clone());
     let tier = Arc::new(UringTier::with_options(&dir, UringConfig::default(), options)?);
     let stager = Stager::new(tier, pinned, Target::Host)?;
 

@@ -13,6 +13,7 @@ use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
+use crate::args::{CkptAction, CkptArgs, CkptPreset, OnFullArg};
 use crate::stats::{peak_rss_bytes, write_json, Machine, Rng, Summary};
 
 /// A tier over a directory, through io_uring (O_DIRECT where the filesystem allows), metered.
@@ -428,4 +429,147 @@ pub(crate) fn bench(cfg: &CkptBenchConfig) -> Result<serde_json::Value> {
     });
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
+}
+
+/// `ringtier bench ckpt`.
+pub(crate) fn bench_command(a: crate::args::BenchCkptArgs) -> anyhow::Result<()> {
+    let tmp;
+    let base = match a.dir {
+        Some(d) => d,
+        None => {
+            tmp = tempfile::Builder::new().prefix("ringtier-bench-ckpt-").tempdir_in(".")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let size = a.size.unwrap_or(match a.preset {
+        CkptPreset::Alexnet => 61_000_000 * 4,
+        CkptPreset::Paper => 600_000_000,
+    });
+    let cfg = CkptBenchConfig {
+        base,
+        fast_dir: a.fast_dir,
+        slow_dir: a.slow_dir,
+        slow_kernel_bps: a.slow_kernel_bw,
+        keep_last: a.keep_last,
+        count: a.count,
+        size,
+        compute_secs: a.compute,
+        ratios: a.ratios,
+        repeats: a.repeats,
+        buffered_writes: a.buffered_writes,
+        json: a.json,
+    };
+    bench(&cfg).map(|_| ())
+}
+
+/// `ringtier ckpt ...`.
+pub(crate) fn command(a: crate::args::CkptArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(ckpt_command(a))
+}
+
+async fn ckpt_command(a: CkptArgs) -> Result<()> {
+    let cfg = ringtier_migrate::StoreConfig::default()
+        .with_prefix(a.prefix.clone())
+        .with_keep_last(a.keep_last)
+        .with_drain_bytes_per_sec(a.drain_bw)
+        .with_fast_capacity_bytes(a.fast_capacity)
+        .with_on_full(match a.on_full {
+            OnFullArg::Wait => ringtier_migrate::OnFull::Wait,
+            OnFullArg::WriteThrough => ringtier_migrate::OnFull::WriteThrough,
+        });
+    // Looking (ls, restore, verify) opens read-only: it works next to a training process that
+    // has the store open, and never runs recovery under that process's feet.
+    let read_only = matches!(a.action, CkptAction::Ls | CkptAction::Restore { .. } | CkptAction::Verify { .. });
+    let store = open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg, read_only).await?;
+    match a.action {
+        CkptAction::Save { step, parts, direct, no_drain } => {
+            let mut files = Vec::new();
+            for p in &parts {
+                let Some((name, path)) = p.split_once('=') else {
+                    anyhow::bail!("--part takes NAME=PATH, got {p:?}");
+                };
+                let f = std::fs::File::open(path).with_context(|| format!("part {name}: opening {path}"))?;
+                let size = f.metadata()?.len();
+                files.push((name.to_string(), f, size));
+            }
+            let parts = files
+                .into_iter()
+                // Seekable: a fast tier that fills up part-way is retried elsewhere from the start.
+                .map(|(n, f, size)| ringtier_migrate::Part::seekable(n, std::io::BufReader::new(f), Some(size)))
+                .collect();
+            let r = if direct { store.save_direct(step, parts).await? } else { store.save(step, parts).await? };
+            println!(
+                "saved step {} ({:.1} MB) on {} in {:.3} s{}",
+                r.step,
+                r.bytes as f64 / 1e6,
+                r.tier,
+                r.blocking.as_secs_f64(),
+                if r.wrote_through { " (fast tier full: written through)" } else { "" }
+            );
+            if !no_drain {
+                let t = std::time::Instant::now();
+                store.drain().await?;
+                println!("drained to the slowest tier in {:.3} s", t.elapsed().as_secs_f64());
+            }
+        }
+        CkptAction::Ls => {
+            println!("{:>20}  {:>12}  tiers", "step", "MB");
+            for c in store.list().await? {
+                println!("{:>20}  {:>12.1}  {}", c.step, c.bytes as f64 / 1e6, c.tiers.join(", "));
+            }
+            let backlog = store.drain_backlog_bytes();
+            if backlog > 0 {
+                println!("drain backlog: {:.1} MB (run `ringtier ckpt ... drain`)", backlog as f64 / 1e6);
+            }
+        }
+        CkptAction::Restore { step, out } => {
+            let step = match step {
+                Some(s) => s,
+                None => store.latest().await?.context("no checkpoint to restore")?,
+            };
+            let r = store.load(step).await?;
+            for f in &r.fallbacks {
+                eprintln!("warning: checkpoint {step}: {f}");
+            }
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            for (name, data) in &r.parts {
+                let tmp = out.join(format!(".{name}.tmp"));
+                std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+                std::fs::rename(&tmp, out.join(name))?;
+            }
+            println!("restored step {step} from {} ({} parts) into {}", r.tier, r.parts.len(), out.display());
+        }
+        CkptAction::Verify { step } => {
+            let steps: Vec<u64> = match step {
+                Some(s) => vec![s],
+                None => store.list().await?.iter().map(|c| c.step).collect(),
+            };
+            let mut bad = 0;
+            for s in steps {
+                for (tier, res) in store.verify(s).await? {
+                    match res {
+                        Ok(()) => println!("step {s} on {tier}: ok"),
+                        Err(e) => {
+                            bad += 1;
+                            println!("step {s} on {tier}: BAD: {e}");
+                        }
+                    }
+                }
+            }
+            if bad > 0 {
+                anyhow::bail!("{bad} bad cop{}", if bad == 1 { "y" } else { "ies" });
+            }
+        }
+        CkptAction::Drain => {
+            let backlog = store.drain_backlog_bytes();
+            store.drain().await?;
+            println!("drained {:.1} MB to the slowest tier", backlog as f64 / 1e6);
+        }
+        CkptAction::CrashHelper { start, count, size } => {
+            let start = start.max(store.latest().await?.map_or(0, |s| s + 1));
+            crash_helper(&store, start, count, size).await?;
+        }
+    }
+    Ok(())
 }

@@ -23,6 +23,7 @@ use anyhow::{bail, Context, Result};
 use ringtier_core::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
 
 use crate::stats::Rng;
+use std::io::IsTerminal;
 
 /// File contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -345,6 +346,23 @@ impl Scene {
         enc.encode(&pixels, w, h, jpeg_encoder::ColorType::Rgb).context("encoding a JPEG")?;
         Ok(())
     }
+}
+
+/// `ringtier gen`.
+pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
+    let spec = a.shape.spec(a.preset)?;
+    let t0 = std::time::Instant::now();
+    let ds = generate(&a.dir, &spec, a.force, std::io::stderr().is_terminal())?;
+    println!(
+        "wrote {} files, {:.1} MB (median {:.0} KB, max {:.0} KB), manifest {} in {:.1} s",
+        ds.len(),
+        ds.total_bytes() as f64 / 1e6,
+        ds.median_size() as f64 / 1e3,
+        ds.max_size() as f64 / 1e3,
+        a.dir.join(ringtier_core::manifest::MANIFEST_FILE).display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

@@ -446,6 +446,28 @@ pub(crate) fn default_out() -> PathBuf {
     Path::new("ringtier-report").to_path_buf()
 }
 
+/// `ringtier paper` (and `ringtier` with no command).
+pub(crate) fn command(a: crate::args::PaperArgs) -> anyhow::Result<()> {
+    let tmp;
+    let (work, work_note) = match a.work {
+        Some(w) => (w, None),
+        None => {
+            let (dir, note) = temp_work_dir()?;
+            tmp = dir;
+            (tmp.path().to_path_buf(), note)
+        }
+    };
+    let cfg = PaperConfig {
+        out: a.out.unwrap_or_else(default_out),
+        work,
+        work_note,
+        full: a.full,
+        tiny: a.tiny,
+        repeats: a.repeats.max(1),
+    };
+    run(&cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

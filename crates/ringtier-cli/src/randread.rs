@@ -205,3 +205,23 @@ async fn one_run(
         iops: reads as f64 / wall,
     })
 }
+
+/// `ringtier bench randread`.
+pub(crate) fn command(a: crate::args::RandReadArgs) -> anyhow::Result<()> {
+    let cfg = RandReadConfig {
+        file: a.file,
+        size: a.size,
+        block_size: a.bs as usize,
+        depth: a.depth,
+        runtime_secs: a.runtime,
+        repeats: a.repeats,
+        direct: a.direct,
+        register_files: a.register_files,
+        register_buffers: !a.no_register_buffers,
+        sqpoll: a.sqpoll,
+        seed: a.seed,
+    };
+    let v = run(&cfg)?;
+    crate::stats::write_json(a.json.as_deref(), &v)?;
+    Ok(())
+}

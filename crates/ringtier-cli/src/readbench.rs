@@ -11,6 +11,9 @@ use serde::Serialize;
 use crate::dataset::Dataset;
 use crate::passes::{order_of, Engine, Knobs, PassResult, Reader};
 use crate::stats::{drop_caches, peak_rss_bytes, write_json, Machine, Summary};
+use std::io::IsTerminal;
+
+use crate::dataset::Preset;
 
 /// Settings of a read sweep.
 #[derive(Debug, Clone)]
@@ -438,4 +441,43 @@ fn plot(report: &Report, path: &Path) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// `ringtier bench read`.
+pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
+    let ds = Dataset::open(&a.dir)?;
+    let threads = a.threads.unwrap_or_else(|| a.concurrency.clone());
+    let cfg = a.io.read_bench(a.engines, threads, a.depths.unwrap_or(a.concurrency), a.seed);
+    run(&cfg, &ds)?;
+    Ok(())
+}
+
+/// `ringtier demo`: a small generated dataset read, cold, through every tier.
+pub(crate) fn demo(a: crate::args::DemoArgs) -> Result<()> {
+    let spec = a.shape.spec(Preset::Small)?;
+    let tmp;
+    let root = match &a.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("ringtier-demo-").tempdir().context("creating a temp dir")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    eprintln!(
+        "generating {} files (median {} KB, seed {}) in {}",
+        spec.files,
+        spec.median_bytes / 1000,
+        spec.seed,
+        root.display()
+    );
+    let ds = crate::dataset::generate(&root, &spec, true, std::io::stderr().is_terminal())?;
+    let cfg = a.io.read_bench(Engine::ALL.to_vec(), vec![a.threads], vec![a.depth], 1000);
+    let result = run(&cfg, &ds);
+    if a.dir.is_some() {
+        for f in &ds.manifest.entries {
+            let _ = std::fs::remove_file(ds.root.join(&f.key));
+        }
+        let _ = std::fs::remove_file(ds.root.join(ringtier_core::manifest::MANIFEST_FILE));
+    }
+    result.map(|_| ())
 }

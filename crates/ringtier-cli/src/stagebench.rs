@@ -182,3 +182,16 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }
+
+/// `ringtier bench stage`.
+pub(crate) fn command(a: crate::args::StageArgs) -> anyhow::Result<()> {
+    let cfg = StageBenchConfig {
+        dir: a.dir,
+        target: a.target,
+        batch: a.batch,
+        depth: a.depth,
+        repeats: a.repeats,
+        json: a.json,
+    };
+    run(&cfg).map(|_| ())
+}

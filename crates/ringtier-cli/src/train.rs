@@ -247,3 +247,33 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }
+
+/// `ringtier bench train`.
+pub(crate) fn command(a: crate::args::TrainArgs) -> anyhow::Result<()> {
+    let tmp;
+    let ckpt_dirs = match (a.ckpt_every, a.ckpt_tiers) {
+        (0, _) => None,
+        (_, Some(t)) if t.len() == 2 => Some((t[0].clone(), t[1].clone())),
+        (_, Some(_)) => anyhow::bail!("--ckpt-tiers takes two directories: FAST,SLOW"),
+        (_, None) => {
+            tmp = tempfile::Builder::new().prefix("ringtier-train-").tempdir_in(".")?;
+            Some((tmp.path().join("fast"), tmp.path().join("slow")))
+        }
+    };
+    let cfg = TrainConfig {
+        dir: a.dir,
+        batch: a.batch,
+        epochs: a.epochs,
+        prefetch: a.prefetch,
+        compute_ms: a.compute_ms.unwrap_or(DEFAULT_COMPUTE_MS_PER_IMAGE * a.batch as f64),
+        decode: !a.no_decode,
+        decode_threads: a.decode_threads,
+        ckpt_every: a.ckpt_every,
+        ckpt_bytes: a.ckpt_size,
+        ckpt_dirs,
+        ckpt_slow_bytes_per_sec: a.ckpt_slow_bw,
+        repeats: a.repeats,
+        json: a.json,
+    };
+    run(&cfg).map(|_| ())
+}

@@ -15,7 +15,6 @@
 //! strength, quality 85) whose dimensions are chosen so the encoded size lands near the drawn
 //! size; the manifest records the actual sizes.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -261,10 +260,7 @@ pub(crate) fn generate(root: &Path, spec: &DatasetSpec, force: bool, progress: b
     all.sort_by_key(|(i, _)| *i);
     bar.set_message("syncing");
     let dir = std::fs::File::open(root).with_context(|| format!("opening {}", root.display()))?;
-    // SAFETY: syncfs on our own open descriptor.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("syncfs");
-    }
+    nix::unistd::syncfs(&dir).map_err(std::io::Error::from).context("syncfs")?;
     let manifest = Manifest { entries: all.into_iter().map(|(_, e)| e).collect() };
     manifest.store(root)?;
     bar.finish_and_clear();

@@ -3,6 +3,8 @@
 //! experiments on embedded defaults. Arguments are in `args.rs`; each command's logic lives
 //! with the command; this file dispatches.
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod ckpt;
 mod dataset;

@@ -1,9 +1,12 @@
 //! Small measurement helpers: summaries over repeats, CPU time, cold caches.
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use nix::sys::resource::{getrusage, UsageWho};
+use nix::sys::time::TimeVal;
+use nix::unistd::{sysconf, SysconfVar};
 use serde::Serialize;
 
 /// min / median / max of a set of samples.
@@ -29,39 +32,28 @@ impl Summary {
 
 /// User plus system CPU time of the whole process (every thread, io_uring workers included).
 pub(crate) fn process_cpu() -> Duration {
-    // SAFETY: rusage is a plain C struct; all-zero is valid and getrusage fills it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid pointer to a rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return Duration::ZERO;
+    };
+    let tv = |t: TimeVal| Duration::new(t.tv_sec().max(0) as u64, (t.tv_usec().max(0) as u32) * 1000);
+    tv(ru.user_time()) + tv(ru.system_time())
 }
 
 /// Peak resident memory of the process in bytes.
 pub(crate) fn peak_rss_bytes() -> u64 {
-    // SAFETY: as in process_cpu.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid pointer to a rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    ru.ru_maxrss as u64 * 1024
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0, |ru| ru.max_rss().max(0) as u64 * 1024)
 }
 
 /// Evicts `path` from the page cache (`posix_fadvise(DONTNEED)`), the portable way to make
 /// the next read cold. Dirty pages must have been written back first.
 pub(crate) fn evict(path: &Path) -> std::io::Result<()> {
     let f = std::fs::File::open(path)?;
-    // SAFETY: fadvise on our own open descriptor.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
+    posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).map_err(std::io::Error::from)
 }
 
 /// Root only: write back and drop the whole page cache.
 pub(crate) fn drop_caches() -> std::io::Result<()> {
-    // SAFETY: sync takes no arguments.
-    unsafe { libc::sync() };
+    nix::unistd::sync();
     std::fs::write("/proc/sys/vm/drop_caches", "3\n")
 }
 
@@ -87,10 +79,8 @@ pub(crate) struct Machine {
 impl Machine {
     pub(crate) fn probe() -> Machine {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        // SAFETY: sysconf takes no pointers.
-        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
-        // SAFETY: as above.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+        let conf = |v| sysconf(v).ok().flatten().unwrap_or(0).max(0) as u64;
+        let (pages, page) = (conf(SysconfVar::_PHYS_PAGES), conf(SysconfVar::PAGE_SIZE));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
         Machine { cpus, memory_bytes: pages * page, kernel }
     }

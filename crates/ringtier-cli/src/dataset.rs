@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
-use ringtier_core::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
+use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
 
 use crate::stats::Rng;
 use std::io::IsTerminal;
@@ -355,7 +355,7 @@ pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
         ds.total_bytes() as f64 / 1e6,
         ds.median_size() as f64 / 1e3,
         ds.max_size() as f64 / 1e3,
-        a.dir.join(ringtier_core::manifest::MANIFEST_FILE).display(),
+        a.dir.join(ringtier_loader::manifest::MANIFEST_FILE).display(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use ringtier_core::manifest::checksum;
 use ringtier_core::{BufferPool, MemoryTier, PoolConfig, PosixConfig, PosixTier, ReadBatch, Tier};
+use ringtier_loader::manifest::checksum;
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 

@@ -477,7 +477,7 @@ pub(crate) fn demo(a: crate::args::DemoArgs) -> Result<()> {
         for f in &ds.manifest.entries {
             let _ = std::fs::remove_file(ds.root.join(&f.key));
         }
-        let _ = std::fs::remove_file(ds.root.join(ringtier_core::manifest::MANIFEST_FILE));
+        let _ = std::fs::remove_file(ds.root.join(ringtier_loader::manifest::MANIFEST_FILE));
     }
     result.map(|_| ())
 }

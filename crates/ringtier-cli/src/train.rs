@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ringtier_core::manifest::Manifest;
 use ringtier_core::{BufferPool, Tier};
+use ringtier_loader::manifest::Manifest;
 use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
 use ringtier_migrate::{Part, StoreConfig};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};

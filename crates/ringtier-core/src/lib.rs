@@ -7,7 +7,6 @@ pub mod error;
 pub mod fs;
 pub mod key;
 pub mod layers;
-pub mod manifest;
 pub mod memory;
 pub mod ops;
 pub mod posix;

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::manifest::Manifest;
 use ringtier_core::error::{Error, ErrorKind, Result};
-use ringtier_core::manifest::Manifest;
 use ringtier_core::Tier;
 
 /// Stats [`Dataset::from_keys`] keeps in flight.
@@ -42,7 +42,7 @@ impl Dataset {
     /// From the manifest in `dir` (the tier's root), or a listing of the tier when there is
     /// none.
     pub async fn from_dir(tier: Arc<dyn Tier>, dir: &Path) -> Result<Self> {
-        if dir.join(ringtier_core::manifest::MANIFEST_FILE).exists() {
+        if dir.join(crate::manifest::MANIFEST_FILE).exists() {
             return Ok(Self::from_manifest(tier, &Manifest::load(dir)?));
         }
         let samples: Vec<Sample> =

@@ -3,6 +3,7 @@
 mod dataset;
 mod decode;
 mod loader;
+pub mod manifest;
 mod sampler;
 
 pub use dataset::{Dataset, Sample};

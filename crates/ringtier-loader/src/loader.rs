@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::manifest::checksum;
 use ringtier_core::blocking::BlockingPool;
 use ringtier_core::buf::AlignedBuf;
 use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Result};
-use ringtier_core::manifest::checksum;
 use ringtier_core::{BufferPool, PoolConfig, ReadBatch};
 use tokio::sync::mpsc;
 

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ringtier_core::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_core::{BufferPool, Tier};
+use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_loader::{Dataset, Loader, LoaderConfig, OnBadSample};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 

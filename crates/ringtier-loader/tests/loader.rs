@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use ringtier_core::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_core::{ErrorKind, Tier};
+use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample, SampleData};
 use ringtier_uring::{UringConfig, UringTier};
 

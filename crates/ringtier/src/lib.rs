@@ -8,7 +8,8 @@ pub use ringtier_core::{
 
 // The modules of ringtier-core that users reach into: the layers that wrap any tier, the
 // whole-object helpers, buffer alignment helpers, key validation and the dataset manifest.
-pub use ringtier_core::{buf, key, layers, manifest, ops};
+pub use ringtier_core::{buf, key, layers, ops};
+pub use ringtier_loader::manifest;
 
 // The most used names of the other crates, at the top level.
 pub use ringtier_loader::{Batch, Dataset, Epoch, Loader, LoaderConfig};

@@ -18,9 +18,9 @@ use std::fs;
 use std::io::Write as _;
 use std::path::Path;
 
-use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::fs::fsync_dir;
-use crate::key::validate_key;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::fs::fsync_dir;
+use ringtier_core::key::validate_key;
 
 /// File name of the manifest inside a dataset directory.
 pub const MANIFEST_FILE: &str = ".ringtier-manifest.tsv";

@@ -38,38 +38,6 @@ impl Fixture {
     }
 }
 
-/// Drops `CAP_IPC_LOCK` from the calling thread's effective capabilities (threads it spawns
-/// inherit that), so that root is held to `RLIMIT_MEMLOCK` like an ordinary user: for tests of
-/// the memlock fallbacks. Call it before lowering the limit and before creating rings or pools.
-pub fn drop_ipc_lock_capability() -> std::io::Result<()> {
-    #[repr(C)]
-    struct CapHeader {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct CapData {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const CAP_IPC_LOCK: u32 = 14;
-    let mut hdr = CapHeader { version: 0x2008_0522, pid: 0 };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget/capset with a v3 header and two data structs, as the ABI defines.
-    unsafe {
-        if libc::syscall(libc::SYS_capget, &mut hdr as *mut CapHeader, data.as_mut_ptr()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        data[0].effective &= !(1 << CAP_IPC_LOCK);
-        if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// Deterministic test bytes: `len` bytes from `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

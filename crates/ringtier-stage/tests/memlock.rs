@@ -4,7 +4,7 @@
 
 #[test]
 fn low_memlock_falls_back_to_unlocked_buffers() {
-    ringtier_core::conformance::drop_ipc_lock_capability().expect("drop CAP_IPC_LOCK");
+    caps::drop(None, caps::CapSet::Effective, caps::Capability::CAP_IPC_LOCK).expect("drop CAP_IPC_LOCK");
     let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
     // SAFETY: lowering a limit with a valid struct.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) }, 0);

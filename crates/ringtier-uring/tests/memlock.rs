@@ -8,7 +8,7 @@ use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 #[test]
 fn low_memlock_falls_back_to_plain_buffers() {
-    ringtier_core::conformance::drop_ipc_lock_capability().expect("drop CAP_IPC_LOCK");
+    caps::drop(None, caps::CapSet::Effective, caps::Capability::CAP_IPC_LOCK).expect("drop CAP_IPC_LOCK");
     let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
     // SAFETY: setrlimit with a valid rlimit struct; lowering a limit needs no privilege.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) }, 0);

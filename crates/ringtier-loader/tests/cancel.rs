@@ -19,35 +19,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_loader::{Dataset, Loader, LoaderConfig, OnBadSample};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
-
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x2545_F491_4F6C_DD1D)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// Polls `fut` once or runs it under a tiny timeout, dropping it if it is not done (`None`).
 async fn cancel_soon<F: Future>(rng: &mut Rng, fut: F) -> Option<F::Output> {
@@ -68,7 +44,7 @@ const FILES: usize = 160;
 fn sample(seed: u64, i: usize) -> Vec<u8> {
     let mut rng = Rng::new(seed.wrapping_mul(31) ^ i as u64);
     let len = 1 + rng.below(48_000) as usize;
-    let tag = rng.next();
+    let tag = rng.next_u64();
     (0..len as u64).map(|j| ((j.wrapping_mul(0x9E37_79B9) ^ tag) >> 13) as u8 ^ (j >> 9) as u8).collect()
 }
 

@@ -3,13 +3,10 @@
 
 use std::sync::Arc;
 
+use ringtier_core::conformance::pattern;
 use ringtier_core::{BufferPool, PoolConfig, Tier};
 use ringtier_loader::{Dataset, Loader, LoaderConfig};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i as u64).wrapping_mul(31).wrapping_add(seed * 7919) % 251) as u8).collect()
-}
 
 fn files(n: usize) -> (tempfile::TempDir, Vec<Vec<u8>>) {
     let dir = tempfile::Builder::new().prefix("pool").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");

@@ -20,34 +20,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::Tier;
 use ringtier_migrate::{CheckpointManifest, CheckpointStore, Part, StoreConfig};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
-
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x5851_F42D_4C95_7F2D)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// Runs `fut` to the end, or polls it once, or under a tiny timeout, and drops it if it is
 /// not done (`None`).
@@ -75,7 +51,7 @@ fn part(seed: u64, step: u64, i: usize) -> (String, Vec<u8>) {
         1 => 65_536,
         _ => rng.below(300_000) as usize,
     };
-    let tag = rng.next();
+    let tag = rng.next_u64();
     let data = (0..size as u64).map(|j| ((j.wrapping_mul(0x9E37_79B9) ^ tag) >> 11) as u8 ^ (j >> 8) as u8).collect();
     (format!("part{i}"), data)
 }

@@ -18,37 +18,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::layers::{Durability, PowerCut, PowerCutTier, Throttle, Throttled};
 use ringtier_core::{ErrorKind, MemoryTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
-
-/// splitmix64: every choice of a schedule comes from its seed.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// The parts of `step` in schedule `seed`: 1 to 3 parts of 0 to ~20 KB (several 4 KiB chunks),
 /// each with its own byte pattern. A step always has the same parts, so a retried save writes
 /// the same bytes and any committed copy must hold exactly them.
 fn parts_of(seed: u64, step: u64) -> Vec<(String, Vec<u8>)> {
-    let mut rng = Rng(seed ^ step.wrapping_mul(0xA24B_AED4_963E_E407));
+    let mut rng = Rng::new(seed ^ step.wrapping_mul(0xA24B_AED4_963E_E407));
     let n = 1 + rng.below(3);
     (0..n)
         .map(|i| {
@@ -139,7 +118,7 @@ struct Schedule {
 
 impl Schedule {
     fn new(seed: u64, machine: Machine) -> Self {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let power = PowerCut::new(seed ^ 0x0DDB_1A5E_5BAD_5EED);
         let fast_mem = Arc::new(MemoryTier::new().named("fast"));
         let slow_mem = Arc::new(MemoryTier::new().named("slow"));

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use ringtier_core::MemoryTier;
 
 use super::*;
+use ringtier_core::conformance::SeededRng as Rng;
 
 const DEFAULT_RUNS: u64 = 8;
 
@@ -39,30 +40,12 @@ fn seeds() -> std::ops::Range<u64> {
     first..first + env_u64("RINGTIER_STAGE_RUNS").unwrap_or(DEFAULT_RUNS)
 }
 
-/// splitmix64: small, seedable, good enough to pick schedules.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// Object `i`'s bytes: a pattern no other object shares.
 fn pattern(i: usize, len: usize) -> Vec<u8> {
-    let mut r = Rng(0xA5A5_0000 ^ (i as u64) << 20);
+    let mut r = Rng::new(0xA5A5_0000 ^ (i as u64) << 20);
     let mut v = Vec::with_capacity(len + 8);
     while v.len() < len {
-        v.extend_from_slice(&r.next().to_le_bytes());
+        v.extend_from_slice(&r.next_u64().to_le_bytes());
     }
     v.truncate(len);
     v
@@ -91,7 +74,7 @@ struct Rig {
 impl Rig {
     async fn new(target: Target, pool: PinnedPool, objects: usize, max_len: usize, seed: u64) -> Rig {
         let tier = MemoryTier::new();
-        let mut r = Rng(seed ^ 0x000B_1EC7);
+        let mut r = Rng::new(seed ^ 0x000B_1EC7);
         let mut out = Vec::with_capacity(objects);
         for i in 0..objects {
             let len = 1 + r.below(max_len as u64) as usize;
@@ -234,7 +217,7 @@ fn drop_schedule(target: Target, seed: u64) -> usize {
         for task in 0..4u64 {
             let (rig, tally) = (Arc::clone(&rig), Arc::clone(&tally));
             tasks.push(tokio::spawn(async move {
-                let mut r = Rng(seed.wrapping_mul(1_000_003) ^ task);
+                let mut r = Rng::new(seed.wrapping_mul(1_000_003) ^ task);
                 for step in 0..25 {
                     let n = 1 + r.below(4) as usize;
                     let which = rig.pick(&mut r, n);
@@ -485,7 +468,7 @@ fn copy_bandwidth_cancelled_mid_copy_leaks_nothing() {
             let rig = Rig::new(target, pool, 1, 4096, 3).await;
             rig.hooks.chunk_delay_ns.store(50_000, Ordering::SeqCst);
             for seed in seeds() {
-                let mut r = Rng(seed);
+                let mut r = Rng::new(seed);
                 let d = Duration::from_micros(r.below(3_000));
                 let res = tokio::time::timeout(d, rig.stager.copy_bandwidth(2)).await;
                 assert!(rig.settle().await, "seed {seed}: buffers never came back after a {d:?} timeout");

@@ -21,28 +21,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ringtier_core::conformance::pattern;
+use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::{AlignedBuf, ReadBatch, Tier};
 use ringtier_uring::{UringConfig, UringTier};
-
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// Polls `fut` once or runs it under a tiny timeout, then drops it if it is not done.
 async fn maybe_cancel<F: Future>(rng: &mut Rng, fut: F) -> Option<F::Output> {

@@ -1,6 +1,8 @@
 //! The `ringtier` binary end to end: the demo on a small generated dataset, its JSON report,
 //! and clear errors on bad input.
 
+use ringtier_core::conformance::SmallTmpfs;
+use std::path::Path;
 use std::process::Command;
 
 fn ringtier() -> Command {
@@ -385,47 +387,16 @@ fn bench_stage_stages_to_host_memory_and_refuses_cuda_without_the_feature() {
     assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
 }
 
-/// A tmpfs of `size` mounted on a temp dir (unmounted when dropped), or `None`, saying why,
-/// where mounting is not permitted.
-struct SmallFs(tempfile::TempDir);
-
-impl SmallFs {
-    fn mount(size: &str) -> Option<SmallFs> {
-        let dir = tempfile::Builder::new().prefix("small-fs").tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
-        match Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-        {
-            Ok(o) if o.status.success() => Some(SmallFs(dir)),
-            Ok(o) => {
-                eprintln!("skipped: cannot mount a {size} tmpfs here: {}", String::from_utf8_lossy(&o.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn ckpt_save_larger_than_a_physically_full_fast_tier() {
     // The 150 MB save onto a 100 MB fast tier, scaled down: 24 MB onto 16 MiB, no
     // --fast-capacity (the file system's own size and free space are the bound).
-    let Some(fast) = SmallFs::mount("16m") else { return };
+    let Some(fast) = SmallTmpfs::mount("16m", Path::new(env!("CARGO_TARGET_TMPDIR"))) else { return };
     let dir = tempfile::Builder::new().prefix("cli-full").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let model = dir.path().join("model.bin");
     let data: Vec<u8> = (0..24_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     std::fs::write(&model, &data).expect("write model");
-    let tiers = format!("{},{}", fast.0.path().display(), dir.path().join("slow").display());
+    let tiers = format!("{},{}", fast.path().display(), dir.path().join("slow").display());
     let save = |extra: &[&str]| {
         ringtier()
             .args(["ckpt", "--tiers", &tiers])
@@ -438,7 +409,7 @@ fn ckpt_save_larger_than_a_physically_full_fast_tier() {
     };
     let fast_files = || {
         let mut n = 0;
-        let mut stack = vec![fast.0.path().to_path_buf()];
+        let mut stack = vec![fast.path().to_path_buf()];
         while let Some(d) = stack.pop() {
             for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
                 if e.path().is_dir() {

@@ -4,51 +4,13 @@
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use ringtier_core::conformance::pattern;
+use ringtier_core::conformance::SmallTmpfs;
 use ringtier_core::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
 use ringtier_core::{ErrorKind, MemoryTier, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
-
-/// A tmpfs of a fixed size mounted on a temp dir, unmounted when dropped.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    /// Mounts a tmpfs of `size` (mount's syntax, e.g. `16m`); `None`, with the reason printed,
-    /// where mounting is not permitted (not root, no CAP_SYS_ADMIN, a container).
-    fn mount(size: &str) -> Option<SmallFs> {
-        let dir = tempfile::Builder::new().prefix("small-fs").tempdir_in(env!("CARGO_TARGET_TMPDIR")).ok()?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(SmallFs { dir }),
-            Ok(o) => {
-                eprintln!("skipped: cannot mount a {size} tmpfs here: {}", String::from_utf8_lossy(&o.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
-}
 
 fn posix(dir: &Path, name: &str) -> Arc<dyn Tier> {
     let cfg = PosixConfig::new(dir).with_create(true).with_threads(2).with_name(name.into());
@@ -98,7 +60,7 @@ fn parts<'a>(given: Given, model: &'a [u8]) -> Vec<Part<'a>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_physically_full_fast_tier_writes_through() {
-    let Some(fs) = SmallFs::mount("16m") else { return };
+    let Some(fs) = SmallTmpfs::mount("16m", Path::new(env!("CARGO_TARGET_TMPDIR"))) else { return };
     let slow_dir = tempfile::Builder::new().prefix("slow").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     // 24 MB onto a 16 MiB fast tier with no capacity configured (the 150 MB onto 100 MB case).
     let model = pattern(1, 24_000_000);
@@ -118,7 +80,7 @@ async fn a_physically_full_fast_tier_writes_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_physically_full_fast_tier_with_wait_fails_clearly_when_nothing_can_drain() {
-    let Some(fs) = SmallFs::mount("16m") else { return };
+    let Some(fs) = SmallTmpfs::mount("16m", Path::new(env!("CARGO_TARGET_TMPDIR"))) else { return };
     let slow_dir = tempfile::Builder::new().prefix("slow").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let model = pattern(2, 24_000_000);
     let tiers = vec![posix(fs.path(), "fast"), posix(slow_dir.path(), "slow")];
@@ -148,7 +110,7 @@ async fn a_physically_full_fast_tier_with_wait_fails_clearly_when_nothing_can_dr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_physically_full_fast_tier_with_wait_saves_once_eviction_makes_room() {
-    let Some(fs) = SmallFs::mount("16m") else { return };
+    let Some(fs) = SmallTmpfs::mount("16m", Path::new(env!("CARGO_TARGET_TMPDIR"))) else { return };
     for given in [Given::Bytes, Given::SeekableNoHint] {
         let slow_dir =
             tempfile::Builder::new().prefix("slow").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");

@@ -4,7 +4,7 @@
 
 mod faults;
 mod metered;
-mod power_cut;
+pub mod power_cut;
 mod throttled;
 
 pub use faults::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};

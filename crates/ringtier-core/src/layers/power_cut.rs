@@ -23,7 +23,7 @@
 //!   dropped) happened or did not, chosen by the seed when the machine reboots. Each
 //!   `commit` or `delete` is atomic per key: a key is never half replaced.
 //! * **After the cut the machine is down**: every operation in progress or started later
-//!   fails with `EIO` (an [`ErrorKind::Io`](crate::ErrorKind::Io) error that is not
+//!   fails with `EIO` (an [`ErrorKind::Io`] error that is not
 //!   temporary), so the process that was running sees the crash as errors and is never
 //!   acknowledged anything the cut may have lost.
 //! * **Reboot** ([`PowerCut::reboot`]) waits until no operation is inside the wrapped tier,

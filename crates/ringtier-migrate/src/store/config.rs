@@ -9,7 +9,7 @@ pub enum OnFull {
     WriteThrough,
 }
 
-/// Settings of a [`CheckpointStore`].
+/// Settings of a [`CheckpointStore`](super::CheckpointStore).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct StoreConfig {

@@ -111,6 +111,19 @@ fn child_command(program: &str, kind: &str, base: &Path, tiers: usize) -> Comman
     cmd
 }
 
+/// Runs the traced child (the tracer's command `cmd`, writing `trace`) and returns the trace.
+fn run_traced(mut cmd: Command, trace: &Path) -> String {
+    child_args(&mut cmd);
+    let out = cmd.output().expect("tracer");
+    assert!(
+        out.status.success(),
+        "traced child failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(trace).expect("trace")
+}
+
 fn child_args(cmd: &mut Command) {
     let exe = std::env::current_exe().expect("test binary");
     cmd.arg(exe).args(["--exact", "traced_child", "--ignored", "--nocapture", "--test-threads=1"]);
@@ -327,15 +340,7 @@ fn strace_check(kind: &str) {
         "-e",
         "trace=openat,rename,renameat,renameat2,fsync,fdatasync,pwrite64,pwritev,pwritev2,mkdir,mkdirat,unlink,unlinkat",
     ]);
-    child_args(&mut cmd);
-    let out = cmd.output().expect("strace");
-    assert!(
-        out.status.success(),
-        "traced child failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&trace).expect("trace");
+    let text = run_traced(cmd, &trace);
     let calls = parse_strace(&text);
     let root = |t: &str| base_path.join(t).display().to_string();
     // The io_uring tier's data fsync goes through the ring, which strace does not show (the
@@ -473,15 +478,7 @@ fn uring_tier_syncs_data_through_the_ring_before_each_rename() {
             "io_uring:io_uring_submit_req,io_uring:io_uring_file_get,io_uring:io_uring_complete,rename,renameat,renameat2",
             "--",
         ]);
-        child_args(&mut cmd);
-        let out = cmd.output().expect("perf");
-        assert!(
-            out.status.success(),
-            "traced child failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = std::fs::read_to_string(&trace).expect("trace");
+        let text = run_traced(cmd, &trace);
         let (ops, renames) = parse_perf(&text);
         let incomplete =
             ops.iter().filter(|o| matches!(o.op.as_str(), "WRITE" | "FSYNC") && o.completed.is_none()).count();

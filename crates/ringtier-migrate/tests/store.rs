@@ -267,3 +267,14 @@ async fn the_drain_respects_its_bandwidth_cap() {
     // 4 MiB at 1 MiB/s, less the one-chunk burst: just under four seconds of (paused) time.
     assert!(took >= Duration::from_millis(3800) && took <= Duration::from_millis(4300), "{took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_latest_resumes_from_the_newest_and_says_none_when_empty() {
+    let store = CheckpointStore::open(vec![mem("fast"), mem("slow")], small_chunks()).await.expect("open");
+    assert!(store.load_latest().await.expect("empty store").is_none());
+    for step in [5, 7] {
+        save(&store, step).await.expect("save");
+    }
+    let r = store.load_latest().await.expect("load latest").expect("a checkpoint");
+    assert_eq!((r.step, r.parts), (7, parts_of(7)));
+}

@@ -201,6 +201,15 @@ impl Staged {
         }
     }
 
+    /// The staged bytes when they are in host memory (the CPU path); `None` for device memory.
+    pub fn as_host_slice(&self) -> Option<&[u8]> {
+        match self {
+            Staged::Host(v) => Some(v.as_slice()),
+            #[cfg(feature = "cuda")]
+            Staged::Device(_) => None,
+        }
+    }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -48,8 +48,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for c in store.list().await? {
         println!("step {}: {} bytes on {:?}", c.step, c.bytes, c.tiers);
     }
-    let latest = store.latest().await?.ok_or("no checkpoint")?;
-    let restored = store.load(latest).await?;
-    println!("restored step {latest} from {} ({} parts, checksums verified)", restored.tier, restored.parts.len());
+    let restored = store.load_latest().await?.ok_or("no checkpoint")?;
+    println!(
+        "restored step {} from {} ({} parts, checksums verified)",
+        restored.step,
+        restored.tier,
+        restored.parts.len()
+    );
     Ok(())
 }

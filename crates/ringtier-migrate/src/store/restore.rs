@@ -68,6 +68,17 @@ impl CheckpointStore {
         Ok(self.list().await?.last().map(|c| c.step))
     }
 
+    /// Reads and verifies the newest committed checkpoint ([`latest`](Self::latest), then
+    /// [`load`](Self::load)): what a restarted training job resumes from. `None` when the store
+    /// holds none; an error (naming every copy's reason) when the newest cannot be read from
+    /// any tier, rather than silently resuming from an older step.
+    pub async fn load_latest(&self) -> Result<Option<Restored>> {
+        match self.latest().await? {
+            Some(step) => self.load(step).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Reads and verifies checkpoint `step` from the fastest tier holding a committed copy,
     /// falling back to slower copies when one fails verification (and saying why).
     pub async fn load(&self, step: u64) -> Result<Restored> {

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod ops;
 pub mod posix;
 pub mod tier;
+pub mod writes;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -18,6 +18,7 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::fs::{FsRoot, StagedPath};
 use crate::key::validate_key;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::writes::WritesInFlight;
 
 /// Configuration of a [`PosixTier`].
 #[derive(Debug, Clone)]
@@ -224,7 +225,13 @@ impl Tier for PosixTier {
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
         let staged = staged.keep();
-        Ok(Box::new(PosixWriter { tier: self.clone(), key: key.to_string(), file: Some(Arc::new(file)), staged }))
+        Ok(Box::new(PosixWriter {
+            tier: self.clone(),
+            key: key.to_string(),
+            in_flight: Arc::default(),
+            file: Some(Arc::new(file)),
+            staged,
+        }))
     }
 
     async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
@@ -269,6 +276,8 @@ impl Tier for PosixTier {
 struct PosixWriter {
     tier: PosixTier,
     key: String,
+    /// Writes not yet done on the pool (some perhaps abandoned by a dropped future).
+    in_flight: Arc<WritesInFlight>,
     file: Option<Arc<File>>,
     staged: PathBuf,
 }
@@ -289,6 +298,9 @@ impl ObjectWriter for PosixWriter {
         let Some(file) = self.file.clone() else {
             return (Err(Error::new(ErrorKind::InvalidInput, "writer already finished")), buf);
         };
+        // Writes of a writer land in order, even after a dropped write_at future.
+        self.in_flight.idle().await;
+        let ticket = self.in_flight.ticket();
         let slot = Arc::new(std::sync::Mutex::new(Some(buf)));
         let slot2 = Arc::clone(&slot);
         let res = self
@@ -296,6 +308,7 @@ impl ObjectWriter for PosixWriter {
             .inner
             .pool
             .run(move || {
+                let _ticket = ticket;
                 let guard = slot2.lock().unwrap_or_else(|p| p.into_inner());
                 match guard.as_ref() {
                     Some(buf) => file.write_all_at(buf.as_slice(), offset).map_err(Error::from),
@@ -312,6 +325,11 @@ impl ObjectWriter for PosixWriter {
     }
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
+        if self.file.is_none() {
+            return Err(Error::new(ErrorKind::InvalidInput, "writer already finished"));
+        }
+        // Writes abandoned by dropped futures finish before the data fsync.
+        self.in_flight.idle().await;
         let Some(file) = self.file.take() else {
             return Err(Error::new(ErrorKind::InvalidInput, "writer already finished"));
         };

@@ -23,6 +23,7 @@ use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target,
 #[cfg(feature = "fail-points")]
 use crate::fail::FailPoints;
 use crate::fd::{FixedSlot, SharedFile, SlotTable};
+use ringtier_core::writes::{WriteTicket, WritesInFlight};
 
 /// A snapshot of a tier's io_uring counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -136,53 +137,6 @@ impl Inner {
 
     fn senders(&self) -> Vec<crossbeam_channel::Sender<Job>> {
         self.drivers.iter().filter_map(|d| d.tx.clone()).collect()
-    }
-}
-
-/// The writes of one writer that have not completed yet, including those whose futures were
-/// dropped: a later write and the commit wait for them, so a cancelled write can never land
-/// after a later one or after the data fsync.
-#[derive(Debug, Default)]
-struct WritesInFlight {
-    state: Mutex<(usize, Vec<oneshot::Sender<()>>)>,
-}
-
-/// One write counted in [`WritesInFlight`] until it is dropped (by the job, when its last
-/// completion is reaped).
-#[derive(Debug)]
-struct WriteTicket(Arc<WritesInFlight>);
-
-impl WritesInFlight {
-    fn ticket(self: &Arc<Self>) -> WriteTicket {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
-        WriteTicket(Arc::clone(self))
-    }
-
-    /// Waits until every ticket is dropped.
-    async fn idle(&self) {
-        let rx = {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            if st.0 == 0 {
-                return;
-            }
-            let (tx, rx) = oneshot::channel();
-            st.1.push(tx);
-            rx
-        };
-        // A dropped sender (the tier went away) ends the wait too.
-        let _ = rx.await;
-    }
-}
-
-impl Drop for WriteTicket {
-    fn drop(&mut self) {
-        let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.0 -= 1;
-        if st.0 == 0 {
-            for tx in st.1.drain(..) {
-                let _ = tx.send(());
-            }
-        }
     }
 }
 

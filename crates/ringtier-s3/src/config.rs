@@ -1,0 +1,274 @@
+//! [`S3Config`]: where the tier lives (bucket, prefix, endpoint), who it is (credentials,
+//! region), and how it talks (part size, concurrency, timeouts, retries).
+
+use std::fmt;
+use std::time::Duration;
+
+use ringtier_core::{Error, ErrorKind, Result};
+
+/// The smallest part S3 accepts for every part of a multipart upload but the last: 5 MiB.
+pub const MIN_PART_SIZE: usize = 5 << 20;
+
+/// The most parts one S3 multipart upload may have.
+pub const MAX_PARTS: usize = 10_000;
+
+/// Configuration of an [`S3Tier`](crate::S3Tier).
+///
+/// Everything left unset comes from the standard AWS environment variables when the tier is
+/// opened (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` or
+/// `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`); what is set
+/// here wins over the environment.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct S3Config {
+    /// Bucket name.
+    pub bucket: String,
+    /// Key prefix inside the bucket under which the tier's objects live (no leading or
+    /// trailing `/`; empty for the bucket's root).
+    pub prefix: String,
+    /// Region; default: the environment, else `us-east-1`.
+    pub region: Option<String>,
+    /// Endpoint URL of an S3-compatible server (`http://127.0.0.1:9000`); default: the
+    /// environment, else AWS. Requests use path style (`ENDPOINT/BUCKET/KEY`) when set.
+    pub endpoint: Option<String>,
+    /// Access key id; default: the environment.
+    pub access_key_id: Option<String>,
+    /// Secret access key; default: the environment.
+    pub secret_access_key: Option<String>,
+    /// Session token; default: the environment.
+    pub session_token: Option<String>,
+    /// Allow plain `http://` endpoints; default: true when the endpoint starts with `http://`.
+    pub allow_http: Option<bool>,
+    /// Bytes per multipart part (every part but the last); default 8 MiB, at least 5 MiB.
+    pub part_size: usize,
+    /// Parts of one object uploaded at once; default 8.
+    pub upload_concurrency: usize,
+    /// Requests of one `read_batch` in flight at once; default 64.
+    pub read_concurrency: usize,
+    /// Objects of at most this many bytes are written with one PUT at commit instead of a
+    /// multipart upload; default: the part size.
+    pub single_put_max: usize,
+    /// Time limit of one HTTP request, headers and body; default 60 s. A stalled server fails
+    /// the request after this long (a temporary error, retried).
+    pub request_timeout: Duration,
+    /// Time limit to connect; default 5 s.
+    pub connect_timeout: Duration,
+    /// How long one operation keeps retrying temporary errors (5xx, throttling, timeouts,
+    /// connection resets) before it fails; default 120 s. Permanent errors fail at once.
+    pub retry_deadline: Duration,
+    /// First backoff between retries; default 100 ms (doubling, with jitter, up to
+    /// [`max_backoff`](Self::max_backoff)).
+    pub initial_backoff: Duration,
+    /// Longest backoff between retries; default 5 s.
+    pub max_backoff: Duration,
+    /// Worker threads of the tier's own I/O runtime; default 2.
+    pub io_threads: usize,
+    /// Tier name in errors and metrics; default `s3`.
+    pub name: String,
+}
+
+impl fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the secret.
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "<set>"))
+            .field("part_size", &self.part_size)
+            .field("upload_concurrency", &self.upload_concurrency)
+            .field("read_concurrency", &self.read_concurrency)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry_deadline", &self.retry_deadline)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Config {
+    /// A configuration for `bucket`, objects under `prefix` (may be empty), defaults elsewhere.
+    pub fn new(bucket: impl Into<String>, prefix: impl Into<String>) -> Self {
+        let prefix: String = prefix.into();
+        S3Config {
+            bucket: bucket.into(),
+            prefix: prefix.trim_matches('/').to_string(),
+            region: None,
+            endpoint: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            allow_http: None,
+            part_size: 8 << 20,
+            upload_concurrency: 8,
+            read_concurrency: 64,
+            single_put_max: 8 << 20,
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+            retry_deadline: Duration::from_secs(120),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            io_threads: 2,
+            name: "s3".to_string(),
+        }
+    }
+
+    /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url.strip_prefix("s3://").ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, format!("{url:?} is not an s3:// URL (s3://bucket/prefix)"))
+        })?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, format!("{url:?} names no bucket (s3://bucket/prefix)")));
+        }
+        let prefix = prefix.trim_matches('/');
+        if !prefix.is_empty() {
+            ringtier_core::key::validate_key(prefix)
+                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad prefix in {url:?}: {e}")))?;
+        }
+        Ok(S3Config::new(bucket, prefix))
+    }
+
+    /// True when `s` names an S3 tier (`s3://...`), as opposed to a directory.
+    pub fn is_s3_url(s: &str) -> bool {
+        s.starts_with("s3://")
+    }
+
+    /// The tier's URL, `s3://bucket/prefix`.
+    pub fn url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("s3://{}", self.bucket)
+        } else {
+            format!("s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// Sets the region.
+    pub fn with_region(mut self, region: impl Into<String>) -> Self {
+        self.region = Some(region.into());
+        self
+    }
+
+    /// Sets the endpoint URL of an S3-compatible server.
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Sets the access key id and secret access key.
+    pub fn with_credentials(mut self, access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
+        self.access_key_id = Some(access_key_id.into());
+        self.secret_access_key = Some(secret_access_key.into());
+        self
+    }
+
+    /// Sets the session token.
+    pub fn with_session_token(mut self, token: impl Into<String>) -> Self {
+        self.session_token = Some(token.into());
+        self
+    }
+
+    /// Allows (or forbids) plain `http://` endpoints.
+    pub fn with_allow_http(mut self, allow: bool) -> Self {
+        self.allow_http = Some(allow);
+        self
+    }
+
+    /// Sets the part size in bytes (at least [`MIN_PART_SIZE`]).
+    pub fn with_part_size(mut self, bytes: usize) -> Self {
+        self.part_size = bytes;
+        self
+    }
+
+    /// Sets how many parts of one object upload at once.
+    pub fn with_upload_concurrency(mut self, n: usize) -> Self {
+        self.upload_concurrency = n;
+        self
+    }
+
+    /// Sets how many requests of one batch are in flight at once.
+    pub fn with_read_concurrency(mut self, n: usize) -> Self {
+        self.read_concurrency = n;
+        self
+    }
+
+    /// Sets the largest object written with a single PUT.
+    pub fn with_single_put_max(mut self, bytes: usize) -> Self {
+        self.single_put_max = bytes;
+        self
+    }
+
+    /// Sets the time limit of one request.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the time limit to connect.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long temporary errors are retried.
+    pub fn with_retry_deadline(mut self, deadline: Duration) -> Self {
+        self.retry_deadline = deadline;
+        self
+    }
+
+    /// Sets the first and the longest backoff between retries.
+    pub fn with_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// Sets the worker threads of the tier's I/O runtime.
+    pub fn with_io_threads(mut self, n: usize) -> Self {
+        self.io_threads = n;
+        self
+    }
+
+    /// Names the tier (errors, metrics).
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Checks the numbers: part size at least 5 MiB, concurrencies and threads at least 1.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::new(ErrorKind::InvalidInput, m));
+        if self.bucket.is_empty() {
+            return bad("S3 tier without a bucket".into());
+        }
+        if self.part_size < MIN_PART_SIZE {
+            return bad(format!("part size {} is below S3's minimum of {MIN_PART_SIZE} bytes", self.part_size));
+        }
+        if self.upload_concurrency == 0 || self.read_concurrency == 0 || self.io_threads == 0 {
+            return bad("upload concurrency, read concurrency and I/O threads must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let c = S3Config::from_url("s3://bkt/a/b/").expect("url");
+        assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", "a/b"));
+        assert_eq!(c.url(), "s3://bkt/a/b");
+        let c = S3Config::from_url("s3://bkt").expect("url");
+        assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
+        for bad in ["/nvme/x", "s3://", "s3:///x", "s3://b/../x", "s3://b/a//c"] {
+            assert_eq!(S3Config::from_url(bad).expect_err(bad).kind(), ErrorKind::InvalidInput, "{bad}");
+        }
+        assert!(S3Config::new("b", "").with_part_size(1 << 20).validate().is_err());
+        let dbg = format!("{:?}", S3Config::new("b", "").with_credentials("id", "hunter2"));
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+    }
+}

@@ -1,0 +1,380 @@
+//! S3 servers on loopback for tests and benchmarks (feature `testing`): `s3s-fs` in-process,
+//! `moto_server` as a child process, and a fault-injecting HTTP proxy.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::{S3Config, S3Tier};
+
+/// Access key the test servers accept.
+pub const ACCESS_KEY: &str = "ringtier-test";
+/// Secret key the test servers accept.
+pub const SECRET_KEY: &str = "ringtier-test-secret";
+
+/// An `s3s-fs` server (S3 over a directory) on `127.0.0.1`, on its own thread and runtime;
+/// it checks signatures against [`ACCESS_KEY`]/[`SECRET_KEY`]. Stops when dropped.
+#[derive(Debug)]
+pub struct S3sFsServer {
+    addr: SocketAddr,
+    root: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl S3sFsServer {
+    /// Starts a server over `root` (buckets are its subdirectories) on a free port.
+    pub fn start(root: &Path) -> std::io::Result<Self> {
+        Self::start_on(root, 0)
+    }
+
+    /// Starts a server over `root` on `port` (0: any free port); used to restart a stopped
+    /// server on the same address.
+    pub fn start_on(root: &Path, port: u16) -> std::io::Result<Self> {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use hyper_util::server::conn::auto::Builder as ConnBuilder;
+
+        let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?;
+        let mut b = s3s::service::S3ServiceBuilder::new(fs);
+        b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = b.build();
+        let std_listener = bind_retry(port)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name("s3s-fs".into()).spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("s3s-fs runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
+                    return;
+                };
+                let http = ConnBuilder::new(TokioExecutor::new());
+                loop {
+                    tokio::select! {
+                        res = listener.accept() => {
+                            let Ok((socket, _)) = res else { continue };
+                            let conn = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
+                            tokio::spawn(async move { let _ = conn.await; });
+                        }
+                        _ = &mut stop_rx => break,
+                    }
+                }
+            });
+            // Dropping the runtime here cuts every open connection: a killed server.
+            rt.shutdown_timeout(Duration::from_millis(100));
+        })?;
+        Ok(S3sFsServer { addr, root: root.to_path_buf(), stop: Some(stop_tx), thread: Some(thread) })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The directory the server keeps buckets in.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Creates bucket `name` (a directory).
+    pub fn create_bucket(&self, name: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(self.root.join(name))
+    }
+
+    /// Stops the server at once, cutting open connections (requests in flight fail).
+    pub fn kill(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for S3sFsServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn bind_retry(port: u16) -> std::io::Result<TcpListener> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(("127.0.0.1", port)) {
+            Ok(l) => return Ok(l),
+            Err(e) if port != 0 && Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+fn wait_for_port(port: u16, child: &mut Child, timeout: Duration) -> std::io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(std::io::Error::other(format!("moto_server exited at start: {status}")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "moto_server did not listen in time"))
+}
+
+/// A `moto_server` (Python `moto[server]`) child process on `127.0.0.1`. Killed when dropped.
+#[derive(Debug)]
+pub struct MotoServer {
+    child: Child,
+    port: u16,
+}
+
+impl MotoServer {
+    /// Starts `moto_server` (from `$PATH`, or `python3 -m moto.server`) on a free port.
+    pub fn start() -> std::io::Result<Self> {
+        let port = free_port()?;
+        let spawn = |cmd: &mut Command| cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let mut child = match spawn(Command::new("moto_server").args(["-H", "127.0.0.1", "-p", &port.to_string()])) {
+            Ok(c) => c,
+            Err(_) => {
+                spawn(Command::new("python3").args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()]))?
+            }
+        };
+        if let Err(e) = wait_for_port(port, &mut child, Duration::from_secs(60)) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        Ok(MotoServer { child, port })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A configuration for `s3://bucket/prefix` at `endpoint` with the test credentials, short
+/// timeouts and retry deadline (tests).
+pub fn test_config(endpoint: &str, bucket: &str, prefix: &str) -> S3Config {
+    S3Config::new(bucket, prefix)
+        .with_endpoint(endpoint)
+        .with_credentials(ACCESS_KEY, SECRET_KEY)
+        .with_region("us-east-1")
+        .with_allow_http(true)
+        .with_request_timeout(Duration::from_secs(10))
+        .with_retry_deadline(Duration::from_secs(20))
+        .with_backoff(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// A tier on `bucket`/`prefix` at `endpoint` (the bucket created if missing).
+pub async fn test_tier(endpoint: &str, bucket: &str, prefix: &str) -> ringtier_core::Result<S3Tier> {
+    let tier = S3Tier::new(test_config(endpoint, bucket, prefix))?;
+    tier.create_bucket().await?;
+    Ok(tier)
+}
+
+/// What the [`FaultProxy`] does to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Answer with this HTTP status (and an S3-style XML error body) instead of forwarding.
+    Status(u16),
+    /// Hold the request this long without answering, then drop the connection.
+    Stall(Duration),
+}
+
+#[derive(Debug, Default)]
+struct Rules {
+    /// Faults for the next requests, in order.
+    next: Vec<Fault>,
+    /// A fault for every request whose request line contains the string.
+    matching: Vec<(String, Fault)>,
+}
+
+/// An HTTP proxy on `127.0.0.1` in front of an S3 server that can answer requests with 5xx
+/// errors or stall them. It serves one request per connection (`Connection: close`), so each
+/// request is seen on its own.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    rules: Arc<Mutex<Rules>>,
+    requests: Arc<AtomicU64>,
+    faults: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy forwarding to `upstream` (`host:port`).
+    pub fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let addr = listener.local_addr()?;
+        let rules = Arc::new(Mutex::new(Rules::default()));
+        let (requests, faults, stop) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (r, q, f, s) = (Arc::clone(&rules), Arc::clone(&requests), Arc::clone(&faults), Arc::clone(&stop));
+        std::thread::Builder::new().name("fault-proxy".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let (r, q, f) = (Arc::clone(&r), Arc::clone(&q), Arc::clone(&f));
+                std::thread::spawn(move || {
+                    let _ = serve_one(conn, upstream, &r, &q, &f);
+                });
+            }
+        })?;
+        Ok(FaultProxy { addr, rules, requests, faults, stop })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next `n` requests get `fault`.
+    pub fn fail_next(&self, n: usize, fault: Fault) {
+        let mut r = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+        r.next.extend(std::iter::repeat_n(fault, n));
+    }
+
+    /// Every request whose request line (`METHOD /path?query HTTP/1.1`) contains `pattern`
+    /// gets `fault`, until [`clear`](Self::clear).
+    pub fn fail_matching(&self, pattern: &str, fault: Fault) {
+        self.rules.lock().unwrap_or_else(|p| p.into_inner()).matching.push((pattern.to_string(), fault));
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        *self.rules.lock().unwrap_or_else(|p| p.into_inner()) = Rules::default();
+    }
+
+    /// Requests seen so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered with a fault so far.
+    pub fn faults(&self) -> u64 {
+        self.faults.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve_one(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    rules: &Mutex<Rules>,
+    requests: &AtomicU64,
+    faults: &AtomicU64,
+) -> std::io::Result<()> {
+    client.set_read_timeout(Some(Duration::from_secs(30)))?;
+    // Request head.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let line = text.lines().next().unwrap_or("").to_string();
+    let length: usize = text
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case("content-length").then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    client.read_exact(&mut body)?;
+    requests.fetch_add(1, Ordering::SeqCst);
+    let fault = {
+        let mut r = rules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, f)) = r.matching.iter().find(|(p, _)| line.contains(p.as_str())) {
+            Some(f.clone())
+        } else if !r.next.is_empty() {
+            Some(r.next.remove(0))
+        } else {
+            None
+        }
+    };
+    match fault {
+        Some(Fault::Status(code)) => {
+            faults.fetch_add(1, Ordering::SeqCst);
+            let xml = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>injected by the fault proxy</Message></Error>",
+                if code >= 500 { "SlowDown" } else { "InvalidRequest" }
+            );
+            let resp = format!(
+                "HTTP/1.1 {code} Injected\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{xml}",
+                xml.len()
+            );
+            client.write_all(resp.as_bytes())?;
+            return Ok(());
+        }
+        Some(Fault::Stall(d)) => {
+            faults.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(d);
+            return Ok(());
+        }
+        None => {}
+    }
+    // Forward with Connection: close, then copy the response until the server closes.
+    let mut up = TcpStream::connect(upstream)?;
+    let mut new_head = String::new();
+    for l in text.split("\r\n").filter(|l| !l.is_empty()) {
+        if l.to_ascii_lowercase().starts_with("connection:") {
+            continue;
+        }
+        new_head.push_str(l);
+        new_head.push_str("\r\n");
+    }
+    new_head.push_str("Connection: close\r\n\r\n");
+    up.write_all(new_head.as_bytes())?;
+    up.write_all(&body)?;
+    std::io::copy(&mut up, &mut client)?;
+    Ok(())
+}

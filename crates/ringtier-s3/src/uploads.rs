@@ -1,0 +1,418 @@
+//! Multipart uploads: start, complete, abort, and recovery of uploads a killed process left.
+//!
+//! Every upload this tier starts is recorded twice: in a process-wide set of live upload ids
+//! (so recovery never aborts what this process is still writing) and in a marker object
+//! `PREFIX/.ringtier-uploads/HEX(UPLOAD_ID)` holding the object path and the upload id,
+//! written right after the upload is created and deleted once it is completed or aborted.
+//! [`S3Tier::recover_uploads`](crate::S3Tier::recover_uploads) aborts the upload of every
+//! marker not live here, then, where the server implements `ListMultipartUploads` (AWS,
+//! moto, MinIO; not s3s-fs), every other upload under the prefix not live here: that also
+//! catches a process killed between creating an upload and writing its marker.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use object_store::client::{HttpConnector, HttpRequestBody, ReqwestConnector};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
+use ringtier_core::{Error, ErrorKind, Operation, Result};
+
+use crate::tier::Inner;
+
+/// Marker directory (a reserved key component: never listed as an object).
+pub(crate) const MARKER_DIR: &str = ".ringtier-uploads";
+
+fn live_set() -> &'static Mutex<HashSet<String>> {
+    static LIVE: std::sync::OnceLock<Mutex<HashSet<String>>> = std::sync::OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn is_live(id: &str) -> bool {
+    live_set().lock().unwrap_or_else(|p| p.into_inner()).contains(id)
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A multipart upload this process is writing.
+#[derive(Debug)]
+pub(crate) struct LiveUpload {
+    id: String,
+    marker: Path,
+}
+
+impl LiveUpload {
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Forgets the upload: deletes its marker, drops it from the live set.
+    pub(crate) async fn finish(self, inner: &Arc<Inner>) {
+        let store = Arc::clone(&inner.store);
+        let marker = self.marker.clone();
+        let _ = inner
+            .spawn(async move {
+                if let Err(e) = store.delete(&marker).await {
+                    tracing::warn!(%marker, error = %e, "s3: cannot delete an upload marker (recovery will)");
+                }
+            })
+            .await;
+        live_set().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
+}
+
+fn marker_path(inner: &Inner, id: &str) -> Result<Path> {
+    Path::parse(format!("{}{MARKER_DIR}/{}", inner.root, hex(id)))
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("marker path: {e}")))
+}
+
+/// Creates the multipart upload of `path` and its marker.
+pub(crate) async fn start(inner: &Arc<Inner>, path: &Path, key: &str) -> Result<LiveUpload> {
+    let me = Arc::clone(inner);
+    let (path, key) = (path.clone(), key.to_string());
+    inner
+        .spawn(async move {
+            let id = me
+                .retry
+                .run(|| async { me.store.create_multipart(&path).await.map_err(|e| me.err(e, Operation::Write, &key)) })
+                .await?;
+            live_set().lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
+            let marker = marker_path(&me, &id)?;
+            let body = format!("{path}\n{id}\n");
+            let wrote = me
+                .retry
+                .run(|| async {
+                    me.store
+                        .put(&marker, PutPayload::from(body.clone().into_bytes()))
+                        .await
+                        .map_err(|e| me.err(e, Operation::Write, &key))
+                })
+                .await;
+            let live = LiveUpload { id, marker };
+            match wrote {
+                Ok(_) => Ok(live),
+                Err(e) => {
+                    let _ = abort(&me, &path, &key, live).await;
+                    Err(e)
+                }
+            }
+        })
+        .await?
+}
+
+/// Completes the upload with `parts` (in order). A retried completion that the server says
+/// is gone (the first attempt did complete) is accepted when the object has `size` bytes.
+pub(crate) async fn complete(
+    inner: &Arc<Inner>,
+    path: &Path,
+    key: &str,
+    live: &LiveUpload,
+    parts: Vec<PartId>,
+    size: u64,
+) -> Result<()> {
+    let me = Arc::clone(inner);
+    let (path, key, id) = (path.clone(), key.to_string(), live.id.clone());
+    inner
+        .spawn(async move {
+            let mut retried = false;
+            me.retry
+                .run(|| {
+                    let first = !retried;
+                    retried = true;
+                    let (me, path, key, id, parts) = (&me, &path, &key, &id, parts.clone());
+                    async move {
+                        match me.store.complete_multipart(path, id, parts).await {
+                            Ok(_) => Ok(()),
+                            Err(e) => {
+                                let e = me.err(e, Operation::Commit, key);
+                                if !first && e.kind() == ErrorKind::NotFound {
+                                    if let Ok(m) = me.store.head(path).await {
+                                        if m.size == size {
+                                            return Ok(());
+                                        }
+                                    }
+                                }
+                                Err(e)
+                            }
+                        }
+                    }
+                })
+                .await
+        })
+        .await?
+}
+
+/// Aborts the upload (a missing one counts as aborted) and forgets it.
+pub(crate) async fn abort(inner: &Arc<Inner>, path: &Path, key: &str, live: LiveUpload) -> Result<()> {
+    let me = Arc::clone(inner);
+    let (p, k, id) = (path.clone(), key.to_string(), live.id.clone());
+    let res = inner
+        .spawn(async move {
+            me.retry
+                .run(|| async {
+                    match me.store.abort_multipart(&p, &id).await {
+                        Ok(()) => Ok(()),
+                        Err(e) => {
+                            let e = me.err(e, Operation::Abort, &k);
+                            if e.kind() == ErrorKind::NotFound {
+                                Ok(())
+                            } else {
+                                Err(e)
+                            }
+                        }
+                    }
+                })
+                .await
+        })
+        .await
+        .and_then(|r| r);
+    if res.is_ok() {
+        live.finish(inner).await;
+    } else {
+        // Keep the marker: the next recovery aborts it.
+        live_set().lock().unwrap_or_else(|p| p.into_inner()).remove(&live.id);
+    }
+    res
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UploadRecovery {
+    /// Uploads aborted (found by marker or by listing).
+    pub aborted: usize,
+    /// Object keys whose uploads were aborted.
+    pub keys: Vec<String>,
+    /// False where the server does not implement `ListMultipartUploads` (markers only).
+    pub listed: bool,
+}
+
+/// Aborts every multipart upload under the tier's prefix that no writer of this process owns.
+pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
+    let me = Arc::clone(inner);
+    inner
+        .spawn(async move {
+            let mut out = UploadRecovery::default();
+            let mut seen = HashSet::new();
+            // 1. Markers.
+            let dir = Path::parse(format!("{}{MARKER_DIR}", me.root))
+                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("marker path: {e}")))?;
+            let markers: Vec<_> = me
+                .retry
+                .run(|| async {
+                    let mut s = me.store.list(Some(&dir));
+                    let mut v = Vec::new();
+                    while let Some(m) = s.next().await {
+                        v.push(m.map_err(|e| me.err(e, Operation::Open, MARKER_DIR))?.location);
+                    }
+                    Ok(v)
+                })
+                .await?;
+            for marker in markers {
+                let body = match me.store.get(&marker).await {
+                    Ok(r) => r.bytes().await.map_err(|e| me.err(e, Operation::Open, marker.as_ref()))?,
+                    Err(object_store::Error::NotFound { .. }) => continue,
+                    Err(e) => return Err(me.err(e, Operation::Open, marker.as_ref())),
+                };
+                let text = String::from_utf8_lossy(&body).to_string();
+                let mut lines = text.lines();
+                let (Some(p), Some(id)) = (lines.next(), lines.next()) else {
+                    tracing::warn!(%marker, "s3: unreadable upload marker, deleted");
+                    let _ = me.store.delete(&marker).await;
+                    continue;
+                };
+                if is_live(id) {
+                    continue;
+                }
+                let path = Path::parse(p).map_err(|e| Error::new(ErrorKind::Corrupt, format!("marker {marker}: {e}")))?;
+                abort_by_id(&me, &path, id).await?;
+                let _ = me.store.delete(&marker).await;
+                seen.insert(id.to_string());
+                out.aborted += 1;
+                out.keys.push(p.strip_prefix(me.root.as_str()).unwrap_or(p).to_string());
+            }
+            // 2. The server's own list, where it has one.
+            if let Some(listed) = list_multipart_uploads(&me).await? {
+                out.listed = true;
+                for (key, id) in listed {
+                    if seen.contains(&id) || is_live(&id) || !key.starts_with(me.root.as_str()) {
+                        continue;
+                    }
+                    let path = Path::parse(&key).map_err(|e| Error::new(ErrorKind::Corrupt, format!("upload {key}: {e}")))?;
+                    abort_by_id(&me, &path, &id).await?;
+                    out.aborted += 1;
+                    out.keys.push(key.strip_prefix(me.root.as_str()).unwrap_or(&key).to_string());
+                }
+            }
+            if out.aborted > 0 {
+                tracing::info!(aborted = out.aborted, keys = ?out.keys, "s3: aborted multipart uploads left by an earlier process");
+            }
+            Ok(out)
+        })
+        .await?
+}
+
+async fn abort_by_id(me: &Arc<Inner>, path: &Path, id: &str) -> Result<()> {
+    me.retry
+        .run(|| async {
+            match me.store.abort_multipart(path, &id.to_string()).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let e = me.err(e, Operation::Abort, path.as_ref());
+                    if e.kind() == ErrorKind::NotFound {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .await
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters kept).
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn bucket_url(inner: &Inner) -> String {
+    match &inner.endpoint {
+        Some(e) => format!("{}/{}", e.trim_end_matches('/'), inner.cfg.bucket),
+        None => format!("https://{}.s3.{}.amazonaws.com", inner.cfg.bucket, inner.region),
+    }
+}
+
+/// Sends one SigV4-signed request to the bucket (for calls object_store has none for):
+/// returns the status and body.
+pub(crate) async fn signed_request(inner: &Inner, method: &str, query: &str) -> Result<(u16, String)> {
+    let fail = |m: String| Error::new(ErrorKind::Io, m).with_tier(&inner.cfg.name);
+    let cred = inner.store.credentials().get_credential().await.map_err(|e| inner.err(e, Operation::Setup, ""))?;
+    let url = if query.is_empty() { bucket_url(inner) } else { format!("{}?{query}", bucket_url(inner)) };
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(&url)
+        .body(HttpRequestBody::empty())
+        .map_err(|e| fail(format!("request {url}: {e}")))?;
+    object_store::aws::AwsAuthorizer::new(&cred, "s3", &inner.region)
+        .try_authorize(&mut req, None)
+        .map_err(|e| fail(format!("signing {url}: {e}")))?;
+    let opts = ClientOptions::new()
+        .with_allow_http(true)
+        .with_timeout(inner.cfg.request_timeout)
+        .with_connect_timeout(inner.cfg.connect_timeout);
+    let client = ReqwestConnector::default().connect(&opts).map_err(|e| fail(format!("HTTP client: {e}")))?;
+    let resp = client.execute(req).await.map_err(|e| {
+        let temporary = true;
+        fail(format!("{method} {url}: {e}")).set_temporary(temporary)
+    })?;
+    let status = resp.status().as_u16();
+    let body =
+        resp.into_body().bytes().await.map_err(|e| fail(format!("{method} {url}: body: {e}")).set_temporary(true))?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Text of every `<tag>...</tag>` in `xml`, XML entities decoded.
+fn elements<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+}
+
+/// `ListMultipartUploads` under the tier's prefix: (object path, upload id) pairs, or `None`
+/// where the server does not implement it.
+pub(crate) async fn list_multipart_uploads(inner: &Inner) -> Result<Option<Vec<(String, String)>>> {
+    let mut out = Vec::new();
+    let mut markers = (String::new(), String::new());
+    loop {
+        let mut query = format!("prefix={}&uploads=", encode(&inner.root));
+        if !markers.0.is_empty() {
+            query = format!("key-marker={}&{query}&upload-id-marker={}", encode(&markers.0), encode(&markers.1));
+        }
+        let (status, body) = inner.retry.run(|| signed_request(inner, "GET", &query)).await?;
+        match status {
+            200 => {}
+            501 | 405 => return Ok(None),
+            s if body.contains("NotImplemented") => {
+                tracing::debug!(status = s, "s3: server has no ListMultipartUploads");
+                return Ok(None);
+            }
+            s => {
+                let kind = match s {
+                    403 | 401 => ErrorKind::PermissionDenied,
+                    404 => ErrorKind::NotFound,
+                    _ => ErrorKind::Io,
+                };
+                return Err(Error::new(
+                    kind,
+                    format!("listing multipart uploads of s3://{}/{}: HTTP {s}: {body}", inner.cfg.bucket, inner.root),
+                )
+                .set_temporary(s >= 500 || s == 429)
+                .context(Operation::Open, &inner.root, &inner.cfg.name));
+            }
+        }
+        for upload in elements(&body, "Upload") {
+            let (Some(k), Some(id)) =
+                (elements(upload, "Key").first().copied(), elements(upload, "UploadId").first().copied())
+            else {
+                continue;
+            };
+            out.push((unescape(k), unescape(id)));
+        }
+        let truncated = elements(&body, "IsTruncated").first().is_some_and(|t| t.trim() == "true");
+        let next_key = elements(&body, "NextKeyMarker").first().map(|s| unescape(s)).unwrap_or_default();
+        let next_id = elements(&body, "NextUploadIdMarker").first().map(|s| unescape(s)).unwrap_or_default();
+        if !truncated || next_key.is_empty() || (next_key.clone(), next_id.clone()) == markers {
+            break;
+        }
+        markers = (next_key, next_id);
+    }
+    Ok(Some(out))
+}
+
+/// Creates the tier's bucket (`PUT /BUCKET`); an existing bucket owned by the caller is fine.
+pub(crate) async fn create_bucket(inner: &Inner) -> Result<()> {
+    let (status, body) = inner.retry.run(|| signed_request(inner, "PUT", "")).await?;
+    if (200..300).contains(&status) || body.contains("BucketAlreadyOwnedByYou") {
+        return Ok(());
+    }
+    let kind = if status == 403 { ErrorKind::PermissionDenied } else { ErrorKind::Io };
+    Err(Error::new(kind, format!("creating bucket {:?}: HTTP {status}: {body}", inner.cfg.bucket))
+        .with_operation(Operation::Setup)
+        .with_tier(&inner.cfg.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_upload_listing() {
+        let xml = "<ListMultipartUploadsResult><Upload><Key>p/a&amp;b</Key><UploadId>X1</UploadId></Upload>\
+                   <Upload><Key>p/c</Key><UploadId>Y2</UploadId></Upload><IsTruncated>false</IsTruncated></ListMultipartUploadsResult>";
+        let ups: Vec<_> = elements(xml, "Upload")
+            .into_iter()
+            .map(|u| (unescape(elements(u, "Key")[0]), elements(u, "UploadId")[0].to_string()))
+            .collect();
+        assert_eq!(ups, [("p/a&b".to_string(), "X1".to_string()), ("p/c".to_string(), "Y2".to_string())]);
+        assert_eq!(encode("a/b c"), "a%2Fb%20c");
+    }
+}

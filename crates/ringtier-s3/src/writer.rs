@@ -1,0 +1,328 @@
+//! [`S3Writer`]: a staged object written as a multipart upload, parts in parallel.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+use ringtier_core::{AlignedBuf, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result};
+use tokio::task::JoinHandle;
+
+use crate::tier::Inner;
+use crate::uploads::{self, LiveUpload};
+
+type PartTask = JoinHandle<(usize, Result<PartId>)>;
+
+/// A multipart upload under way: its id (registered as live, with a marker object) and the
+/// parts so far.
+struct Upload {
+    live: LiveUpload,
+    parts: Vec<Option<PartId>>,
+    in_flight: FuturesUnordered<PartTask>,
+}
+
+/// A staged S3 object. Bytes are written in order into a part buffer; each full part
+/// (`part_size` bytes) starts uploading at once on the tier's runtime while writing goes on,
+/// at most `upload_concurrency` parts in flight (a further write waits for one to finish).
+/// Writes ahead of the end wait in memory until the gap fills (a gap left at commit reads as
+/// zeros, as a hole in a file does); rewriting bytes of a part already sent is `Unsupported`.
+pub(crate) struct S3Writer {
+    inner: Arc<Inner>,
+    key: String,
+    path: Path,
+    /// Bytes from `cur_start` on, not yet sent.
+    cur: BytesMut,
+    cur_start: u64,
+    /// Writes past the end of `cur`, by offset.
+    ahead: BTreeMap<u64, Vec<u8>>,
+    upload: Option<Upload>,
+    failed: Option<String>,
+    done: bool,
+}
+
+impl fmt::Debug for S3Writer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Writer")
+            .field("key", &self.key)
+            .field("sent", &self.cur_start)
+            .field("buffered", &self.cur.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Writer {
+    pub(crate) fn new(inner: Arc<Inner>, key: String, path: Path) -> Self {
+        S3Writer {
+            inner,
+            key,
+            path,
+            cur: BytesMut::new(),
+            cur_start: 0,
+            ahead: BTreeMap::new(),
+            upload: None,
+            failed: None,
+            done: false,
+        }
+    }
+
+    fn err(&self, kind: ErrorKind, msg: impl Into<String>, op: Operation) -> Error {
+        Error::new(kind, msg).context(op, &self.key, &self.inner.cfg.name)
+    }
+
+    fn end(&self) -> u64 {
+        self.cur_start + self.cur.len() as u64
+    }
+
+    /// Copies `data` at `offset` into the part buffer (extending it), or keeps it aside when
+    /// it starts past the buffer's end.
+    fn place(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if offset < self.cur_start {
+            return Err(self.err(
+                ErrorKind::Unsupported,
+                format!(
+                    "rewriting bytes at {offset} that were already uploaded (S3 parts are sent once; \
+                     the first {} bytes are sent)",
+                    self.cur_start
+                ),
+                Operation::Write,
+            ));
+        }
+        let end = self.end();
+        if offset > end {
+            self.ahead.insert(offset, data.to_vec());
+            return Ok(());
+        }
+        let at = (offset - self.cur_start) as usize;
+        let overlap = (self.cur.len() - at).min(data.len());
+        self.cur[at..at + overlap].copy_from_slice(&data[..overlap]);
+        self.cur.extend_from_slice(&data[overlap..]);
+        // Writes kept aside that the buffer now reaches.
+        while let Some((&off, _)) = self.ahead.first_key_value() {
+            if off > self.end() {
+                break;
+            }
+            let (off, chunk) = self.ahead.pop_first().unwrap_or_default();
+            self.place(off, &chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the multipart upload (and its marker) if not yet started.
+    async fn ensure_upload(&mut self) -> Result<()> {
+        if self.upload.is_some() {
+            return Ok(());
+        }
+        let live = uploads::start(&self.inner, &self.path, &self.key).await?;
+        self.upload = Some(Upload { live, parts: Vec::new(), in_flight: FuturesUnordered::new() });
+        Ok(())
+    }
+
+    /// Waits for one part in flight and records it.
+    async fn reap_one(&mut self) -> Result<()> {
+        let Some(up) = self.upload.as_mut() else {
+            return Ok(());
+        };
+        if let Some(joined) = up.in_flight.next().await {
+            let (idx, res) = joined.map_err(|e| {
+                Error::new(ErrorKind::Shutdown, format!("part upload task ended early: {e}")).context(
+                    Operation::Write,
+                    &self.key,
+                    &self.inner.cfg.name,
+                )
+            })?;
+            match res {
+                Ok(part) => up.parts[idx] = Some(part),
+                Err(e) => {
+                    self.failed = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `data` as the next part; waits first while `upload_concurrency` parts are in flight.
+    async fn send_part(&mut self, data: Bytes) -> Result<()> {
+        self.ensure_upload().await?;
+        while self.upload.as_ref().is_some_and(|u| u.in_flight.len() >= self.inner.cfg.upload_concurrency) {
+            self.reap_one().await?;
+        }
+        let Some(up) = self.upload.as_mut() else {
+            return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Write));
+        };
+        let idx = up.parts.len();
+        up.parts.push(None);
+        let inner = Arc::clone(&self.inner);
+        let path = self.path.clone();
+        let id = up.live.id().to_string();
+        let key = self.key.clone();
+        let payload = PutPayload::from(data);
+        up.in_flight.push(self.inner.io_handle().spawn(async move {
+            let res = inner
+                .retry
+                .run(|| async {
+                    inner
+                        .store
+                        .put_part(&path, &id, idx, payload.clone())
+                        .await
+                        .map_err(|e| inner.err(e, Operation::Write, &key))
+                })
+                .await
+                .map_err(|e| {
+                    Error::new(e.kind(), format!("part {} of the upload failed: {}", idx + 1, e.message()))
+                        .set_temporary(e.is_temporary())
+                        .context(Operation::Write, &key, &inner.cfg.name)
+                        .with_source(e)
+                });
+            (idx, res)
+        }));
+        Ok(())
+    }
+
+    /// Sends every full part in the buffer.
+    async fn flush_full_parts(&mut self) -> Result<()> {
+        let part = self.inner.cfg.part_size;
+        while self.cur.len() >= part {
+            let data = self.cur.split_to(part).freeze();
+            self.cur_start += part as u64;
+            self.send_part(data).await?;
+        }
+        Ok(())
+    }
+
+    fn check_failed(&self, op: Operation) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(self.err(ErrorKind::Io, format!("an earlier part failed: {why}"), op)),
+            None => Ok(()),
+        }
+    }
+
+    async fn commit_inner(&mut self) -> Result<ObjectMeta> {
+        self.check_failed(Operation::Commit)?;
+        // Fill gaps before writes kept aside with zeros, as a file would read its holes.
+        while let Some((off, chunk)) = self.ahead.pop_first() {
+            let end = self.end();
+            if off > end {
+                self.cur.resize(self.cur.len() + (off - end) as usize, 0);
+            }
+            self.place(off, &chunk)?;
+        }
+        let size = self.end();
+        if self.upload.is_none() && self.cur.len() <= self.inner.cfg.single_put_max.max(self.inner.cfg.part_size) {
+            // Small object: one PUT, atomic by nature.
+            let data = std::mem::take(&mut self.cur).freeze();
+            let inner = Arc::clone(&self.inner);
+            let (path, key) = (self.path.clone(), self.key.clone());
+            self.inner
+                .spawn(async move {
+                    inner
+                        .retry
+                        .run(|| async {
+                            inner
+                                .store
+                                .put(&path, PutPayload::from(data.clone()))
+                                .await
+                                .map_err(|e| inner.err(e, Operation::Commit, &key))
+                        })
+                        .await
+                })
+                .await??;
+        } else {
+            self.flush_full_parts().await?;
+            if !self.cur.is_empty() {
+                let last = std::mem::take(&mut self.cur).freeze();
+                self.cur_start += last.len() as u64;
+                self.send_part(last).await?;
+            }
+            while self.upload.as_ref().is_some_and(|u| !u.in_flight.is_empty()) {
+                self.reap_one().await?;
+            }
+            let Some(up) = self.upload.as_mut() else {
+                return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Commit));
+            };
+            let parts: Vec<PartId> = up.parts.iter().flatten().cloned().collect();
+            if parts.len() != up.parts.len() {
+                return Err(self.err(ErrorKind::Io, "a part of the upload has no result", Operation::Commit));
+            }
+            uploads::complete(&self.inner, &self.path, &self.key, &up.live, parts, size).await?;
+        }
+        if let Some(up) = self.upload.take() {
+            up.live.finish(&self.inner).await;
+        }
+        self.done = true;
+        Ok(ObjectMeta { key: self.key.clone(), size, modified: Some(std::time::SystemTime::now()) })
+    }
+
+    async fn abort_inner(&mut self) -> Result<()> {
+        self.done = true;
+        let Some(up) = self.upload.take() else {
+            return Ok(());
+        };
+        for t in up.in_flight.iter() {
+            t.abort();
+        }
+        uploads::abort(&self.inner, &self.path, &self.key, up.live).await
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for S3Writer {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        if let Err(e) = self.check_failed(Operation::Write) {
+            return (Err(e), buf);
+        }
+        if let Err(e) = self.place(offset, buf.as_slice()) {
+            return (Err(e), buf);
+        }
+        let res = self.flush_full_parts().await;
+        (res, buf)
+    }
+
+    async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
+        match self.commit_inner().await {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                // Nothing half-done stays behind: the upload is aborted (its marker too).
+                let _ = self.abort_inner().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        self.abort_inner().await
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Dropped without commit or abort: abort the upload in the background (best effort;
+        // if this process dies first, the marker lets the next recovery abort it).
+        if let Some(up) = self.upload.take() {
+            for t in up.in_flight.iter() {
+                t.abort();
+            }
+            let inner = Arc::clone(&self.inner);
+            let (path, key) = (self.path.clone(), self.key.clone());
+            drop(self.inner.io_handle().spawn(async move {
+                let _ = uploads::abort(&inner, &path, &key, up.live).await;
+            }));
+        }
+    }
+}

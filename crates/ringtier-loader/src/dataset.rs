@@ -77,6 +77,13 @@ impl Dataset {
         Ok(Dataset { tier, samples })
     }
 
+    /// The same samples on another tier (the same files opened with other options, e.g. a
+    /// tier given a buffer pool sized from [`Dataset::max_size`]).
+    pub fn with_tier(mut self, tier: Arc<dyn Tier>) -> Self {
+        self.tier = tier;
+        self
+    }
+
     /// The tier.
     pub fn tier(&self) -> &Arc<dyn Tier> {
         &self.tier

@@ -296,6 +296,13 @@ impl Loader {
         self.shared.pool.buf_size() * self.shared.pool.count()
     }
 
+    /// The buffer pool samples are read into (a [`SampleData::Raw`] returns its buffer here
+    /// when dropped): its `in_use()` against `count()` tells a consumer holding samples how
+    /// close the reader is to waiting for one.
+    pub fn buffer_pool(&self) -> &BufferPool {
+        &self.shared.pool
+    }
+
     /// True when the loader reads into the tier's own buffer pool (see [`Loader::new`]).
     pub fn uses_tier_pool(&self) -> bool {
         self.shared.dataset.tier().buffer_pool().is_some_and(|p| p.id() == self.shared.pool.id())

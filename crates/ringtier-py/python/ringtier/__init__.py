@@ -1,0 +1,86 @@
+"""ringtier: an io_uring storage engine for deep-learning I/O, from Python.
+
+* :class:`Loader` reads a dataset directory (or its manifest) in seeded, shuffled, sharded
+  batches with a bounded prefetch; each :class:`Sample` is the pooled buffer the file was read
+  into, shared with numpy and torch without a copy (``numpy.frombuffer(sample, numpy.uint8)``,
+  ``torch.frombuffer(sample, dtype=torch.uint8)``).
+* :class:`CheckpointStore` saves dicts of tensors, arrays and bytes (a ``state_dict``) to a
+  fast tier, durable when :meth:`~CheckpointStore.save` returns, and drains them to slower
+  tiers in the background.
+* :mod:`ringtier.torch`: an ``IterableDataset`` for ``DataLoader`` workers and ``torchrun``
+  ranks, and a checkpoint store whose steps commit only once every rank's shard is durable.
+
+The engine (a runtime and io_uring driver threads) is created lazily in the process that
+uses it. Objects created before a ``fork()`` raise :class:`ForkError` in the child: create
+loaders in the process that iterates them (``ringtier.torch.IterableDataset`` does).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence, Union
+
+from . import errors
+from ._ringtier import Batch, Epoch, Loader, PartBuffer, Sample, SaveFuture, __version__
+from .checkpoint import CheckpointStore
+from .errors import (
+    BusyError,
+    ClosedError,
+    CorruptError,
+    ForkError,
+    InvalidInputError,
+    NoSpaceError,
+    NotFoundError,
+    PoolExhaustedError,
+    RingtierError,
+    UnsupportedError,
+)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Dataset:
+    """The samples of a directory: its ``.ringtier-manifest.tsv`` (written by ``ringtier gen``)
+    when it has one, else every file under it; or only ``keys`` when given.
+
+    A dataset is plain data (a path and keys) and can cross ``fork()`` and pickling; the
+    :class:`Loader` it makes holds the engine.
+    """
+
+    def __init__(self, path: PathLike, keys: Optional[Iterable[str]] = None) -> None:
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise NotFoundError(f"dataset directory {self.path} does not exist")
+        self.keys: Optional[Sequence[str]] = list(keys) if keys is not None else None
+
+    def loader(self, **options: object) -> Loader:
+        """A :class:`Loader` over this dataset; ``options`` are :class:`Loader`'s."""
+        return Loader(self.path, keys=self.keys, **options)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        n = "all" if self.keys is None else len(self.keys)
+        return f"ringtier.Dataset({self.path!r}, keys={n})"
+
+
+__all__ = [
+    "Batch",
+    "BusyError",
+    "CheckpointStore",
+    "ClosedError",
+    "CorruptError",
+    "Dataset",
+    "Epoch",
+    "ForkError",
+    "InvalidInputError",
+    "Loader",
+    "NoSpaceError",
+    "NotFoundError",
+    "PartBuffer",
+    "PoolExhaustedError",
+    "RingtierError",
+    "Sample",
+    "SaveFuture",
+    "UnsupportedError",
+    "errors",
+    "__version__",
+]

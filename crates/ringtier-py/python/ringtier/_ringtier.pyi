@@ -1,0 +1,163 @@
+"""Type stubs of the extension module ``ringtier._ringtier``."""
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+_Buffer = Any  # an object exporting the buffer protocol (bytes, numpy array, memoryview)
+
+class Sample:
+    """One sample: the pooled buffer its file was read into (raw), or decoded RGB pixels.
+
+    Exports its bytes through the buffer protocol (one dimension, ``B``, writable):
+    ``numpy.frombuffer(sample, numpy.uint8)`` and ``torch.frombuffer(sample, dtype=torch.uint8)``
+    share its memory. The buffer goes back to the loader's pool when the sample and every view
+    of it are gone (or at :meth:`release`)."""
+
+    index: int
+    """Index of the sample in the dataset (see :meth:`Loader.keys`)."""
+    shape: Optional[Tuple[int, int, int]]
+    """(height, width, 3) of a decoded image; None for raw bytes."""
+    @property
+    def key(self) -> str:
+        """The sample's key (path relative to the dataset directory)."""
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` gave the buffer back."""
+    def to_bytes(self) -> bytes:
+        """A copy of the bytes."""
+    def release(self) -> None:
+        """Gives the buffer back to the pool now; a ``BufferError`` while views exist."""
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class Batch:
+    """A batch of samples, in the epoch's order."""
+
+    epoch: int
+    index: int
+    """Index of the batch in this rank's epoch."""
+    indices: List[int]
+    """Dataset indices of the samples."""
+    skipped: List[str]
+    """Samples left out (unreadable, wrong size, bad checksum), with the reason."""
+    bytes: int
+    read_seconds: float
+    decode_seconds: float
+    @property
+    def samples(self) -> List[Sample]: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> Sample: ...
+    def __iter__(self) -> Iterator[Sample]: ...
+
+class Epoch:
+    """One epoch's batches; the GIL is released while waiting for one."""
+
+    def __iter__(self) -> "Epoch": ...
+    def __next__(self) -> Batch: ...
+    @property
+    def position(self) -> int:
+        """Samples of this rank consumed so far: ``Loader.epoch(epoch, position)`` resumes here."""
+    @property
+    def epoch(self) -> int: ...
+    def stats(self) -> Dict[str, float]:
+        """batches, samples, skipped, bytes, stall_seconds, first_stall_seconds, read_seconds,
+        decode_seconds."""
+
+class Loader:
+    """Reads a dataset directory (its manifest, or every file under it) in batches.
+
+    Arguments: ``batch_size`` samples per batch; ``prefetch`` batches read ahead (0: read when
+    asked); ``shuffle`` with ``seed`` (the same order on every rank); ``rank`` of
+    ``world_size`` (each rank reads every world_size-th sample of the epoch's order);
+    ``drop_last``; ``decode`` (an int: decode JPEGs to RGB of that size, on ``decode_threads``
+    threads); ``verify`` CRC-32C against the manifest; ``on_bad`` ``"skip"`` or ``"fail"``;
+    ``engine`` ``"uring"`` or ``"posix"``; ``hold`` samples Python may keep beyond the
+    loader's pipeline (default ``batch_size``); ``keys`` to read only those files.
+
+    Raises :class:`ringtier.PoolExhaustedError` (not a hang) when Python holds so many samples
+    that no buffer is left for the next batch."""
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        batch_size: int = 64,
+        prefetch: int = 2,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        decode: Optional[int] = None,
+        decode_threads: int = 2,
+        verify: bool = False,
+        on_bad: str = "skip",
+        engine: str = "uring",
+        hold: Optional[int] = None,
+        keys: Optional[Sequence[str]] = None,
+    ) -> None: ...
+    def epoch(self, epoch: int = 0, position: int = 0) -> Epoch:
+        """The batches of ``epoch``, from ``position`` (samples already consumed) on."""
+    def keys(self) -> List[str]:
+        """Every sample's key, by dataset index."""
+    @property
+    def pool_buffers(self) -> int: ...
+    @property
+    def pool_bytes(self) -> int: ...
+    @property
+    def held(self) -> int:
+        """Raw samples Python holds now."""
+    def __len__(self) -> int:
+        """Samples this rank reads per epoch."""
+
+class SaveFuture:
+    """An ``async_save`` in progress."""
+
+    step: int
+    def done(self) -> bool: ...
+    def result(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Waits until the checkpoint is durable (``TimeoutError`` after ``timeout`` seconds)."""
+
+class PartBuffer:
+    """A loaded part's bytes, exported through the buffer protocol (writable)."""
+
+    @property
+    def views(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class CheckpointStore:
+    """The Rust store; use :class:`ringtier.CheckpointStore`."""
+
+    def __init__(
+        self,
+        tiers: List[str],
+        *,
+        prefix: str = "ckpt",
+        chunk_bytes: int = ...,
+        keep_last: int = 2,
+        drain_concurrency: int = 1,
+        drain_bytes_per_sec: Optional[int] = None,
+        fast_capacity_bytes: Optional[int] = None,
+        on_full: str = "wait",
+        engine: str = "uring",
+        read_only: bool = False,
+        create: bool = False,
+    ) -> None: ...
+    def save(self, step: int, parts: List[Tuple[str, List[_Buffer]]]) -> Dict[str, Any]: ...
+    def async_save(self, step: int, parts: List[Tuple[str, List[_Buffer]]]) -> SaveFuture: ...
+    def load(self, step: Optional[int] = None) -> Optional[Tuple[int, str, List[Tuple[str, PartBuffer]], List[str]]]: ...
+    def list(self) -> List[Dict[str, Any]]: ...
+    def latest(self) -> Optional[int]: ...
+    def verify(self, step: int) -> List[Tuple[str, Optional[str]]]: ...
+    def drain(self) -> None: ...
+    def drain_stats(self) -> Dict[str, Any]: ...
+    @property
+    def tiers(self) -> List[str]: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self, drain: bool = False) -> None: ...
+
+def _engine_pid() -> int: ...

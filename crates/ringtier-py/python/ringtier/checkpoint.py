@@ -1,0 +1,154 @@
+"""The checkpoint store from Python: ``save`` a state dict, ``load`` it back."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+
+from . import _state
+from ._ringtier import CheckpointStore as _Store
+from ._ringtier import SaveFuture
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class CheckpointStore:
+    """A crash-consistent checkpoint store over directories ordered fastest first: ``save``
+    returns once the checkpoint is durable on the first (fast) tier, and a background drain
+    copies it to the next ones, evicting old fast copies (``keep_last`` are kept).
+
+    ``state`` is a dict (nested dicts allowed) of torch tensors, numpy arrays, bytes and plain
+    values (str, int, float, bool, None, lists and tuples of them): a model's or optimizer's
+    ``state_dict`` with string keys. Tensors are written from their own memory where they are
+    contiguous CPU tensors; dtype (bfloat16 included), shape and key order come back exactly.
+
+    Arguments:
+        tiers: directories, fastest first (e.g. ``["/nvme/ckpt", "/nfs/ckpt"]``).
+        prefix: the store's key prefix on every tier (several stores can share tiers).
+        chunk_bytes: bytes per write and per drain copy.
+        keep_last: committed checkpoints kept on each faster tier once drained.
+        drain_concurrency: checkpoints drained at once.
+        drain_bytes_per_sec: cap on the drain's bandwidth (None: no cap).
+        fast_capacity_bytes: bytes of checkpoints the fast tier may hold (None: its free space).
+        on_full: ``"wait"`` for the drain to make room, or ``"write_through"`` to the next tier.
+        engine: ``"uring"`` (O_DIRECT io_uring) or ``"posix"`` (a thread pool).
+        read_only: open to list, load and verify only (next to a process that saves).
+        create: create missing tier directories (otherwise they are an error).
+
+    One process at a time opens a store for writing (a second gets :class:`ringtier.BusyError`).
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[PathLike],
+        *,
+        prefix: str = "ckpt",
+        chunk_bytes: int = 8 << 20,
+        keep_last: int = 2,
+        drain_concurrency: int = 1,
+        drain_bytes_per_sec: Optional[int] = None,
+        fast_capacity_bytes: Optional[int] = None,
+        on_full: str = "wait",
+        engine: str = "uring",
+        read_only: bool = False,
+        create: bool = False,
+    ) -> None:
+        if isinstance(tiers, (str, bytes, os.PathLike)):
+            raise TypeError("tiers must be a list of directories, fastest first (e.g. [fast, slow])")
+        self._store = _Store(
+            [os.fspath(t) for t in tiers],
+            prefix=prefix,
+            chunk_bytes=chunk_bytes,
+            keep_last=keep_last,
+            drain_concurrency=drain_concurrency,
+            drain_bytes_per_sec=drain_bytes_per_sec,
+            fast_capacity_bytes=fast_capacity_bytes,
+            on_full=on_full,
+            engine=engine,
+            read_only=read_only,
+            create=create,
+        )
+
+    def save(self, step: int, state: Mapping[str, Any]) -> Dict[str, Any]:
+        """Saves ``state`` as checkpoint ``step`` and returns once it is durable on the fast
+        tier: ``{"step", "bytes", "tier", "blocking_seconds", "wrote_through"}``. Do not change
+        the tensors while it runs (from other threads)."""
+        return self._store.save(_step(step), _state.encode(state))
+
+    def async_save(self, step: int, state: Mapping[str, Any]) -> SaveFuture:
+        """Copies ``state`` into a staging buffer and returns a :class:`ringtier.SaveFuture`
+        at once (the shape of ``torch.distributed.checkpoint.async_save``): the caller may
+        change its tensors as soon as this returns; ``future.result()`` waits until the
+        checkpoint is durable on the fast tier and returns the report."""
+        return self._store.async_save(_step(step), _state.encode(state))
+
+    def load(self, step: Optional[int] = None, into: Optional[MutableMapping[str, Any]] = None) -> Any:
+        """Loads checkpoint ``step`` (the newest when None; None when the store is empty).
+
+        Without ``into``: a new state, its tensors sharing one buffer holding the checkpoint's
+        bytes (writable; no copy per tensor). With ``into`` (a state dict of the same keys,
+        shapes and dtypes): copies into its tensors and arrays in place and returns it."""
+        loaded = self._store.load(None if step is None else _step(step))
+        if loaded is None:
+            return None
+        _step_loaded, _tier, parts, _fallbacks = loaded
+        return _state.decode(parts, into)
+
+    def load_parts(self, step: Optional[int] = None) -> Optional[Tuple[int, str, List[Tuple[str, Any]], List[str]]]:
+        """The raw parts of checkpoint ``step`` (the newest when None): ``(step, tier,
+        [(name, PartBuffer)], fallbacks)``; a ``PartBuffer`` exports its bytes through the
+        buffer protocol."""
+        return self._store.load(None if step is None else _step(step))
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Every committed checkpoint: ``[{"step", "bytes", "tiers"}]``, oldest first."""
+        return self._store.list()
+
+    def latest(self) -> Optional[int]:
+        """The newest committed step, or None."""
+        return self._store.latest()
+
+    def verify(self, step: int) -> List[Tuple[str, Optional[str]]]:
+        """Reads every committed copy of ``step`` and checks it: ``[(tier, None or the reason)]``."""
+        return self._store.verify(_step(step))
+
+    def drain(self) -> None:
+        """Waits until every committed checkpoint has reached the slowest tier."""
+        self._store.drain()
+
+    def drain_stats(self) -> Dict[str, Any]:
+        """Drain totals: ``checkpoints``, ``bytes``, ``busy_seconds``, ``paused_seconds``,
+        ``backlog_bytes``."""
+        return self._store.drain_stats()
+
+    @property
+    def tiers(self) -> List[str]:
+        """The tier directories, fastest first."""
+        return self._store.tiers
+
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+        return self._store.closed
+
+    def close(self, drain: bool = False) -> None:
+        """Closes the store; ``drain=True`` first waits for the drain to finish."""
+        self._store.close(drain)
+
+    def __enter__(self) -> "CheckpointStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._store)
+
+
+def _step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int, not {type(step).__name__}")
+    if step < 0:
+        raise ValueError(f"step must not be negative, got {step}")
+    return step

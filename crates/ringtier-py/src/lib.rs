@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+
+mod engine;
+mod errors;
+mod loader;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The extension module `ringtier._ringtier`; the package `ringtier` wraps it.
+#[pymodule]
+fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<loader::Loader>()?;
+    m.add_class::<loader::Epoch>()?;
+    m.add_class::<loader::Batch>()?;
+    m.add_class::<loader::Sample>()?;
+    m.add_class::<store::CheckpointStore>()?;
+    m.add_class::<store::SaveFuture>()?;
+    m.add_class::<store::PartBuffer>()?;
+    m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,597 @@
+//! `ringtier.Loader`, its epochs, batches and samples. Samples reach Python through the
+//! buffer protocol: a raw sample is the pooled buffer the file was read into, writable, handed
+//! back to the pool when the last view of it (numpy array, torch tensor, memoryview) and the
+//! `Sample` itself are gone.
+
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use ringtier_core::error::{Error, ErrorKind};
+use ringtier_core::{BufferPool, PosixConfig, PosixTier, Tier};
+use ringtier_loader::manifest::MANIFEST_FILE;
+use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+
+use crate::engine::{engine, wait, wait_plain, Engine, ForkGuarded};
+use crate::errors::{self, IntoPy};
+
+/// The dataset directory of `path`: the directory itself, or the one holding a manifest file.
+fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_file() && path.file_name().is_some_and(|n| n == MANIFEST_FILE) {
+        if let Some(dir) = path.parent() {
+            return Ok(if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir.to_path_buf() });
+        }
+    }
+    let why = if path.exists() {
+        format!("{} is neither a directory nor a {MANIFEST_FILE} file", path.display())
+    } else {
+        format!("dataset directory {} does not exist", path.display())
+    };
+    Err(errors::to_py(Error::new(ErrorKind::NotFound, why)))
+}
+
+/// One engine's tier over `dir`, reading into `pool` where given.
+pub(crate) fn open_tier(
+    dir: &Path,
+    engine_name: &str,
+    pool: Option<BufferPool>,
+    create: bool,
+) -> PyResult<Arc<dyn Tier>> {
+    match engine_name {
+        "uring" => {
+            let options = UringTierOptions::default().with_pool(pool).with_create_root(create);
+            Ok(Arc::new(UringTier::with_options(dir, UringConfig::default(), options).py_err()?))
+        }
+        "posix" => {
+            let cfg = PosixConfig::new(dir).with_create(create);
+            Ok(Arc::new(PosixTier::new(cfg).py_err()?))
+        }
+        other => Err(errors::invalid(format!("engine must be \"uring\" or \"posix\", not {other:?}"))),
+    }
+}
+
+/// Everything of a loader that must stay in its process.
+#[derive(Debug)]
+struct LoaderState {
+    engine: Arc<Engine>,
+    loader: Arc<ringtier_loader::Loader>,
+    keys: Arc<Vec<String>>,
+    /// Raw samples Python holds now.
+    held: Arc<AtomicUsize>,
+}
+
+/// Reads a dataset in shuffled, sharded batches with a bounded prefetch (see the stub for the
+/// Python documentation).
+#[pyclass(module = "ringtier._ringtier", name = "Loader")]
+#[derive(Debug)]
+pub(crate) struct Loader {
+    state: ForkGuarded<LoaderState>,
+    batch_size: usize,
+    decode: Option<u32>,
+}
+
+/// The settings Python passes, checked.
+#[allow(clippy::too_many_arguments)]
+fn loader_config(
+    batch_size: usize,
+    prefetch: usize,
+    shuffle: bool,
+    seed: u64,
+    rank: usize,
+    world_size: usize,
+    drop_last: bool,
+    decode: Option<u32>,
+    decode_threads: usize,
+    verify: bool,
+    on_bad: &str,
+) -> PyResult<LoaderConfig> {
+    let on_bad = match on_bad {
+        "skip" => OnBadSample::Skip,
+        "fail" => OnBadSample::Fail,
+        other => return Err(errors::invalid(format!("on_bad must be \"skip\" or \"fail\", not {other:?}"))),
+    };
+    if decode == Some(0) {
+        return Err(errors::invalid("decode size must be at least 1 pixel".into()));
+    }
+    Ok(LoaderConfig::default()
+        .with_batch_size(batch_size)
+        .with_prefetch(prefetch)
+        .with_shuffle(shuffle)
+        .with_seed(seed)
+        .with_rank(rank)
+        .with_world(world_size)
+        .with_drop_last(drop_last)
+        .with_decode(decode.map(|s| DecodeConfig::default().with_size(s).with_threads(decode_threads)))
+        .with_verify(verify)
+        .with_on_bad(on_bad))
+}
+
+#[pymethods]
+impl Loader {
+    #[new]
+    #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
+        drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="uring", hold=None,
+        keys=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        batch_size: usize,
+        prefetch: usize,
+        shuffle: bool,
+        seed: u64,
+        rank: usize,
+        world_size: usize,
+        drop_last: bool,
+        decode: Option<u32>,
+        decode_threads: usize,
+        verify: bool,
+        on_bad: &str,
+        engine: &str,
+        hold: Option<usize>,
+        keys: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        let cfg = loader_config(
+            batch_size,
+            prefetch,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+            decode,
+            decode_threads,
+            verify,
+            on_bad,
+        )?;
+        let dir = dataset_dir(&path)?;
+        let eng = crate::engine::engine()?;
+        let _enter = eng.handle().enter();
+        // List (or read the manifest) through a tier without a pool, then open the tier the
+        // loader reads through with a pool of the loader's shape plus `hold` buffers for the
+        // samples Python keeps.
+        let lister = open_tier(&dir, engine, None, false)?;
+        let alignment = lister.capabilities().alignment;
+        let dataset = match keys {
+            Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys(lister, keys))?,
+            None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir(lister, &dir))?,
+        }
+        .py_err()?;
+        if dataset.is_empty() {
+            return Err(errors::invalid(format!("no samples in {}", dir.display())));
+        }
+        let mut pool_cfg = ringtier_loader::Loader::pool_config(dataset.max_size(), alignment, &cfg);
+        pool_cfg = pool_cfg.with_count(pool_cfg.count + hold.unwrap_or(batch_size));
+        let pool = if engine == "uring" { Some(BufferPool::new(pool_cfg).py_err()?) } else { None };
+        let tier = open_tier(&dir, engine, pool, false)?;
+        let dataset = dataset.with_tier(tier);
+        let keys: Vec<String> = dataset.samples().iter().map(|s| s.key.clone()).collect();
+        let loader = ringtier_loader::Loader::new(dataset, cfg).py_err()?;
+        let state = LoaderState {
+            engine: eng.clone(),
+            loader: Arc::new(loader),
+            keys: Arc::new(keys),
+            held: Arc::new(AtomicUsize::new(0)),
+        };
+        Ok(Loader { state: ForkGuarded::new("Loader", state), batch_size, decode })
+    }
+
+    /// Batches of `epoch` from `position` (samples of this rank already consumed) on.
+    #[pyo3(signature = (epoch=0, position=0))]
+    fn epoch(&self, epoch: u64, position: usize) -> PyResult<Epoch> {
+        let st = self.state.get()?;
+        let _enter = st.engine.handle().enter();
+        let inner = st.loader.epoch(epoch, position).py_err()?;
+        let state = EpochState {
+            engine: Arc::clone(&st.engine),
+            epoch: inner,
+            pool: st.loader.buffer_pool().clone(),
+            keys: Arc::clone(&st.keys),
+            held: Arc::clone(&st.held),
+        };
+        Ok(Epoch {
+            state: ForkGuarded::new("Epoch", state),
+            epoch,
+            position,
+            batch_size: self.batch_size,
+            decode: self.decode,
+            done: false,
+        })
+    }
+
+    /// Samples this rank reads per epoch.
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.loader.samples_per_epoch())
+    }
+
+    /// The dataset's keys, indexed by sample index.
+    fn keys(&self) -> PyResult<Vec<String>> {
+        Ok(self.state.get()?.keys.as_ref().clone())
+    }
+
+    /// Buffers in the sample pool.
+    #[getter]
+    fn pool_buffers(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.loader.buffer_pool().count())
+    }
+
+    /// Bytes of the sample pool.
+    #[getter]
+    fn pool_bytes(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.loader.pool_bytes())
+    }
+
+    /// Raw samples Python holds now.
+    #[getter]
+    fn held(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.held.load(Ordering::Relaxed))
+    }
+
+    fn __repr__(&self) -> String {
+        match self.state.get() {
+            Ok(st) => format!(
+                "ringtier.Loader(samples={}, per_epoch={}, batch_size={}, pool_buffers={})",
+                st.keys.len(),
+                st.loader.samples_per_epoch(),
+                self.batch_size,
+                st.loader.buffer_pool().count()
+            ),
+            Err(_) => "ringtier.Loader(<inherited through fork>)".into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct EpochState {
+    engine: Arc<Engine>,
+    epoch: ringtier_loader::Epoch,
+    pool: BufferPool,
+    keys: Arc<Vec<String>>,
+    held: Arc<AtomicUsize>,
+}
+
+/// How long the reader may sit without a free buffer while Python holds the rest before
+/// that is an error rather than a slow read.
+const EXHAUSTED_AFTER: Duration = Duration::from_millis(500);
+
+/// One epoch's batches: an iterator of [`Batch`].
+#[pyclass(module = "ringtier._ringtier", name = "Epoch")]
+#[derive(Debug)]
+pub(crate) struct Epoch {
+    state: ForkGuarded<EpochState>,
+    epoch: u64,
+    position: usize,
+    batch_size: usize,
+    decode: Option<u32>,
+    done: bool,
+}
+
+#[pymethods]
+impl Epoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        if self.done {
+            return Ok(None);
+        }
+        let batch_size = self.batch_size;
+        let st = self.state.get_mut()?;
+        let (pool, held) = (st.pool.clone(), Arc::clone(&st.held));
+        let stuck = |waited: Duration| -> PyResult<()> {
+            let held_now = held.load(Ordering::Relaxed);
+            if waited >= EXHAUSTED_AFTER && pool.in_use() >= pool.count() && held_now + batch_size > pool.count() {
+                return Err(errors::pool_exhausted(format!(
+                    "the loader cannot read the next batch: Python holds {held_now} of its {} sample buffers and \
+                     a batch needs {batch_size}. Drop samples (and arrays or tensors viewing them) once used, copy \
+                     the ones to keep (sample.to_bytes(), numpy.array(sample)), or create the Loader with a \
+                     larger hold=",
+                    pool.count(),
+                )));
+            }
+            Ok(())
+        };
+        let engine = Arc::clone(&st.engine);
+        let next = wait(py, &engine, st.epoch.next(), stuck)?;
+        let batch = match next {
+            None => {
+                self.done = true;
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                return Err(errors::to_py(e));
+            }
+            Some(Ok(b)) => b,
+        };
+        self.position += batch.indices.len() + batch.skipped.len();
+        let keys = Arc::clone(&st.keys);
+        let held = Arc::clone(&st.held);
+        let shape = self.decode.map(|s| (s as usize, s as usize, 3usize));
+        let mut samples = Vec::with_capacity(batch.samples.len());
+        for (data, &index) in batch.samples.into_iter().zip(&batch.indices) {
+            let counted = matches!(data, SampleData::Raw(_)).then(|| Arc::clone(&held));
+            samples.push(Py::new(py, Sample::new(data, index, Arc::clone(&keys), counted, shape))?);
+        }
+        Ok(Some(Batch {
+            epoch: batch.epoch,
+            index: batch.index,
+            indices: batch.indices,
+            samples,
+            skipped: batch.skipped,
+            bytes: batch.bytes,
+            read_seconds: batch.read_seconds,
+            decode_seconds: batch.decode_seconds,
+        }))
+    }
+
+    /// Samples of this rank consumed (delivered or skipped) since the start of the epoch: pass
+    /// it to `Loader.epoch(epoch, position)` to resume after a restart.
+    #[getter]
+    fn position(&self) -> usize {
+        self.position
+    }
+
+    /// The epoch number.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Totals so far: batches, samples, skipped, bytes, stall/read/decode seconds.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.state.get()?.epoch.stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("skipped", s.skipped)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("stall_seconds", s.stall_seconds)?;
+        d.set_item("first_stall_seconds", s.first_stall_seconds)?;
+        d.set_item("read_seconds", s.read_seconds)?;
+        d.set_item("decode_seconds", s.decode_seconds)?;
+        Ok(d)
+    }
+}
+
+/// A batch of samples.
+#[pyclass(module = "ringtier._ringtier", name = "Batch", frozen)]
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// The epoch.
+    #[pyo3(get)]
+    epoch: u64,
+    /// Index of the batch in this rank's epoch.
+    #[pyo3(get)]
+    index: usize,
+    /// Dataset indices of the samples, in order.
+    #[pyo3(get)]
+    indices: Vec<u32>,
+    samples: Vec<Py<Sample>>,
+    /// Samples left out, with the reason.
+    #[pyo3(get)]
+    skipped: Vec<String>,
+    /// Bytes read.
+    #[pyo3(get)]
+    bytes: u64,
+    /// Seconds the read took.
+    #[pyo3(get)]
+    read_seconds: f64,
+    /// Seconds decoding took.
+    #[pyo3(get)]
+    decode_seconds: f64,
+}
+
+#[pymethods]
+impl Batch {
+    /// The samples, in order.
+    #[getter]
+    fn samples(&self, py: Python<'_>) -> Vec<Py<Sample>> {
+        self.samples.iter().map(|s| s.clone_ref(py)).collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn __getitem__(&self, py: Python<'_>, i: isize) -> PyResult<Py<Sample>> {
+        let n = self.samples.len() as isize;
+        let j = if i < 0 { i + n } else { i };
+        if j < 0 || j >= n {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!("batch index {i} out of range ({n} samples)")));
+        }
+        Ok(self.samples[j as usize].clone_ref(py))
+    }
+
+    fn __iter__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let list = pyo3::types::PyList::new(py, self.samples.iter().map(|s| s.clone_ref(py)))?;
+        Ok(list.try_iter()?.into_any().unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ringtier.Batch(epoch={}, index={}, samples={}, skipped={}, bytes={})",
+            self.epoch,
+            self.index,
+            self.samples.len(),
+            self.skipped.len(),
+            self.bytes
+        )
+    }
+}
+
+/// Where a sample's bytes are, taken once from the owned buffer.
+#[derive(Debug, Clone, Copy)]
+struct RawPtr(*mut u8);
+
+// SAFETY: the pointer is into memory the `Sample` owns (a pooled buffer or a Vec) and never
+// moves while the `Sample` lives; Python reaches it only through buffer views that keep the
+// `Sample` alive.
+unsafe impl Send for RawPtr {}
+// SAFETY: as above; Rust never forms a reference to the bytes while Python may write them
+// except in `Sample::to_bytes`, under the GIL.
+unsafe impl Sync for RawPtr {}
+
+#[derive(Debug)]
+struct Held {
+    data: SampleData,
+    ptr: RawPtr,
+    len: usize,
+}
+
+/// One sample: a pooled buffer (raw bytes) or decoded pixels, exposed through the buffer
+/// protocol (writable, one-dimensional, unsigned bytes).
+#[pyclass(module = "ringtier._ringtier", name = "Sample", frozen)]
+#[derive(Debug)]
+pub(crate) struct Sample {
+    held: Mutex<Option<Held>>,
+    /// Buffer views alive now.
+    exports: AtomicUsize,
+    /// Dataset index.
+    #[pyo3(get)]
+    index: u32,
+    keys: Arc<Vec<String>>,
+    /// The loader's count of raw samples Python holds (raw samples only).
+    counted: Option<Arc<AtomicUsize>>,
+    /// (height, width, channels) of a decoded sample.
+    #[pyo3(get)]
+    shape: Option<(usize, usize, usize)>,
+}
+
+impl Sample {
+    fn new(
+        mut data: SampleData,
+        index: u32,
+        keys: Arc<Vec<String>>,
+        counted: Option<Arc<AtomicUsize>>,
+        shape: Option<(usize, usize, usize)>,
+    ) -> Self {
+        let (ptr, len) = match &mut data {
+            SampleData::Raw(b) => (b.as_mut_slice().as_mut_ptr(), b.len()),
+            SampleData::Decoded(v) => (v.as_mut_ptr(), v.len()),
+        };
+        if let Some(c) = &counted {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        let held = Held { data, ptr: RawPtr(ptr), len };
+        Sample { held: Mutex::new(Some(held)), exports: AtomicUsize::new(0), index, keys, counted, shape }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn give_back(&self, held: Option<Held>) {
+        if let Some(h) = held {
+            drop(h.data);
+            if let Some(c) = &self.counted {
+                c.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Sample {
+    fn drop(&mut self) {
+        let held = self.held.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        self.give_back(held);
+    }
+}
+
+#[pymethods]
+impl Sample {
+    /// The sample's key on its tier.
+    #[getter]
+    fn key(&self) -> String {
+        self.keys.get(self.index as usize).cloned().unwrap_or_default()
+    }
+
+    fn __len__(&self) -> usize {
+        self.lock().as_ref().map_or(0, |h| h.len)
+    }
+
+    /// A copy of the bytes.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let guard = self.lock();
+        let h = guard.as_ref().ok_or_else(|| errors::closed("this sample was released".into()))?;
+        // SAFETY: `ptr..ptr+len` is the sample's own memory, alive while `guard` holds it.
+        let bytes = unsafe { std::slice::from_raw_parts(h.ptr.0, h.len) };
+        Ok(pyo3::types::PyBytes::new(py, bytes))
+    }
+
+    /// Gives the buffer back to the loader's pool now, before the `Sample` is garbage.
+    /// Fails while an array, tensor or memoryview still views it.
+    fn release(&self) -> PyResult<()> {
+        let mut guard = self.lock();
+        let views = self.exports.load(Ordering::SeqCst);
+        if views > 0 {
+            return Err(PyBufferError::new_err(format!(
+                "cannot release sample {}: {views} buffer view(s) (numpy arrays, tensors, memoryviews) still use it",
+                self.index
+            )));
+        }
+        let held = guard.take();
+        drop(guard);
+        self.give_back(held);
+        Ok(())
+    }
+
+    /// True once released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ringtier.Sample(index={}, key={:?}, bytes={})", self.index, self.key(), self.__len__())
+    }
+
+    /// Exposes the bytes: one dimension, format `B`, writable.
+    unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a null Py_buffer"));
+        }
+        let guard = slf.lock();
+        let h = guard.as_ref().ok_or_else(|| PyBufferError::new_err("this sample was released"))?;
+        // SAFETY: `view` is a valid Py_buffer the caller owns; `ptr..ptr+len` stays valid while
+        // the exporter (`slf`, referenced by `view.obj`) lives, and `release` refuses while a
+        // view exists.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                h.ptr.0.cast::<c_void>(),
+                h.len as pyo3::ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        slf.exports.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Starts this process's engine if it has none and returns the process id (tests use it to
+/// check that a forked child gets an engine of its own).
+#[pyfunction]
+pub(crate) fn _engine_pid() -> PyResult<u32> {
+    let _ = engine()?;
+    Ok(std::process::id())
+}

@@ -1,0 +1,534 @@
+//! `ringtier.CheckpointStore` (the Rust half): saves parts given as lists of Python buffers
+//! (each part the concatenation of its buffers, written from their memory), an asynchronous
+//! save from one staging copy, and loads whose parts come back as writable buffers. The
+//! Python half (`ringtier/checkpoint.py`) turns state dicts into parts and back.
+
+use std::ffi::{c_int, c_void};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyTimeoutError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use ringtier_core::buf::AlignedBuf;
+use ringtier_migrate::{CheckpointStore as RustStore, OnFull, Part, SaveReport, StoreConfig};
+
+use crate::engine::{wait, wait_plain, Engine, ForkGuarded};
+use crate::errors::{self, IntoPy};
+use crate::loader::open_tier;
+
+/// The parts of a save as Python hands them over: a name and the buffers to concatenate.
+type PyParts<'py> = Vec<(String, Vec<Bound<'py, PyAny>>)>;
+
+/// Buffers exported by Python objects, held while their bytes are written.
+struct Exported {
+    names: Vec<String>,
+    /// Per part, the buffers (kept alive: dropping one ends the export).
+    buffers: Vec<Vec<PyUntypedBuffer>>,
+}
+
+impl Exported {
+    fn new(parts: PyParts<'_>) -> PyResult<Self> {
+        let mut names = Vec::with_capacity(parts.len());
+        let mut buffers = Vec::with_capacity(parts.len());
+        for (name, objs) in parts {
+            let mut bufs = Vec::with_capacity(objs.len());
+            for (i, obj) in objs.iter().enumerate() {
+                let buf = PyUntypedBuffer::get(obj).map_err(|e| {
+                    errors::type_error(format!(
+                        "part {name:?}, item {i}: a {} does not export a buffer ({e}); give bytes, a numpy array \
+                         or a uint8 view of a tensor",
+                        obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                    ))
+                })?;
+                if !buf.is_c_contiguous() {
+                    return Err(errors::invalid(format!(
+                        "part {name:?}, item {i}: the buffer is not C-contiguous (make it contiguous first)"
+                    )));
+                }
+                bufs.push(buf);
+            }
+            names.push(name);
+            buffers.push(bufs);
+        }
+        Ok(Exported { names, buffers })
+    }
+
+    /// The bytes of every buffer, per part.
+    fn slices(&self) -> Vec<Vec<&[u8]>> {
+        self.buffers
+            .iter()
+            .map(|bufs| {
+                bufs.iter()
+                    .map(|b| {
+                        let len = b.len_bytes();
+                        if len == 0 {
+                            return &[][..];
+                        }
+                        // SAFETY: a C-contiguous buffer of `len` bytes at `buf_ptr`, exported by
+                        // an object the `PyUntypedBuffer` keeps alive (and locked against
+                        // resizing) for as long as `self` lives, which outlives the slices.
+                        unsafe { std::slice::from_raw_parts(b.buf_ptr().cast::<u8>().cast_const(), len) }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// A part that is several buffers end to end: read (and rewound) without joining them.
+struct Chain<'a> {
+    slices: Vec<&'a [u8]>,
+    /// Start offset of each slice.
+    starts: Vec<u64>,
+    len: u64,
+    pos: u64,
+}
+
+impl<'a> Chain<'a> {
+    fn new(slices: Vec<&'a [u8]>) -> Self {
+        let mut starts = Vec::with_capacity(slices.len());
+        let mut len = 0u64;
+        for s in &slices {
+            starts.push(len);
+            len += s.len() as u64;
+        }
+        Chain { slices, starts, len, pos: 0 }
+    }
+}
+
+impl Read for Chain<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let mut n = 0;
+        while n < out.len() && self.pos < self.len {
+            let i = self.starts.partition_point(|&s| s <= self.pos) - 1;
+            let s = self.slices[i];
+            let off = (self.pos - self.starts[i]) as usize;
+            let k = (s.len() - off).min(out.len() - n);
+            out[n..n + k].copy_from_slice(&s[off..off + k]);
+            n += k;
+            self.pos += k as u64;
+        }
+        Ok(n)
+    }
+}
+
+impl Seek for Chain<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Start(p) => p as i128,
+            SeekFrom::Current(d) => self.pos as i128 + d as i128,
+            SeekFrom::End(d) => self.len as i128 + d as i128,
+        };
+        if pos < 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start"));
+        }
+        self.pos = pos as u64;
+        Ok(self.pos)
+    }
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &SaveReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", r.step)?;
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("tier", &r.tier)?;
+    d.set_item("blocking_seconds", r.blocking.as_secs_f64())?;
+    d.set_item("wrote_through", r.wrote_through)?;
+    Ok(d)
+}
+
+#[derive(Debug)]
+struct StoreState {
+    engine: Arc<Engine>,
+    store: RustStore,
+    /// The staging buffer of the last finished `async_save`, kept for the next one (its pages
+    /// are already faulted in).
+    staging: Arc<Mutex<Option<AlignedBuf>>>,
+}
+
+/// The checkpoint store over directories, fastest first.
+#[pyclass(module = "ringtier._ringtier", name = "CheckpointStore")]
+#[derive(Debug)]
+pub(crate) struct CheckpointStore {
+    state: Option<ForkGuarded<StoreState>>,
+    tiers: Vec<String>,
+}
+
+impl CheckpointStore {
+    fn st(&self) -> PyResult<&StoreState> {
+        match &self.state {
+            Some(s) => s.get(),
+            None => Err(errors::closed(format!("the checkpoint store over {:?} is closed", self.tiers))),
+        }
+    }
+}
+
+/// Staging buffers are allocated in multiples of this (so that one is reused for a checkpoint
+/// that grew a little).
+const STAGING_GRANULE: usize = 2 << 20;
+
+#[pymethods]
+impl CheckpointStore {
+    #[new]
+    #[pyo3(signature = (tiers, *, prefix="ckpt".to_string(), chunk_bytes=8<<20, keep_last=2, drain_concurrency=1,
+        drain_bytes_per_sec=None, fast_capacity_bytes=None, on_full="wait", engine="uring", read_only=false,
+        create=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        tiers: Vec<PathBuf>,
+        prefix: String,
+        chunk_bytes: usize,
+        keep_last: usize,
+        drain_concurrency: usize,
+        drain_bytes_per_sec: Option<u64>,
+        fast_capacity_bytes: Option<u64>,
+        on_full: &str,
+        engine: &str,
+        read_only: bool,
+        create: bool,
+    ) -> PyResult<Self> {
+        if tiers.is_empty() {
+            return Err(errors::invalid("a checkpoint store needs at least one tier directory".into()));
+        }
+        let on_full = match on_full {
+            "wait" => OnFull::Wait,
+            "write_through" | "write-through" => OnFull::WriteThrough,
+            other => {
+                return Err(errors::invalid(format!("on_full must be \"wait\" or \"write_through\", not {other:?}")))
+            }
+        };
+        let names: Vec<String> = tiers.iter().map(|p| p.display().to_string()).collect();
+        for dir in &tiers {
+            if !create && !dir.is_dir() {
+                return Err(errors::to_py(ringtier_core::Error::new(
+                    ringtier_core::ErrorKind::NotFound,
+                    format!(
+                        "checkpoint tier directory {} does not exist (create it, or pass create=True)",
+                        dir.display()
+                    ),
+                )));
+            }
+        }
+        let eng = crate::engine::engine()?;
+        let _enter = eng.handle().enter();
+        let opened: Vec<_> = tiers.iter().map(|d| open_tier(d, engine, None, create)).collect::<PyResult<Vec<_>>>()?;
+        let cfg = StoreConfig::default()
+            .with_prefix(prefix)
+            .with_chunk_bytes(chunk_bytes)
+            .with_keep_last(keep_last)
+            .with_drain_concurrency(drain_concurrency)
+            .with_drain_bytes_per_sec(drain_bytes_per_sec)
+            .with_fast_capacity_bytes(fast_capacity_bytes)
+            .with_on_full(on_full);
+        let store = if read_only {
+            wait_plain(py, &eng, RustStore::open_read_only(opened, cfg))?
+        } else {
+            wait_plain(py, &eng, RustStore::open(opened, cfg))?
+        }
+        .py_err()?;
+        let state = StoreState { engine: eng.clone(), store, staging: Arc::default() };
+        Ok(CheckpointStore { state: Some(ForkGuarded::new("CheckpointStore", state)), tiers: names })
+    }
+
+    /// Saves `parts` (`[(name, [buffer, ...]), ...]`, each part its buffers end to end) as
+    /// checkpoint `step`; returns once durable on the fast tier.
+    fn save<'py>(&self, py: Python<'py>, step: u64, parts: PyParts<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.st()?;
+        let exported = Exported::new(parts)?;
+        let slices = exported.slices();
+        let rust_parts: Vec<Part<'_>> = exported
+            .names
+            .iter()
+            .zip(slices)
+            .map(|(name, s)| {
+                let chain = Chain::new(s);
+                let len = chain.len;
+                Part::seekable(name.clone(), chain, Some(len))
+            })
+            .collect();
+        let report = wait_plain(py, &st.engine, st.store.save(step, rust_parts))?.py_err()?;
+        drop(exported);
+        report_dict(py, &report)
+    }
+
+    /// Copies `parts` into a staging buffer (the caller may change its tensors as soon as this
+    /// returns) and saves them in the background; returns a `SaveFuture`.
+    fn async_save(&self, py: Python<'_>, step: u64, parts: PyParts<'_>) -> PyResult<SaveFuture> {
+        let st = self.st()?;
+        let exported = Exported::new(parts)?;
+        let slices = exported.slices();
+        let total: usize = slices.iter().flatten().map(|s| s.len()).sum();
+        let cached = st.staging.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut staging = match cached {
+            Some(b) if b.capacity() >= total => b,
+            _ => AlignedBuf::new(total.max(1).next_multiple_of(STAGING_GRANULE), 4096).py_err()?,
+        };
+        let mut layout = Vec::with_capacity(slices.len());
+        py.detach(|| {
+            let dst = staging.capacity_mut();
+            let mut off = 0;
+            for (name, part) in exported.names.iter().zip(&slices) {
+                let start = off;
+                for s in part {
+                    dst[off..off + s.len()].copy_from_slice(s);
+                    off += s.len();
+                }
+                layout.push((name.clone(), start..off));
+            }
+        });
+        drop(slices);
+        drop(exported);
+        let shared = Arc::new(FutureShared::default());
+        let (store, done, cache) = (st.store.clone(), Arc::clone(&shared), Arc::clone(&st.staging));
+        st.engine.handle().spawn(async move {
+            let res = {
+                let bytes = staging.capacity_mut();
+                let parts: Vec<Part<'_>> =
+                    layout.iter().map(|(n, r)| Part::bytes(n.clone(), &bytes[r.clone()])).collect();
+                store.save(step, parts).await
+            };
+            *cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(staging);
+            *done.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(res);
+            done.notify.notify_waiters();
+        });
+        Ok(SaveFuture { shared, engine: ForkGuarded::new("SaveFuture", Arc::clone(&st.engine)), step })
+    }
+
+    /// Loads checkpoint `step` (the newest when None): `(step, tier, [(name, PartBuffer)],
+    /// fallbacks)`, or None when the store holds no checkpoint.
+    #[pyo3(signature = (step=None))]
+    fn load<'py>(&self, py: Python<'py>, step: Option<u64>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let st = self.st()?;
+        let restored = match step {
+            Some(s) => wait_plain(py, &st.engine, st.store.load(s))?.py_err()?,
+            None => match wait_plain(py, &st.engine, st.store.load_latest())?.py_err()? {
+                Some(r) => r,
+                None => return Ok(None),
+            },
+        };
+        let parts = PyList::empty(py);
+        for (name, data) in restored.parts {
+            parts.append((name, PartBuffer::new(data)))?;
+        }
+        Ok(Some((restored.step, restored.tier, parts, restored.fallbacks).into_pyobject(py)?.into_any()))
+    }
+
+    /// Every checkpoint with a committed copy: `[{"step", "bytes", "tiers"}]`, by step.
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let st = self.st()?;
+        let infos = wait_plain(py, &st.engine, st.store.list())?.py_err()?;
+        let out = PyList::empty(py);
+        for c in infos {
+            let d = PyDict::new(py);
+            d.set_item("step", c.step)?;
+            d.set_item("bytes", c.bytes)?;
+            d.set_item("tiers", c.tiers)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// The newest committed step, or None.
+    fn latest(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let st = self.st()?;
+        wait_plain(py, &st.engine, st.store.latest())?.py_err()
+    }
+
+    /// Verifies every committed copy of `step`: `[(tier, None or the reason)]`.
+    fn verify(&self, py: Python<'_>, step: u64) -> PyResult<Vec<(String, Option<String>)>> {
+        let st = self.st()?;
+        let res = wait_plain(py, &st.engine, st.store.verify(step))?.py_err()?;
+        Ok(res.into_iter().map(|(t, r)| (t, r.err().map(|e| e.to_string()))).collect())
+    }
+
+    /// Waits until every committed checkpoint is copied to the slowest tier.
+    fn drain(&self, py: Python<'_>) -> PyResult<()> {
+        let st = self.st()?;
+        wait_plain(py, &st.engine, st.store.drain())?.py_err()
+    }
+
+    /// Drain totals: checkpoints, bytes, busy_seconds, paused_seconds, backlog_bytes.
+    fn drain_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.st()?;
+        let s = st.store.drain_stats();
+        let d = PyDict::new(py);
+        d.set_item("checkpoints", s.checkpoints)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("busy_seconds", s.busy_seconds)?;
+        d.set_item("paused_seconds", s.paused_seconds)?;
+        d.set_item("backlog_bytes", st.store.drain_backlog_bytes())?;
+        Ok(d)
+    }
+
+    /// The tier directories, fastest first.
+    #[getter]
+    fn tiers(&self) -> Vec<String> {
+        self.tiers.clone()
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.state.is_none()
+    }
+
+    /// Closes the store (its lock is released once its drain task ends); `drain=True` first
+    /// waits for the drain. Closing twice is allowed.
+    #[pyo3(signature = (drain=false))]
+    fn close(&mut self, py: Python<'_>, drain: bool) -> PyResult<()> {
+        if drain && self.state.is_some() {
+            self.drain(py)?;
+        }
+        if let Some(state) = self.state.take() {
+            // Dropping the store may wait for its drain task: without the GIL.
+            py.detach(move || drop(state));
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ringtier.CheckpointStore({:?}{})", self.tiers, if self.state.is_none() { ", closed" } else { "" })
+    }
+}
+
+#[derive(Debug, Default)]
+struct FutureShared {
+    result: Mutex<Option<ringtier_core::Result<SaveReport>>>,
+    notify: tokio::sync::Notify,
+}
+
+/// The result of an `async_save`, available once the checkpoint is durable on the fast tier.
+#[pyclass(module = "ringtier._ringtier", name = "SaveFuture", frozen)]
+#[derive(Debug)]
+pub(crate) struct SaveFuture {
+    shared: Arc<FutureShared>,
+    engine: ForkGuarded<Arc<Engine>>,
+    /// The step being saved.
+    #[pyo3(get)]
+    step: u64,
+}
+
+impl SaveFuture {
+    fn is_done(&self) -> bool {
+        self.shared.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+}
+
+#[pymethods]
+impl SaveFuture {
+    /// True once the save finished (durable or failed).
+    fn done(&self) -> bool {
+        self.is_done()
+    }
+
+    /// Waits (at most `timeout` seconds) and returns the save's report, or raises its error.
+    /// Ctrl-C interrupts the wait, not the save.
+    #[pyo3(signature = (timeout=None))]
+    fn result<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let engine = self.engine.get()?;
+        let shared = Arc::clone(&self.shared);
+        let limit = timeout.map(Duration::from_secs_f64);
+        let step = self.step;
+        let finished = {
+            let shared = Arc::clone(&shared);
+            async move {
+                loop {
+                    let notified = shared.notify.notified();
+                    if shared.result.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                        return;
+                    }
+                    notified.await;
+                }
+            }
+        };
+        wait(py, engine, finished, |waited| match limit {
+            Some(l) if waited >= l => {
+                Err(PyTimeoutError::new_err(format!("checkpoint {step} not durable after {:.3} s", l.as_secs_f64())))
+            }
+            _ => Ok(()),
+        })?;
+        let guard = shared.result.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(Ok(r)) => report_dict(py, r),
+            Some(Err(e)) => Err(errors::to_py(ringtier_core::Error::new(e.kind(), e.to_string()))),
+            None => Err(errors::invalid("the save finished without a result".into())),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ringtier.SaveFuture(step={}, done={})", self.step, self.is_done())
+    }
+}
+
+/// A restored part's bytes, exposed through the buffer protocol (writable, format `B`):
+/// tensors and arrays built over it share its memory.
+#[pyclass(module = "ringtier._ringtier", name = "PartBuffer", frozen)]
+#[derive(Debug)]
+pub(crate) struct PartBuffer {
+    ptr: SendPtr,
+    len: usize,
+    _data: Vec<u8>,
+    exports: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SendPtr(*mut u8);
+
+// SAFETY: points into `PartBuffer::_data`, which never moves or reallocates while the
+// `PartBuffer` lives; Python reaches it only through views that keep the `PartBuffer` alive.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl PartBuffer {
+    fn new(mut data: Vec<u8>) -> Self {
+        let ptr = SendPtr(data.as_mut_ptr());
+        PartBuffer { ptr, len: data.len(), _data: data, exports: AtomicUsize::new(0) }
+    }
+}
+
+#[pymethods]
+impl PartBuffer {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Buffer views alive now.
+    #[getter]
+    fn views(&self) -> usize {
+        self.exports.load(Ordering::SeqCst)
+    }
+
+    unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a null Py_buffer"));
+        }
+        // SAFETY: `view` is the caller's Py_buffer; the bytes live as long as `slf`, which
+        // `view.obj` references until the view is released.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                slf.ptr.0.cast::<c_void>(),
+                slf.len as pyo3::ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        slf.exports.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}

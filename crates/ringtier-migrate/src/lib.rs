@@ -5,5 +5,6 @@ mod store;
 
 pub use manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
 pub use store::{
-    CheckpointInfo, CheckpointStore, DrainStats, OnFull, Part, PartData, Restored, SaveReport, SeekRead, StoreConfig,
+    BufferSink, CheckpointInfo, CheckpointStore, DrainStats, FnSink, OnFull, Part, PartData, PartInfo, RestoreEvent,
+    RestoreOptions, RestoreReport, RestoreSink, Restored, SaveReport, SeekRead, StoreConfig, TierSink,
 };

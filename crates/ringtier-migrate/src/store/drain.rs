@@ -26,6 +26,9 @@ impl DrainStats {
     }
 }
 
+/// Chunk reads of the fast copy in flight ahead of the drain's writer (each a write chunk).
+const DRAIN_READ_DEPTH: usize = 2;
+
 impl Inner {
     /// A drain's wait for saves in progress, counted in [`DrainStats::paused_seconds`].
     pub(super) async fn drain_pause(&self) {
@@ -82,7 +85,8 @@ impl Inner {
         let mut bytes = 0;
         for p in &manifest.parts {
             let key = self.part_key(step, &p.name);
-            let src = TierChunks { tier: Arc::clone(&self.tiers[from]), key: key.clone(), size: p.size, off: 0 };
+            let (chunk, _) = self.chunk_layout(to);
+            let src = TierChunks::new(Arc::clone(&self.tiers[from]), key.clone(), p.size, chunk, DRAIN_READ_DEPTH);
             let (size, crc) = self.write_stream(to, &key, true, src).await?;
             if size != p.size || crc != p.crc32c {
                 let _ = self.tiers[to].delete(&key).await;

@@ -7,7 +7,8 @@
 //! * [`save`]: room on the fast tier, streaming parts, the commit order;
 //! * [`drain`]: the background copy to slower tiers;
 //! * [`evict`]: removing drained faster copies, manifest first;
-//! * [`restore`]: list, load, verify, with fallback to slower copies.
+//! * [`read`]: the one read path (chunks in flight, in order) and [`RestoreSink`];
+//! * [`restore`]: list, restore into sinks, load, verify, with fallback to slower copies.
 
 use crate::manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
 use ringtier_core::buf::AlignedBuf;
@@ -27,6 +28,7 @@ mod config;
 mod drain;
 mod evict;
 mod part;
+mod read;
 mod restore;
 mod save;
 
@@ -36,7 +38,11 @@ pub use drain::DrainStats;
 use evict::Evict;
 use part::*;
 pub use part::{Part, PartData, SeekRead};
-pub use restore::{CheckpointInfo, Restored};
+use read::{ChunkReads, Span};
+pub use read::{PartInfo, RestoreSink};
+pub use restore::{
+    BufferSink, CheckpointInfo, FnSink, RestoreEvent, RestoreOptions, RestoreReport, Restored, TierSink,
+};
 pub use save::SaveReport;
 use save::*;
 

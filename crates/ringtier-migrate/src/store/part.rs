@@ -148,35 +148,46 @@ impl AsyncChunks for ReaderChunks<'_, '_> {
     }
 }
 
-/// Reads an object of a tier straight into the buffer that is then written (no copy).
+/// Reads an object of a tier through the restore's read path ([`ChunkReads`]: reads in
+/// flight ahead of the writer) and hands each filled buffer to the writer (no copy).
 pub(super) struct TierChunks {
-    pub(super) tier: Arc<dyn Tier>,
-    pub(super) key: String,
-    pub(super) size: u64,
-    pub(super) off: u64,
+    pub(super) reads: ChunkReads,
+}
+
+impl TierChunks {
+    /// `size` bytes of `key` on `tier`, in reads of `chunk` bytes, `depth` in flight.
+    pub(super) fn new(tier: Arc<dyn Tier>, key: String, size: u64, chunk: usize, depth: usize) -> Self {
+        TierChunks { reads: ChunkReads::new(vec![Span { tier, key, start: 0, end: size }], chunk, depth) }
+    }
 }
 
 impl AsyncChunks for TierChunks {
     async fn fill(&mut self, buf: AlignedBuf, max: usize) -> (Result<usize>, AlignedBuf) {
-        let want = (max as u64).min(self.size - self.off) as usize;
-        if want == 0 {
-            let mut buf = buf;
-            buf.clear();
-            return (Ok(0), buf);
-        }
-        let (res, buf) = self.tier.read_at(&self.key, self.off, want, buf).await;
-        let res = match res {
-            Ok(n) if n == want && buf.head() == 0 => {
-                self.off += n as u64;
-                Ok(n)
-            }
-            Ok(n) if n < want => Err(Error::new(
-                ErrorKind::Corrupt,
-                format!("{} on tier {:?} is truncated at {} bytes", self.key, self.tier.name(), self.off + n as u64),
-            )),
+        debug_assert!(max >= self.reads.chunk(), "the writer's chunk holds a read");
+        self.reads.recycle(buf);
+        let Some(chunk) = self.reads.next().await else {
+            return match self.reads.spare_buffer() {
+                Ok(b) => (Ok(0), b),
+                Err(e) => (Err(e), fallback_buf()),
+            };
+        };
+        let buf = match chunk.buf {
+            Some(b) => b,
+            None => match self.reads.spare_buffer() {
+                Ok(b) => b,
+                Err(e) => return (Err(e), fallback_buf()),
+            },
+        };
+        let res = match chunk.result {
+            Ok(n) if buf.head() == 0 => Ok(n),
             Ok(_) => Err(Error::new(ErrorKind::Misaligned, "chunk read landed off the start of the buffer")),
             Err(e) => Err(e),
         };
         (res, buf)
     }
+}
+
+/// A one-page buffer to hand back where an allocation failed (the error says so).
+fn fallback_buf() -> AlignedBuf {
+    AlignedBuf::new(4096, 4096).unwrap_or_else(|e| panic!("cannot allocate one page: {e}"))
 }

@@ -27,17 +27,6 @@ pub struct Restored {
 }
 
 impl Inner {
-    pub(super) async fn read_all(&self, t: usize, key: &str, size: u64) -> Result<Vec<u8>> {
-        let data = ringtier_core::ops::read_exact_at(self.tiers[t].as_ref(), key, 0, size as usize).await?;
-        if data.len() as u64 != size {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!("{key}: {} of {size} bytes present (truncated)", data.len()),
-            ));
-        }
-        Ok(data)
-    }
-
     pub(super) async fn manifest(&self, t: usize, step: u64) -> Result<CheckpointManifest> {
         let key = self.manifest_key(step);
         let tier = self.tiers[t].as_ref();
@@ -79,63 +68,604 @@ impl CheckpointStore {
         }
     }
 
-    /// Reads and verifies checkpoint `step` from the fastest tier holding a committed copy,
-    /// falling back to slower copies when one fails verification (and saying why).
+    /// Reads and verifies checkpoint `step` into memory, one `Vec` per part: a convenience for
+    /// small checkpoints. It reads through [`restore`](Self::restore) (chunks in flight,
+    /// checksums on the fly, a slower copy of a part used when the faster one is bad); large
+    /// checkpoints go into caller buffers ([`load_into`](Self::load_into)) or files
+    /// ([`TierSink`]) instead, without holding the checkpoint twice.
     pub async fn load(&self, step: u64) -> Result<Restored> {
-        let inner = &self.inner;
-        let mut fallbacks = Vec::new();
-        for t in 0..inner.tiers.len() {
-            if !inner.is_committed(t, step).await? {
-                continue;
-            }
-            match self.load_from(t, step).await {
-                Ok(parts) => {
-                    for f in &fallbacks {
-                        tracing::warn!("checkpoint {step}: {f}");
-                    }
-                    return Ok(Restored { step, tier: inner.tiers[t].name().to_string(), parts, fallbacks });
-                }
-                Err(e) => {
-                    inner.m.fallbacks[t].increment(1);
-                    fallbacks.push(format!("copy on tier {:?} unusable: {e}", inner.tiers[t].name()));
-                }
-            }
-        }
-        if fallbacks.is_empty() {
-            return Err(Error::new(ErrorKind::NotFound, format!("no committed copy of checkpoint {step} on any tier")));
-        }
-        Err(Error::new(ErrorKind::Corrupt, format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; "))))
+        let mut sink = VecSink::default();
+        let report = self.restore(step, &mut sink, &RestoreOptions::default()).await?;
+        Ok(Restored { step, tier: report.tier_summary(), parts: sink.parts, fallbacks: report.fallbacks })
     }
 
-    pub(super) async fn load_from(&self, t: usize, step: u64) -> Result<Vec<(String, Vec<u8>)>> {
-        let inner = &self.inner;
-        let manifest = inner.manifest(t, step).await?;
-        let mut parts = Vec::with_capacity(manifest.parts.len());
-        for p in &manifest.parts {
-            let key = inner.part_key(step, &p.name);
-            let data = inner.read_all(t, &key, p.size).await?;
-            let crc = crc32c::crc32c(&data);
-            if crc != p.crc32c {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!("part {:?}: checksum mismatch (crc32c {crc:08x}, manifest {:08x})", p.name, p.crc32c),
-                ));
-            }
-            parts.push((p.name.clone(), data));
-        }
-        Ok(parts)
+    /// Reads and verifies the parts named in `buffers` into them: each buffer must be exactly
+    /// its part's size (checked before anything is read). Buffers can be anything the caller
+    /// holds: a model's tensors, a slice of a pinned pool that `ringtier-stage` then copies to
+    /// a GPU.
+    pub async fn load_into(&self, step: u64, buffers: Vec<(String, &mut [u8])>) -> Result<RestoreReport> {
+        let names = buffers.iter().map(|(n, _)| n.clone()).collect();
+        let mut sink = BufferSink::new(buffers);
+        self.restore(step, &mut sink, &RestoreOptions::default().with_parts(Some(names))).await
     }
 
-    /// Verifies every committed copy of `step`: one line per tier, `Ok` or the reason.
+    /// Reads and verifies one part of checkpoint `step` into memory.
+    pub async fn read_part(&self, step: u64, name: &str) -> Result<Vec<u8>> {
+        let mut sink = VecSink::default();
+        let opts = RestoreOptions::default().with_parts(Some(vec![name.to_string()]));
+        self.restore(step, &mut sink, &opts).await?;
+        Ok(sink.parts.pop().map(|(_, data)| data).unwrap_or_default())
+    }
+
+    /// Reads bytes `[offset, offset + dst.len())` of part `name` of checkpoint `step` into
+    /// `dst` (a rank reading only its shard). A range is not checked against the part's
+    /// checksum (that covers the whole part); short or missing copies still fall back to
+    /// slower tiers.
+    pub async fn read_part_range(&self, step: u64, name: &str, offset: u64, dst: &mut [u8]) -> Result<RestoreReport> {
+        let len = dst.len() as u64;
+        let mut sink = BufferSink::new(vec![(name.to_string(), dst)]);
+        let opts = RestoreOptions::default().with_parts(Some(vec![name.to_string()]));
+        self.inner.restore_plan(step, &opts, Some((offset, len)), None, &mut sink).await
+    }
+
+    /// Streams checkpoint `step` (or the parts [`RestoreOptions::parts`] names) into `sink`:
+    /// the parts in save order, each read with [`RestoreOptions::depth`] chunk reads in flight
+    /// across part boundaries, its checksum checked as the bytes pass, memory bounded by
+    /// `depth` buffers of [`RestoreOptions::chunk_bytes`] whatever the checkpoint's size. Each
+    /// part is read from the fastest tier holding a committed copy; a copy found truncated,
+    /// corrupt or gone part-way is discarded and the part read again from the next tier (the
+    /// report says why, and `ringtier_ckpt_restore_fallbacks_total` counts it).
+    pub async fn restore<S: RestoreSink>(
+        &self,
+        step: u64,
+        sink: &mut S,
+        opts: &RestoreOptions,
+    ) -> Result<RestoreReport> {
+        self.inner.restore_plan(step, opts, None, None, sink).await
+    }
+
+    /// Verifies every committed copy of `step`, each on its own (no fallback between them):
+    /// one line per tier, `Ok` or the reason. Reads like [`restore`](Self::restore), into
+    /// nothing.
     pub async fn verify(&self, step: u64) -> Result<Vec<(String, Result<()>)>> {
         let inner = &self.inner;
         let mut out = Vec::new();
         for t in 0..inner.tiers.len() {
             if inner.is_committed(t, step).await? {
-                let res = self.load_from(t, step).await.map(|_| ());
-                out.push((inner.tiers[t].name().to_string(), res));
+                let mut sink = DiscardSink;
+                let res = inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink).await;
+                out.push((inner.tiers[t].name().to_string(), res.map(|_| ())));
             }
         }
         Ok(out)
+    }
+}
+
+/// Settings of one restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RestoreOptions {
+    /// Bytes per read request (rounded up to the tiers' alignment). Default 1 MiB.
+    pub chunk_bytes: usize,
+    /// Read requests in flight. Default 16 (with the default chunk, 16 MiB of buffers).
+    pub depth: usize,
+    /// Only these parts, by name (read in save order); `None` (the default) for all.
+    pub parts: Option<Vec<String>>,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions { chunk_bytes: 1 << 20, depth: 16, parts: None }
+    }
+}
+
+impl RestoreOptions {
+    /// Sets [`RestoreOptions::chunk_bytes`].
+    pub fn with_chunk_bytes(mut self, chunk_bytes: usize) -> Self {
+        self.chunk_bytes = chunk_bytes;
+        self
+    }
+
+    /// Sets [`RestoreOptions::depth`].
+    pub fn with_depth(mut self, depth: usize) -> Self {
+        self.depth = depth;
+        self
+    }
+
+    /// Sets [`RestoreOptions::parts`].
+    pub fn with_parts(mut self, parts: impl Into<Option<Vec<String>>>) -> Self {
+        self.parts = parts.into();
+        self
+    }
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreReport {
+    /// The step.
+    pub step: u64,
+    /// Bytes delivered to the sink (each part counted once, the last delivery).
+    pub bytes: u64,
+    /// Each part delivered and the name of the tier its bytes came from, in save order.
+    pub sources: Vec<(String, String)>,
+    /// Why faster copies were not used, one line per copy skipped.
+    pub fallbacks: Vec<String>,
+    /// Wall time of the restore.
+    pub seconds: f64,
+}
+
+impl RestoreReport {
+    /// The tiers the parts came from, in order of first use, comma-separated.
+    pub fn tier_summary(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for (_, t) in &self.sources {
+            if !names.contains(&t.as_str()) {
+                names.push(t);
+            }
+        }
+        names.join(", ")
+    }
+}
+
+/// Each part into a buffer of exactly its size that the caller holds (see
+/// [`CheckpointStore::load_into`]).
+#[derive(Debug)]
+pub struct BufferSink<'a> {
+    buffers: Vec<(String, &'a mut [u8])>,
+    /// Index into `buffers` of the part being delivered.
+    current: Option<usize>,
+}
+
+impl<'a> BufferSink<'a> {
+    /// A sink over `(part name, buffer)` pairs.
+    pub fn new(buffers: Vec<(String, &'a mut [u8])>) -> Self {
+        BufferSink { buffers, current: None }
+    }
+}
+
+impl RestoreSink for BufferSink<'_> {
+    async fn prepare(&mut self, parts: &[PartInfo]) -> Result<()> {
+        for (name, buf) in &self.buffers {
+            let Some(p) = parts.iter().find(|p| p.name == *name) else {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("a destination buffer names part {name:?}, which this restore does not read"),
+                ));
+            };
+            if buf.len() as u64 != p.end - p.start {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "the destination buffer for part {name:?} holds {} bytes; the part{} has {}",
+                        buf.len(),
+                        if p.end - p.start == p.size { "" } else { "'s range" },
+                        p.end - p.start
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn begin(&mut self, part: &PartInfo) -> Result<()> {
+        let i = self.buffers.iter().position(|(n, _)| *n == part.name).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, format!("no destination buffer for part {:?}", part.name))
+        })?;
+        self.current = Some(i);
+        Ok(())
+    }
+
+    async fn write(&mut self, part: &PartInfo, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        let Some(i) = self.current else {
+            return (Err(Error::new(ErrorKind::InvalidInput, format!("part {:?} not begun", part.name))), buf);
+        };
+        let dst = &mut self.buffers[i].1;
+        let src = buf.as_slice();
+        let res = match (offset as usize).checked_add(src.len()) {
+            Some(end) if end <= dst.len() => {
+                dst[offset as usize..end].copy_from_slice(src);
+                Ok(())
+            }
+            _ => Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("destination buffer for part {:?} ({} bytes) is too small", part.name, dst.len()),
+            )),
+        };
+        (res, buf)
+    }
+
+    async fn finish(&mut self, _part: &PartInfo) -> Result<()> {
+        self.current = None;
+        Ok(())
+    }
+
+    async fn discard(&mut self, _part: &PartInfo) {
+        self.current = None;
+    }
+}
+
+/// Each part into a new `Vec` (what [`CheckpointStore::load`] uses).
+#[derive(Debug, Default)]
+struct VecSink {
+    parts: Vec<(String, Vec<u8>)>,
+}
+
+impl RestoreSink for VecSink {
+    async fn begin(&mut self, part: &PartInfo) -> Result<()> {
+        let cap = usize::try_from(part.size).map_err(|_| {
+            Error::new(ErrorKind::InvalidInput, format!("part {:?} is too large for memory", part.name))
+        })?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(cap).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                format!("part {:?} ({cap} bytes) does not fit in memory: {e}", part.name),
+            )
+        })?;
+        self.parts.push((part.name.clone(), v));
+        Ok(())
+    }
+
+    async fn write(&mut self, _part: &PartInfo, _offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        if let Some((_, v)) = self.parts.last_mut() {
+            v.extend_from_slice(buf.as_slice());
+        }
+        (Ok(()), buf)
+    }
+
+    async fn finish(&mut self, _part: &PartInfo) -> Result<()> {
+        Ok(())
+    }
+
+    async fn discard(&mut self, _part: &PartInfo) {
+        self.parts.pop();
+    }
+}
+
+/// Reads and checks, keeps nothing (verification).
+struct DiscardSink;
+
+impl RestoreSink for DiscardSink {
+    async fn begin(&mut self, _part: &PartInfo) -> Result<()> {
+        Ok(())
+    }
+
+    async fn write(&mut self, _part: &PartInfo, _offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        (Ok(()), buf)
+    }
+
+    async fn finish(&mut self, _part: &PartInfo) -> Result<()> {
+        Ok(())
+    }
+
+    async fn discard(&mut self, _part: &PartInfo) {}
+}
+
+/// One step of a restore as a [`FnSink`] sees it.
+#[derive(Debug)]
+pub enum RestoreEvent<'a> {
+    /// A part starts (again, after a [`RestoreEvent::Discard`]).
+    Begin(&'a PartInfo),
+    /// The part's next bytes, at `offset`.
+    Data {
+        /// The part.
+        part: &'a PartInfo,
+        /// Offset of `bytes` in what is read of the part.
+        offset: u64,
+        /// The bytes.
+        bytes: &'a [u8],
+    },
+    /// The part is complete and matched its checksum.
+    Finish(&'a PartInfo),
+    /// Forget what arrived of the part since its `Begin`: the copy was bad; it comes again.
+    Discard(&'a PartInfo),
+}
+
+/// A sink that hands every chunk to a closure, as it is read (a hash, a network stream, a
+/// custom deserializer).
+pub struct FnSink<F>(pub F);
+
+impl<F> fmt::Debug for FnSink<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnSink")
+    }
+}
+
+impl<F: FnMut(RestoreEvent<'_>) -> Result<()> + Send> RestoreSink for FnSink<F> {
+    async fn begin(&mut self, part: &PartInfo) -> Result<()> {
+        (self.0)(RestoreEvent::Begin(part))
+    }
+
+    async fn write(&mut self, part: &PartInfo, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        let res = (self.0)(RestoreEvent::Data { part, offset, bytes: buf.as_slice() });
+        (res, buf)
+    }
+
+    async fn finish(&mut self, part: &PartInfo) -> Result<()> {
+        (self.0)(RestoreEvent::Finish(part))
+    }
+
+    async fn discard(&mut self, part: &PartInfo) {
+        let _ = (self.0)(RestoreEvent::Discard(part));
+    }
+}
+
+/// Each part written as an object of another tier, `PREFIX/NAME` (or `NAME`): staged, and
+/// committed (durable, atomically renamed) only once complete and checked; a bad copy's
+/// staged object is aborted. Over a directory's io_uring tier this is `ringtier ckpt restore
+/// --out DIR`: O_DIRECT writes of the very buffers the reads filled, no copy, and never a file
+/// under its final name that is not whole.
+#[derive(Debug)]
+pub struct TierSink {
+    tier: Arc<dyn Tier>,
+    prefix: Option<String>,
+    writer: Option<Box<dyn ringtier_core::ObjectWriter>>,
+    written: Vec<ringtier_core::ObjectMeta>,
+}
+
+impl TierSink {
+    /// A sink writing parts as objects of `tier`, under `prefix/` when given.
+    pub fn new(tier: Arc<dyn Tier>, prefix: Option<String>) -> Self {
+        TierSink { tier, prefix, writer: None, written: Vec::new() }
+    }
+
+    /// The objects committed so far.
+    pub fn written(&self) -> &[ringtier_core::ObjectMeta] {
+        &self.written
+    }
+
+    fn key(&self, name: &str) -> String {
+        match &self.prefix {
+            Some(p) => format!("{p}/{name}"),
+            None => name.to_string(),
+        }
+    }
+}
+
+impl RestoreSink for TierSink {
+    async fn prepare(&mut self, parts: &[PartInfo]) -> Result<()> {
+        for p in parts {
+            validate_key(&self.key(&p.name))?;
+        }
+        Ok(())
+    }
+
+    async fn begin(&mut self, part: &PartInfo) -> Result<()> {
+        if let Some(w) = self.writer.take() {
+            let _ = w.abort().await;
+        }
+        self.writer = Some(self.tier.create(&self.key(&part.name)).await?);
+        Ok(())
+    }
+
+    async fn write(&mut self, part: &PartInfo, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        let Some(w) = self.writer.as_mut() else {
+            return (Err(Error::new(ErrorKind::InvalidInput, format!("part {:?} not begun", part.name))), buf);
+        };
+        if buf.head() != 0 {
+            // Chunk offsets are aligned, so direct reads land at the start; a tier that did not
+            // is written from a copy.
+            let mut copy = match AlignedBuf::new(buf.len().max(1), buf.align()) {
+                Ok(c) => c,
+                Err(e) => return (Err(e), buf),
+            };
+            if let Err(e) = copy.fill_from(buf.as_slice()) {
+                return (Err(e), buf);
+            }
+            let (res, _) = w.write_at(offset, copy).await;
+            return (res, buf);
+        }
+        w.write_at(offset, buf).await
+    }
+
+    async fn finish(&mut self, part: &PartInfo) -> Result<()> {
+        let w = self
+            .writer
+            .take()
+            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("part {:?} not begun", part.name)))?;
+        let meta = w.commit().await?;
+        self.written.push(meta);
+        Ok(())
+    }
+
+    async fn discard(&mut self, _part: &PartInfo) {
+        if let Some(w) = self.writer.take() {
+            let _ = w.abort().await;
+        }
+    }
+}
+
+impl Inner {
+    /// The restore itself: which parts, from which tiers, in what order; fallbacks per part.
+    /// `range` reads `[offset, offset + len)` of the one selected part (unchecked: no
+    /// checksum covers a range); `only` reads from that tier alone (verification).
+    pub(super) async fn restore_plan<S: RestoreSink>(
+        &self,
+        step: u64,
+        opts: &RestoreOptions,
+        range: Option<(u64, u64)>,
+        only: Option<usize>,
+        sink: &mut S,
+    ) -> Result<RestoreReport> {
+        let started = Instant::now();
+        let mut held = Vec::new();
+        for t in 0..self.tiers.len() {
+            if only.is_none_or(|o| o == t) && self.is_committed(t, step).await? {
+                held.push(t);
+            }
+        }
+        if held.is_empty() {
+            return Err(Error::new(ErrorKind::NotFound, format!("no committed copy of checkpoint {step} on any tier"))
+                .with_operation(Operation::Read));
+        }
+        // The manifest: from the fastest copy whose manifest reads.
+        let mut fallbacks = Vec::new();
+        let mut manifest = None;
+        while let Some(&t) = held.first() {
+            match self.manifest(t, step).await {
+                Ok(m) => {
+                    manifest = Some(m);
+                    break;
+                }
+                Err(e) => {
+                    self.m.fallbacks[t].increment(1);
+                    fallbacks.push(format!("copy on tier {:?} unusable: {e}", self.tiers[t].name()));
+                    held.remove(0);
+                }
+            }
+        }
+        let Some(manifest) = manifest else {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; ")),
+            ));
+        };
+        // The parts asked for, in save order.
+        let mut selected: Vec<PartInfo> = Vec::new();
+        if let Some(names) = &opts.parts {
+            for n in names {
+                if !manifest.parts.iter().any(|p| &p.name == n) {
+                    let have: Vec<&str> = manifest.parts.iter().map(|p| p.name.as_str()).collect();
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("checkpoint {step} has no part {n:?} (its parts: {})", have.join(", ")),
+                    ));
+                }
+            }
+        }
+        for (index, p) in manifest.parts.iter().enumerate() {
+            if opts.parts.as_ref().is_none_or(|names| names.contains(&p.name)) {
+                selected.push(PartInfo {
+                    index,
+                    name: p.name.clone(),
+                    size: p.size,
+                    crc32c: p.crc32c,
+                    start: 0,
+                    end: p.size,
+                });
+            }
+        }
+        if let Some((offset, len)) = range {
+            let [p] = selected.as_mut_slice() else {
+                return Err(Error::new(ErrorKind::InvalidInput, "a range read names exactly one part"));
+            };
+            match offset.checked_add(len) {
+                Some(end) if end <= p.size => (p.start, p.end) = (offset, end),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::OutOfRange,
+                        format!("bytes {offset}..{offset}+{len} of part {:?} ({} bytes)", p.name, p.size),
+                    ))
+                }
+            }
+        }
+        sink.prepare(&selected).await?;
+        let first = held[0];
+        let spans = selected
+            .iter()
+            .map(|p| Span {
+                tier: Arc::clone(&self.tiers[first]),
+                key: self.part_key(step, &p.name),
+                start: p.start,
+                end: p.end,
+            })
+            .collect();
+        let mut reads = ChunkReads::new(spans, opts.chunk_bytes, opts.depth);
+        // Per selected part: position in `held` of the copy being read.
+        let mut source = vec![0usize; selected.len()];
+        let mut current: Option<usize> = None;
+        let mut crc = 0u32;
+        let mut bytes = 0u64;
+        let mut sources = Vec::with_capacity(selected.len());
+        while let Some(chunk) = reads.next().await {
+            let i = chunk.span;
+            let part = &selected[i];
+            if current != Some(i) {
+                current = Some(i);
+                crc = 0;
+                sink.begin(part).await?;
+            }
+            let (start, end) = (part.start, part.end);
+            let failure = match chunk.result {
+                Ok(n) => {
+                    let mut failure = None;
+                    if let Some(buf) = chunk.buf {
+                        crc = crc32c::crc32c_append(crc, &buf.as_slice()[..n]);
+                        let (res, buf) =
+                            if n > 0 { sink.write(part, chunk.offset - start, buf).await } else { (Ok(()), buf) };
+                        reads.recycle(buf);
+                        if let Err(e) = res {
+                            sink.discard(part).await;
+                            return Err(e);
+                        }
+                    }
+                    if chunk.offset + n as u64 == end {
+                        let whole = start == 0 && end == part.size;
+                        if whole && crc != part.crc32c {
+                            failure = Some(Error::new(
+                                ErrorKind::Corrupt,
+                                format!(
+                                    "part {:?}: checksum mismatch (crc32c {crc:08x}, manifest {:08x})",
+                                    part.name, part.crc32c
+                                ),
+                            ));
+                        } else {
+                            if let Err(e) = sink.finish(part).await {
+                                sink.discard(part).await;
+                                return Err(e);
+                            }
+                            bytes += end - start;
+                            sources.push((part.name.clone(), reads.span(i).tier.name().to_string()));
+                            current = None;
+                        }
+                    }
+                    failure
+                }
+                Err(e) => {
+                    if let Some(buf) = chunk.buf {
+                        reads.recycle(buf);
+                    }
+                    Some(e)
+                }
+            };
+            let Some(e) = failure else { continue };
+            // This copy of the part is bad: the next tier's, if it agrees with the manifest.
+            sink.discard(part).await;
+            current = None;
+            let t = held[source[i]];
+            self.m.fallbacks[t].increment(1);
+            fallbacks.push(format!("part {:?} on tier {:?}: {e}", part.name, self.tiers[t].name()));
+            let next = loop {
+                source[i] += 1;
+                let Some(&t2) = held.get(source[i]) else { break None };
+                match self.manifest(t2, step).await {
+                    Ok(m)
+                        if m.parts
+                            .iter()
+                            .any(|p| p.name == part.name && p.size == part.size && p.crc32c == part.crc32c) =>
+                    {
+                        break Some(t2)
+                    }
+                    Ok(_) => fallbacks.push(format!(
+                        "part {:?} on tier {:?}: its manifest disagrees with the faster copy's",
+                        part.name,
+                        self.tiers[t2].name()
+                    )),
+                    Err(e) => fallbacks.push(format!("copy on tier {:?} unusable: {e}", self.tiers[t2].name())),
+                }
+            };
+            let Some(t2) = next else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; ")),
+                ));
+            };
+            tracing::warn!(step, part = part.name.as_str(), "reading a slower copy: {e}");
+            reads.restart(i, Arc::clone(&self.tiers[t2]), self.part_key(step, &part.name)).await;
+        }
+        for f in &fallbacks {
+            tracing::warn!("checkpoint {step}: {f}");
+        }
+        Ok(RestoreReport { step, bytes, sources, fallbacks, seconds: started.elapsed().as_secs_f64() })
     }
 }

@@ -1,0 +1,247 @@
+//! The one read path of restore, drain and verify: spans of part objects read in order, many
+//! chunk reads in flight (each its own task, so reads progress while the consumer writes),
+//! answered in order, with memory bounded by `depth` buffers of one chunk.
+
+use super::*;
+use std::collections::VecDeque;
+use tokio::task::JoinHandle;
+
+/// A byte range of one object to read.
+pub(super) struct Span {
+    pub(super) tier: Arc<dyn Tier>,
+    pub(super) key: String,
+    pub(super) start: u64,
+    pub(super) end: u64,
+}
+
+/// One answered chunk read: `buf.as_slice()` holds `[offset, offset + len)` of span `span`,
+/// or the read failed. Spans of zero bytes are answered by one chunk with no buffer.
+pub(super) struct Chunk {
+    pub(super) span: usize,
+    pub(super) offset: u64,
+    pub(super) result: Result<usize>,
+    pub(super) buf: Option<AlignedBuf>,
+}
+
+struct InFlight {
+    span: usize,
+    offset: u64,
+    len: usize,
+    task: Option<JoinHandle<(Result<usize>, AlignedBuf)>>,
+}
+
+/// Chunk reads of a list of spans, issued in order with up to `depth` in flight.
+pub(super) struct ChunkReads {
+    spans: Vec<Span>,
+    /// Next read to issue: span index and offset.
+    cursor: (usize, u64),
+    queue: VecDeque<InFlight>,
+    free: Vec<AlignedBuf>,
+    /// Buffers that exist (free, in flight or lent to the consumer).
+    buffers: usize,
+    chunk: usize,
+    align: usize,
+    depth: usize,
+}
+
+impl ChunkReads {
+    /// Reads of `spans` in chunks of `chunk` bytes (a multiple of every tier's alignment) with
+    /// up to `depth` in flight.
+    pub(super) fn new(spans: Vec<Span>, chunk: usize, depth: usize) -> Self {
+        let align = spans.iter().map(|s| s.tier.capabilities().alignment).max().unwrap_or(1).max(4096);
+        let chunk = ringtier_core::buf::align_up(chunk.max(4096) as u64, align as u64) as usize;
+        let cursor = (0, spans.first().map_or(0, |s| s.start));
+        ChunkReads {
+            spans,
+            cursor,
+            queue: VecDeque::new(),
+            free: Vec::new(),
+            buffers: 0,
+            chunk,
+            align,
+            depth: depth.max(1),
+        }
+    }
+
+    /// Bytes per read.
+    pub(super) fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The spans, as given (with tiers switched by [`ChunkReads::restart`]).
+    pub(super) fn span(&self, i: usize) -> &Span {
+        &self.spans[i]
+    }
+
+    /// Hands a buffer back for later reads.
+    pub(super) fn recycle(&mut self, mut buf: AlignedBuf) {
+        if buf.capacity() >= self.chunk + self.align && buf.align() >= self.align {
+            buf.clear();
+            self.free.push(buf);
+        } else {
+            // Not one of ours (a caller's): keep the count of ours right.
+            drop(buf);
+        }
+    }
+
+    /// A buffer of this reader's size for the consumer (one that is not being read into).
+    pub(super) fn spare_buffer(&mut self) -> Result<AlignedBuf> {
+        match self.free.pop() {
+            Some(b) => Ok(b),
+            None => AlignedBuf::new(self.chunk + self.align, self.align),
+        }
+    }
+
+    fn buffer(&mut self) -> Result<Option<AlignedBuf>> {
+        if let Some(b) = self.free.pop() {
+            return Ok(Some(b));
+        }
+        if self.buffers < self.depth {
+            let b = AlignedBuf::new(self.chunk + self.align, self.align)?;
+            self.buffers += 1;
+            return Ok(Some(b));
+        }
+        Ok(None)
+    }
+
+    /// Issues reads until `depth` are in flight, the buffers are all lent, or every span is
+    /// issued.
+    fn refill(&mut self) -> Result<()> {
+        while self.queue.len() < self.depth {
+            let (i, off) = self.cursor;
+            let Some(span) = self.spans.get(i) else { break };
+            let (span_end, empty) = (span.end, span.start == span.end);
+            if empty {
+                self.queue.push_back(InFlight { span: i, offset: off, len: 0, task: None });
+                self.cursor = (i + 1, self.spans.get(i + 1).map_or(0, |s| s.start));
+                continue;
+            }
+            let Some(buf) = self.buffer()? else { break };
+            let span = &self.spans[i];
+            let len = (self.chunk as u64).min(span_end - off) as usize;
+            let tier = Arc::clone(&span.tier);
+            let key = span.key.clone();
+            let task = tokio::spawn(async move { tier.read_at(&key, off, len, buf).await });
+            self.queue.push_back(InFlight { span: i, offset: off, len, task: Some(task) });
+            self.cursor = if off + len as u64 >= span_end {
+                (i + 1, self.spans.get(i + 1).map_or(0, |s| s.start))
+            } else {
+                (i, off + len as u64)
+            };
+        }
+        Ok(())
+    }
+
+    /// The next chunk, in span and offset order; `None` after the last.
+    pub(super) async fn next(&mut self) -> Option<Chunk> {
+        if let Err(e) = self.refill() {
+            if self.queue.is_empty() {
+                let span = self.cursor.0;
+                if span >= self.spans.len() {
+                    return None;
+                }
+                return Some(Chunk { span, offset: self.cursor.1, result: Err(e), buf: None });
+            }
+        }
+        let f = self.queue.pop_front()?;
+        let Some(task) = f.task else {
+            return Some(Chunk { span: f.span, offset: f.offset, result: Ok(0), buf: None });
+        };
+        let (result, buf) = match task.await {
+            Ok((res, buf)) => (res, Some(buf)),
+            Err(e) => {
+                self.buffers -= 1;
+                (Err(Error::new(ErrorKind::Shutdown, format!("a read task ended without its result: {e}"))), None)
+            }
+        };
+        let span = &self.spans[f.span];
+        let result = match result {
+            Ok(n) if n == f.len => Ok(n),
+            Ok(n) => Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{} on tier {:?} is truncated at {} bytes", span.key, span.tier.name(), f.offset + n as u64),
+            )),
+            Err(e) if e.kind() == ErrorKind::OutOfRange => Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{} on tier {:?} is truncated before {} bytes", span.key, span.tier.name(), f.offset),
+            )),
+            Err(e) => Err(e.context(Operation::Read, &span.key, span.tier.name())),
+        };
+        // Keep the pipe full while the consumer works on this chunk.
+        let _ = self.refill();
+        Some(Chunk { span: f.span, offset: f.offset, result, buf })
+    }
+
+    /// Drops every read issued so far (waiting for them, so their buffers come back), points
+    /// span `span` at `tier` and `key`, and goes on from its start.
+    pub(super) async fn restart(&mut self, span: usize, tier: Arc<dyn Tier>, key: String) {
+        while let Some(f) = self.queue.pop_front() {
+            if let Some(task) = f.task {
+                match task.await {
+                    Ok((_, buf)) => self.recycle(buf),
+                    Err(_) => self.buffers -= 1,
+                }
+            }
+        }
+        let s = &mut self.spans[span];
+        s.tier = tier;
+        s.key = key;
+        self.cursor = (span, s.start);
+    }
+}
+
+/// A part as a restore delivers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    /// Its position in the checkpoint's manifest (save order).
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// Its size in bytes (the whole part, also when a range of it is read).
+    pub size: u64,
+    /// The CRC-32C of the whole part, from the manifest.
+    pub crc32c: u32,
+    /// The bytes of the part this restore delivers, `start..end` (the whole part but for
+    /// [`CheckpointStore::read_part_range`]); offsets given to the sink count from `start`.
+    pub start: u64,
+    /// See [`PartInfo::start`].
+    pub end: u64,
+}
+
+/// Where a restore puts the bytes it reads: see [`CheckpointStore::restore`].
+///
+/// The store calls, for each part in save order: [`begin`](RestoreSink::begin), then
+/// [`write`](RestoreSink::write) with consecutive chunks (offsets relative to the start of what
+/// is read of the part), then [`finish`](RestoreSink::finish) once the whole part has arrived
+/// and its checksum matched. When a copy turns out bad part-way (truncated, corrupt, gone), the
+/// store calls [`discard`](RestoreSink::discard) and delivers the part again from the start,
+/// from the next tier holding a copy. Chunks arrive in owned, aligned buffers that the sink
+/// hands back (a file sink writes them as they are, without a copy). An error from the sink
+/// ends the restore (after `discard`).
+///
+/// Implementations may write `async fn` for these methods.
+pub trait RestoreSink: Send {
+    /// Called once, before anything is read, with every part that will be delivered: check
+    /// sizes and destinations here, so that bad arguments fail before any I/O.
+    fn prepare(&mut self, parts: &[PartInfo]) -> impl std::future::Future<Output = Result<()>> + Send {
+        let _ = parts;
+        async { Ok(()) }
+    }
+
+    /// Part `part` starts (again, after a discard).
+    fn begin(&mut self, part: &PartInfo) -> impl std::future::Future<Output = Result<()>> + Send;
+
+    /// The part's next bytes, `buf.as_slice()`, at `offset`; hand `buf` back.
+    fn write(
+        &mut self,
+        part: &PartInfo,
+        offset: u64,
+        buf: AlignedBuf,
+    ) -> impl std::future::Future<Output = (Result<()>, AlignedBuf)> + Send;
+
+    /// Every byte of the part arrived and (for whole parts) matched its checksum.
+    fn finish(&mut self, part: &PartInfo) -> impl std::future::Future<Output = Result<()>> + Send;
+
+    /// What was written of the part since its `begin` must not be used.
+    fn discard(&mut self, part: &PartInfo) -> impl std::future::Future<Output = ()> + Send;
+}

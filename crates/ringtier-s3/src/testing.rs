@@ -378,3 +378,10 @@ fn serve_one(
     std::io::copy(&mut up, &mut client)?;
     Ok(())
 }
+
+/// Simulates the death of this process for upload recovery: forgets which multipart uploads
+/// its writers own, so that [`S3Tier::recover_uploads`] treats them as left behind. Call it
+/// after `std::mem::forget`ting the writers that stand for the killed process.
+pub fn forget_live_uploads() {
+    crate::uploads::forget_live_uploads();
+}

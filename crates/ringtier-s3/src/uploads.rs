@@ -186,6 +186,8 @@ pub struct UploadRecovery {
     pub aborted: usize,
     /// Object keys whose uploads were aborted.
     pub keys: Vec<String>,
+    /// Leftover uploads that could not be aborted (tried again by the next recovery).
+    pub failed: usize,
     /// False where the server does not implement `ListMultipartUploads` (markers only).
     pub listed: bool,
 }
@@ -228,7 +230,12 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
                     continue;
                 }
                 let path = Path::parse(p).map_err(|e| Error::new(ErrorKind::Corrupt, format!("marker {marker}: {e}")))?;
-                abort_by_id(&me, &path, id).await?;
+                if let Err(e) = abort_by_id(&me, &path, id).await {
+                    // Kept: the next recovery tries again.
+                    tracing::warn!(%marker, error = %e, "s3: cannot abort a leftover upload");
+                    out.failed += 1;
+                    continue;
+                }
                 let _ = me.store.delete(&marker).await;
                 seen.insert(id.to_string());
                 out.aborted += 1;
@@ -242,7 +249,11 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
                         continue;
                     }
                     let path = Path::parse(&key).map_err(|e| Error::new(ErrorKind::Corrupt, format!("upload {key}: {e}")))?;
-                    abort_by_id(&me, &path, &id).await?;
+                    if let Err(e) = abort_by_id(&me, &path, &id).await {
+                        tracing::warn!(%key, error = %e, "s3: cannot abort a leftover upload");
+                        out.failed += 1;
+                        continue;
+                    }
                     out.aborted += 1;
                     out.keys.push(key.strip_prefix(me.root.as_str()).unwrap_or(&key).to_string());
                 }
@@ -415,4 +426,10 @@ mod tests {
         assert_eq!(ups, [("p/a&b".to_string(), "X1".to_string()), ("p/c".to_string(), "Y2".to_string())]);
         assert_eq!(encode("a/b c"), "a%2Fb%20c");
     }
+}
+
+/// Forgets every live upload of this process, as its death would (tests of recovery).
+#[cfg(feature = "testing")]
+pub(crate) fn forget_live_uploads() {
+    live_set().lock().unwrap_or_else(|p| p.into_inner()).clear();
 }

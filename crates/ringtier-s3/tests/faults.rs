@@ -1,0 +1,236 @@
+//! Multipart writes and faults against real S3 servers on loopback: parallel parts, wrong
+//! credentials, a missing bucket, injected 5xx and stalls, a permanently failing part, a
+//! server killed mid-upload and restarted, uploads a killed writer left behind.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringtier_core::conformance::pattern;
+use ringtier_core::{ops, AlignedBuf, ErrorKind, Tier};
+use ringtier_s3::testing::{test_config, Fault, FaultProxy, MotoServer, S3sFsServer};
+use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+
+const PART: usize = MIN_PART_SIZE;
+
+/// Multipart uploads s3s-fs holds (its `.upload-ID.json` files).
+fn s3s_uploads(root: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(root)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".upload-") && n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn s3s(prefix: &str) -> (S3Tier, S3sFsServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = S3sFsServer::start(dir.path()).expect("s3s-fs");
+    let tier = S3Tier::new(test_config(&server.endpoint(), "bkt", prefix).with_part_size(PART)).expect("tier");
+    tier.create_bucket().await.expect("bucket");
+    (tier, server, dir)
+}
+
+/// Writes `data` through a writer in `chunk`-byte writes, in order.
+async fn write_all(tier: &dyn Tier, key: &str, data: &[u8], chunk: usize) -> ringtier_core::Result<()> {
+    let mut w = tier.create(key).await?;
+    let mut buf = AlignedBuf::new(chunk, 1)?;
+    for (i, c) in data.chunks(chunk).enumerate() {
+        buf.fill_from(c)?;
+        let (res, b) = w.write_at((i * chunk) as u64, buf).await;
+        buf = b;
+        if let Err(e) = res {
+            let _ = w.abort().await;
+            return Err(e);
+        }
+    }
+    w.commit().await.map(|_| ())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_in_parallel_and_out_of_order() {
+    let (tier, _server, dir) = s3s("mp").await;
+    // 4 full parts and a short last one, in 1 MiB writes.
+    let data = pattern(1, 4 * PART + 12_345);
+    write_all(&tier, "big", &data, 1 << 20).await.expect("multipart write");
+    assert_eq!(tier.stat("big").await.expect("stat").size, data.len() as u64);
+    assert!(ops::get(&tier, "big").await.expect("get") == data, "multipart object read back differs");
+    let (res, buf) = tier.read_at("big", (PART - 10) as u64, 20, AlignedBuf::new(20, 1).expect("buf")).await;
+    assert_eq!(res.expect("read across a part boundary"), 20);
+    assert_eq!(buf.as_slice(), &data[PART - 10..PART + 10]);
+
+    // Writes out of order: the second half first, then the first half.
+    let half = data.len() / 2;
+    let mut w = tier.create("ooo").await.expect("create");
+    for (off, part) in [(half, &data[half..]), (0, &data[..half])] {
+        let mut b = AlignedBuf::new(part.len(), 1).expect("buf");
+        b.fill_from(part).expect("fill");
+        w.write_at(off as u64, b).await.0.expect("write");
+    }
+    w.commit().await.expect("commit");
+    assert!(ops::get(&tier, "ooo").await.expect("get") == data, "out-of-order object differs");
+    assert!(s3s_uploads(dir.path()).is_empty(), "uploads left: {:?}", s3s_uploads(dir.path()));
+    assert_eq!(tier.list("").await.expect("list").len(), 2, "markers are not listed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewriting_a_sent_part_is_refused() {
+    let (tier, _server, dir) = s3s("rw").await;
+    let data = pattern(2, 2 * PART);
+    let mut w = tier.create("x").await.expect("create");
+    let mut b = AlignedBuf::new(data.len(), 1).expect("buf");
+    b.fill_from(&data).expect("fill");
+    w.write_at(0, b).await.0.expect("write");
+    let mut b = AlignedBuf::new(10, 1).expect("buf");
+    b.fill_from(&[0u8; 10]).expect("fill");
+    let e = w.write_at(0, b).await.0.expect_err("rewrite of a sent part");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    w.abort().await.expect("abort");
+    assert!(s3s_uploads(dir.path()).is_empty(), "abort left an upload");
+    assert_eq!(tier.stat("x").await.expect_err("aborted").kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_fail_at_once_naming_the_bucket() {
+    let (_tier, server, _dir) = s3s("cred").await;
+    let cfg = test_config(&server.endpoint(), "bkt", "cred").with_credentials("ringtier-test", "wrong-secret");
+    let start = Instant::now();
+    let e = S3Tier::open(cfg).await.expect_err("wrong secret");
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    assert!(!e.is_temporary(), "{e}");
+    assert!(e.to_string().contains("s3://bkt/"), "names the bucket: {e}");
+    assert!(start.elapsed() < Duration::from_secs(5), "not retried: {:?}", start.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_bucket_fails_at_once_naming_it() {
+    let (_tier, server, _dir) = s3s("x").await;
+    let start = Instant::now();
+    let e = S3Tier::open(test_config(&server.endpoint(), "no-such-bucket", "p")).await.expect_err("missing bucket");
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(e.to_string().contains("no-such-bucket"), "names the bucket: {e}");
+    assert!(!e.is_temporary());
+    assert!(start.elapsed() < Duration::from_secs(5), "not retried: {:?}", start.elapsed());
+}
+
+fn addr(endpoint: &str) -> SocketAddr {
+    endpoint.trim_start_matches("http://").parse().expect("addr")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_5xx_and_stalls_are_retried() {
+    let (_t, server, dir) = s3s("x").await;
+    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
+    let cfg = test_config(&proxy.endpoint(), "bkt", "flaky")
+        .with_part_size(PART)
+        .with_request_timeout(Duration::from_millis(1500));
+    let tier = S3Tier::new(cfg).expect("tier");
+    let data = pattern(3, 2 * PART + 100);
+    proxy.fail_next(3, Fault::Status(503));
+    write_all(&tier, "obj", &data, 1 << 20).await.expect("write through 503s");
+    proxy.fail_next(2, Fault::Status(500));
+    assert!(ops::get(&tier, "obj").await.expect("read through 500s") == data);
+    proxy.fail_next(1, Fault::Stall(Duration::from_secs(4)));
+    assert_eq!(tier.stat("obj").await.expect("stat through a stall").size, data.len() as u64);
+    assert!(proxy.faults() >= 6, "faults injected: {}", proxy.faults());
+    assert!(s3s_uploads(dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_failing_for_good_fails_the_object_and_leaves_no_upload() {
+    let (_t, server, dir) = s3s("x").await;
+    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
+    // A 500 retried until the deadline, then a 400 that is never retried.
+    for (status, deadline) in [(500u16, Duration::from_secs(2)), (400, Duration::from_secs(60))] {
+        let cfg = test_config(&proxy.endpoint(), "bkt", "bad").with_part_size(PART).with_retry_deadline(deadline);
+        let tier = S3Tier::new(cfg).expect("tier");
+        proxy.clear();
+        proxy.fail_matching("partNumber=2&", Fault::Status(status));
+        let start = Instant::now();
+        let e = write_all(&tier, "obj", &pattern(4, 3 * PART), 1 << 20).await.expect_err("part 2 always fails");
+        assert!(e.to_string().contains("part 2"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(30), "{status}: took {:?}", start.elapsed());
+        proxy.clear();
+        assert_eq!(tier.stat("obj").await.expect_err("never visible").kind(), ErrorKind::NotFound);
+        assert!(tier.list("").await.expect("list").is_empty(), "nothing listed that is not complete");
+        assert!(s3s_uploads(dir.path()).is_empty(), "{status}: upload left: {:?}", s3s_uploads(dir.path()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_mid_upload_and_restarted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = S3sFsServer::start(dir.path()).expect("s3s-fs");
+    let port = server.port();
+    let cfg = test_config(&server.endpoint(), "bkt", "kill")
+        .with_part_size(PART)
+        .with_retry_deadline(Duration::from_secs(30));
+    let tier = S3Tier::new(cfg).expect("tier");
+    tier.create_bucket().await.expect("bucket");
+    let data = pattern(5, 3 * PART + 7);
+    let mut w = tier.create("obj").await.expect("create");
+    let mut b = AlignedBuf::new(PART, 1).expect("buf");
+    b.fill_from(&data[..PART]).expect("fill");
+    w.write_at(0, b).await.0.expect("first part");
+    server.kill();
+    // Restarted on the same port over the same directory a moment later.
+    let root = dir.path().to_path_buf();
+    let restart = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        S3sFsServer::start_on(&root, port).expect("restart")
+    });
+    let mut b = AlignedBuf::new(data.len() - PART, 1).expect("buf");
+    b.fill_from(&data[PART..]).expect("fill");
+    w.write_at(PART as u64, b).await.0.expect("writes go on across the restart");
+    w.commit().await.expect("commit after the restart");
+    let _server = restart.join().expect("restart thread");
+    assert!(ops::get(&tier, "obj").await.expect("get") == data);
+    assert!(s3s_uploads(dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_of_a_killed_writer_are_aborted_on_recovery_s3s() {
+    let (tier, server, dir) = s3s("orphan").await;
+    let mut w = tier.create("left").await.expect("create");
+    let mut b = AlignedBuf::new(2 * PART, 1).expect("buf");
+    b.fill_from(&pattern(6, 2 * PART)).expect("fill");
+    w.write_at(0, b).await.0.expect("write");
+    std::mem::forget(w); // a process killed mid-upload: no abort runs
+    ringtier_s3::testing::forget_live_uploads();
+    drop(tier); // its runtime goes, parts in flight end with it
+    assert_eq!(s3s_uploads(dir.path()).len(), 1, "the upload is left behind");
+    let tier = S3Tier::new(test_config(&server.endpoint(), "bkt", "orphan").with_part_size(PART)).expect("reopen");
+    let rec = tier.recover_uploads().await.expect("recover");
+    assert_eq!((rec.aborted, rec.keys.clone()), (1, vec!["left".to_string()]), "{rec:?}");
+    assert!(s3s_uploads(dir.path()).is_empty(), "orphan left: {:?}", s3s_uploads(dir.path()));
+    assert!(tier.list("").await.expect("list").is_empty());
+    assert_eq!(tier.recover_uploads().await.expect("again").aborted, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_of_a_killed_writer_are_aborted_on_recovery_moto() {
+    let server = match MotoServer::start() {
+        Ok(s) => s,
+        Err(e) if std::env::var("RINGTIER_REQUIRE_MOTO").is_ok_and(|v| v == "1") => panic!("moto_server: {e}"),
+        Err(e) => return eprintln!("skipped: moto_server cannot start ({e}); pip install 'moto[server]'"),
+    };
+    let cfg = || test_config(&server.endpoint(), "bkt", "orphan").with_part_size(PART);
+    let tier = Arc::new(S3Tier::new(cfg()).expect("tier"));
+    tier.create_bucket().await.expect("bucket");
+    let mut w = tier.create("left").await.expect("create");
+    let mut b = AlignedBuf::new(PART, 1).expect("buf");
+    b.fill_from(&pattern(7, PART)).expect("fill");
+    w.write_at(0, b).await.0.expect("write");
+    std::mem::forget(w);
+    ringtier_s3::testing::forget_live_uploads();
+    drop(tier);
+    let tier = S3Tier::new(cfg()).expect("reopen");
+    let before = tier.list_multipart_uploads().await.expect("list uploads").expect("moto lists uploads");
+    assert_eq!(before.len(), 1, "{before:?}");
+    let rec = tier.recover_uploads().await.expect("recover");
+    assert!(rec.listed && rec.aborted == 1, "{rec:?}");
+    let after = tier.list_multipart_uploads().await.expect("list").expect("listed");
+    assert!(after.is_empty(), "orphans: {after:?}");
+}

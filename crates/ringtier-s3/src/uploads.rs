@@ -411,6 +411,12 @@ pub(crate) async fn create_bucket(inner: &Inner) -> Result<()> {
         .with_tier(&inner.cfg.name))
 }
 
+/// Forgets every live upload of this process, as its death would (tests of recovery).
+#[cfg(feature = "testing")]
+pub(crate) fn forget_live_uploads() {
+    live_set().lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,10 +432,4 @@ mod tests {
         assert_eq!(ups, [("p/a&b".to_string(), "X1".to_string()), ("p/c".to_string(), "Y2".to_string())]);
         assert_eq!(encode("a/b c"), "a%2Fb%20c");
     }
-}
-
-/// Forgets every live upload of this process, as its death would (tests of recovery).
-#[cfg(feature = "testing")]
-pub(crate) fn forget_live_uploads() {
-    live_set().lock().unwrap_or_else(|p| p.into_inner()).clear();
 }

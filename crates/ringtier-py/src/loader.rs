@@ -99,6 +99,9 @@ fn loader_config(
         "fail" => OnBadSample::Fail,
         other => return Err(errors::invalid(format!("on_bad must be \"skip\" or \"fail\", not {other:?}"))),
     };
+    if batch_size == 0 {
+        return Err(errors::invalid("batch size must be at least 1".into()));
+    }
     if decode == Some(0) {
         return Err(errors::invalid("decode size must be at least 1 pixel".into()));
     }

@@ -122,7 +122,9 @@ class _Encoder:
 
     def array(self, a: Any, path: List[str]) -> Dict[str, Any]:
         scalar = isinstance(a, np.generic)
-        arr = np.ascontiguousarray(a)
+        arr = np.asarray(a)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # (a 0-d array is contiguous: its shape stays ())
         if arr.dtype.hasobject:
             raise TypeError(f"cannot save {_path(path)}: numpy arrays of Python objects are not supported")
         descr = np.lib.format.dtype_to_descr(arr.dtype)

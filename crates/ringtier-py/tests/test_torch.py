@@ -1,0 +1,91 @@
+"""ringtier.torch.IterableDataset under DataLoader workers, and the distributed store on one
+process (world size 1) and with explicit ranks."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ringtier
+import ringtier.torch as rt
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_once_per_epoch_across_workers(dataset, workers):
+    root, files = dataset
+    ds = rt.IterableDataset(root, read_batch=16, seed=4, with_keys=True)
+    dl = DataLoader(ds, batch_size=None, num_workers=workers)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        seen = collections.Counter()
+        for key, t in dl:
+            assert isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+            assert bytes(t.numpy()) == files[key]
+            seen[key] += 1
+        assert seen == collections.Counter(list(files)), f"epoch {epoch}"
+
+
+def test_ranks_times_workers_partition(dataset):
+    root, files = dataset
+    seen = collections.Counter()
+    for rank in range(2):
+        ds = rt.IterableDataset(root, batch_size=8, rank=rank, world_size=2, with_keys=True)
+        for batch in DataLoader(ds, batch_size=None, num_workers=2):
+            assert len(batch) <= 8
+            seen.update(k for k, _ in batch)
+    assert seen == collections.Counter(list(files))
+
+
+def test_zero_copy_without_workers(dataset):
+    root, _ = dataset
+    ds = rt.IterableDataset(root, read_batch=8)
+    it = iter(ds)
+    t = next(it)
+    loader = ds.loader()
+    assert loader.held == 8  # the batch being yielded from, the tensor's buffer among them
+    it.close()
+    assert loader.held >= 1, "the tensor keeps its pooled buffer"
+    del t
+    import gc
+
+    gc.collect()
+    assert loader.held == 0
+
+
+def test_decoded_batches_collate(tmp_path):
+    import shutil
+
+    from conftest import DATA
+
+    for i in range(6):
+        shutil.copy(DATA / "tiny.jpg", tmp_path / f"{i}.jpg")
+    ds = rt.IterableDataset(tmp_path, decode=16, read_batch=3)
+    batches = list(DataLoader(ds, batch_size=3, num_workers=0))
+    assert [tuple(b.shape) for b in batches] == [(3, 16, 16, 3), (3, 16, 16, 3)]
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        rt.IterableDataset(tmp_path / "nope")
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        rt.IterableDataset(tmp_path, rank=0)
+
+
+def test_distributed_store_on_one_rank(tiers):
+    store = rt.DistributedCheckpointStore(tiers, rank=0, world_size=1)
+    assert store.latest() is None and store.load() is None
+    store.save(1, {"w": torch.arange(4)})
+    assert store.latest() == 1
+    assert torch.equal(store.load()["w"], torch.arange(4))
+    store.close()
+    # A job of another size refuses it.
+    other = rt.DistributedCheckpointStore(tiers, rank=0, world_size=1, prefix="ckpt")
+    other.world_size = 2
+    with pytest.raises(ValueError, match="saved by 1 ranks; this job has 2"):
+        other.load(1)
+    with pytest.raises(ValueError, match="not committed"):
+        other.load(9)
+    other.close()

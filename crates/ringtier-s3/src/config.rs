@@ -65,6 +65,27 @@ pub struct S3Config {
     pub io_threads: usize,
     /// Tier name in errors and metrics; default `s3`.
     pub name: String,
+    /// Checksum sent with every upload (each part and each single PUT) for the server to
+    /// check on receipt (where it checks: AWS does, moto does not); default none, since the
+    /// SigV4 signature already covers every body's SHA-256.
+    pub checksum: UploadChecksum,
+    /// After each upload completes, read the object back and compare its CRC-32C with that of
+    /// the bytes written; a mismatch deletes the object and fails the commit with a temporary
+    /// `Corrupt` error (so a drain sends it again). Costs one read of every byte; default on.
+    /// (SigV4 already signs every body's SHA-256, which AWS and s3s-fs check, moto does not.)
+    pub verify_uploads: bool,
+}
+
+/// The checksum each upload carries (`x-amz-checksum-*`), checked by the server on receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UploadChecksum {
+    /// None: the server checks only the transport (TCP, TLS).
+    None,
+    /// CRC-64/NVME: cheap (SIMD), what AWS SDKs default to now.
+    Crc64Nvme,
+    /// SHA-256: costs more CPU.
+    Sha256,
 }
 
 impl fmt::Debug for S3Config {
@@ -83,6 +104,8 @@ impl fmt::Debug for S3Config {
             .field("request_timeout", &self.request_timeout)
             .field("retry_deadline", &self.retry_deadline)
             .field("name", &self.name)
+            .field("checksum", &self.checksum)
+            .field("verify_uploads", &self.verify_uploads)
             .finish_non_exhaustive()
     }
 }
@@ -111,6 +134,8 @@ impl S3Config {
             max_backoff: Duration::from_secs(5),
             io_threads: 2,
             name: "s3".to_string(),
+            checksum: UploadChecksum::None,
+            verify_uploads: true,
         }
     }
 
@@ -228,6 +253,18 @@ impl S3Config {
     /// Sets the worker threads of the tier's I/O runtime.
     pub fn with_io_threads(mut self, n: usize) -> Self {
         self.io_threads = n;
+        self
+    }
+
+    /// Sets the checksum every upload carries.
+    pub fn with_checksum(mut self, checksum: UploadChecksum) -> Self {
+        self.checksum = checksum;
+        self
+    }
+
+    /// Turns the read-back check after each upload on or off.
+    pub fn with_verify_uploads(mut self, verify: bool) -> Self {
+        self.verify_uploads = verify;
         self
     }
 

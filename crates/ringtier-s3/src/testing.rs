@@ -216,14 +216,16 @@ pub enum Fault {
     Status(u16),
     /// Hold the request this long without answering, then drop the connection.
     Stall(Duration),
+    /// Forward the request with one byte of its body flipped (damage on the way).
+    CorruptBody,
 }
 
 #[derive(Debug, Default)]
 struct Rules {
     /// Faults for the next requests, in order.
     next: Vec<Fault>,
-    /// A fault for every request whose request line contains the string.
-    matching: Vec<(String, Fault)>,
+    /// A fault for requests whose request line contains the string (the next n, or all).
+    matching: Vec<(String, Fault, Option<usize>)>,
 }
 
 /// An HTTP proxy on `127.0.0.1` in front of an S3 server that can answer requests with 5xx
@@ -276,7 +278,12 @@ impl FaultProxy {
     /// Every request whose request line (`METHOD /path?query HTTP/1.1`) contains `pattern`
     /// gets `fault`, until [`clear`](Self::clear).
     pub fn fail_matching(&self, pattern: &str, fault: Fault) {
-        self.rules.lock().unwrap_or_else(|p| p.into_inner()).matching.push((pattern.to_string(), fault));
+        self.rules.lock().unwrap_or_else(|p| p.into_inner()).matching.push((pattern.to_string(), fault, None));
+    }
+
+    /// The next `n` requests whose request line contains `pattern` get `fault`.
+    pub fn fail_matching_n(&self, pattern: &str, fault: Fault, n: usize) {
+        self.rules.lock().unwrap_or_else(|p| p.into_inner()).matching.push((pattern.to_string(), fault, Some(n)));
     }
 
     /// Removes every rule.
@@ -333,8 +340,12 @@ fn serve_one(
     requests.fetch_add(1, Ordering::SeqCst);
     let fault = {
         let mut r = rules.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, f)) = r.matching.iter().find(|(p, _)| line.contains(p.as_str())) {
-            Some(f.clone())
+        if let Some(i) = r.matching.iter().position(|(p, _, n)| line.contains(p.as_str()) && *n != Some(0)) {
+            let rule = &mut r.matching[i];
+            if let Some(n) = rule.2.as_mut() {
+                *n -= 1;
+            }
+            Some(rule.1.clone())
         } else if !r.next.is_empty() {
             Some(r.next.remove(0))
         } else {
@@ -359,6 +370,12 @@ fn serve_one(
             faults.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(d);
             return Ok(());
+        }
+        Some(Fault::CorruptBody) => {
+            faults.fetch_add(1, Ordering::SeqCst);
+            if let Some(b) = body.get_mut(length / 2) {
+                *b ^= 0x5a;
+            }
         }
         None => {}
     }

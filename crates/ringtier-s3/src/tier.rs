@@ -8,7 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey, Checksum};
 use object_store::path::Path;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
@@ -236,6 +236,11 @@ impl S3Tier {
         if endpoint.is_some() {
             b = b.with_virtual_hosted_style_request(false);
         }
+        b = match cfg.checksum {
+            crate::config::UploadChecksum::None => b,
+            crate::config::UploadChecksum::Crc64Nvme => b.with_checksum_algorithm(Checksum::CRC64NVME),
+            crate::config::UploadChecksum::Sha256 => b.with_checksum_algorithm(Checksum::SHA256),
+        };
         let client = ClientOptions::new()
             .with_allow_http(allow_http)
             .with_timeout(cfg.request_timeout)
@@ -344,6 +349,22 @@ impl Tier for S3Tier {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities { durable: true, native_batch: true, ..Capabilities::default() }
+    }
+
+    /// S3 has no locks (`Ok(None)`), but taking one is how a writer (a checkpoint store
+    /// opening) claims the tier: the multipart uploads a killed writer left under the prefix
+    /// are aborted here (see [`S3Tier::recover_uploads`]).
+    async fn lock(&self, name: &str) -> Result<Option<ringtier_core::TierLock>> {
+        validate_key(name).map_err(|e| e.context(Operation::Open, name, &self.inner.cfg.name))?;
+        if name.contains('/') {
+            return Err(Error::new(ErrorKind::InvalidKey, "a lock name is one key component").context(
+                Operation::Open,
+                name,
+                &self.inner.cfg.name,
+            ));
+        }
+        self.recover_uploads().await?;
+        Ok(None)
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {

@@ -178,6 +178,51 @@ pub(crate) async fn abort(inner: &Arc<Inner>, path: &Path, key: &str, live: Live
     res
 }
 
+/// Reads the object at `path` back (ranges of a part, several at once, in order) and checks
+/// its size and CRC-32C; on a mismatch deletes it and fails with a temporary `Corrupt` error.
+pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64, crc: u32) -> Result<()> {
+    let me = Arc::clone(inner);
+    let (path, key) = (path.clone(), key.to_string());
+    inner
+        .spawn(async move {
+            let step = me.cfg.part_size as u64;
+            let ranges: Vec<_> = (0..size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(size)).collect();
+            let stored = me.retry.run(|| async { me.store.head(&path).await.map_err(|e| me.err(e, Operation::Commit, &key)) }).await?;
+            let mut got = 0u32;
+            if stored.size == size {
+                let mut reads = futures::stream::iter(ranges)
+                    .map(|r| {
+                        let (me, path, key) = (&me, &path, &key);
+                        async move {
+                            me.retry
+                                .run(|| async {
+                                    me.store.get_range(path, r.clone()).await.map_err(|e| me.err(e, Operation::Commit, key))
+                                })
+                                .await
+                        }
+                    })
+                    .buffered(me.cfg.upload_concurrency);
+                while let Some(chunk) = reads.next().await {
+                    got = crc32c::crc32c_append(got, &chunk?);
+                }
+            }
+            if stored.size == size && got == crc {
+                return Ok(());
+            }
+            let _ = me.store.delete(&path).await;
+            Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "s3://{}/{path} does not hold what was written (read back {} bytes, crc32c {got:08x}; wrote {size} bytes, crc32c {crc:08x}); deleted",
+                    me.cfg.bucket, stored.size
+                ),
+            )
+            .set_temporary(true)
+            .context(Operation::Commit, &key, &me.cfg.name))
+        })
+        .await?
+}
+
 /// What [`recover`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]

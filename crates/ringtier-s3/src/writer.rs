@@ -44,6 +44,8 @@ pub(crate) struct S3Writer {
     upload: Option<Upload>,
     failed: Option<String>,
     done: bool,
+    /// CRC-32C of the bytes sent so far, in order.
+    crc: u32,
 }
 
 impl fmt::Debug for S3Writer {
@@ -68,6 +70,7 @@ impl S3Writer {
             upload: None,
             failed: None,
             done: false,
+            crc: 0,
         }
     }
 
@@ -159,6 +162,7 @@ impl S3Writer {
         let Some(up) = self.upload.as_mut() else {
             return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Write));
         };
+        self.crc = crc32c::crc32c_append(self.crc, &data);
         let idx = up.parts.len();
         up.parts.push(None);
         let inner = Arc::clone(&self.inner);
@@ -220,6 +224,7 @@ impl S3Writer {
         if self.upload.is_none() && self.cur.len() <= self.inner.cfg.single_put_max.max(self.inner.cfg.part_size) {
             // Small object: one PUT, atomic by nature.
             let data = std::mem::take(&mut self.cur).freeze();
+            self.crc = crc32c::crc32c_append(self.crc, &data);
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
             self.inner
@@ -259,6 +264,9 @@ impl S3Writer {
             up.live.finish(&self.inner).await;
         }
         self.done = true;
+        if self.inner.cfg.verify_uploads {
+            uploads::verify(&self.inner, &self.path, &self.key, size, self.crc).await?;
+        }
         Ok(ObjectMeta { key: self.key.clone(), size, modified: Some(std::time::SystemTime::now()) })
     }
 

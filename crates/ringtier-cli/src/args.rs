@@ -169,7 +169,8 @@ pub(crate) struct TrainArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct CkptArgs {
-    /// Tier directories, fastest first, comma-separated (created when missing).
+    /// Tier directories, fastest first, comma-separated (created when missing); a tier may be
+    /// an S3 URL, `s3://bucket/prefix[?endpoint=URL&region=R]`, credentials from AWS_* variables.
     #[arg(long, value_delimiter = ',', required = true)]
     pub(crate) tiers: Vec<PathBuf>,
     /// Throttle the last tier to this many bytes per second (an emulated slow disk), e.g. 100M.

@@ -139,21 +139,44 @@ impl S3Config {
         }
     }
 
-    /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`).
+    /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`), with optional
+    /// settings after `?`, `&`-separated: `endpoint=URL`, `region=R`, `part_size=BYTES`,
+    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=0|1` (credentials
+    /// come from the environment only, never from a URL). For example
+    /// `s3://ckpt/run1?endpoint=http://127.0.0.1:9000&region=us-east-1`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let rest = url.strip_prefix("s3://").ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, format!("{url:?} is not an s3:// URL (s3://bucket/prefix)"))
-        })?;
+        let bad = |m: String| Error::new(ErrorKind::InvalidInput, m);
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad(format!("{url:?} is not an s3:// URL (s3://bucket/prefix)")))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err(Error::new(ErrorKind::InvalidInput, format!("{url:?} names no bucket (s3://bucket/prefix)")));
+            return Err(bad(format!("{url:?} names no bucket (s3://bucket/prefix)")));
         }
         let prefix = prefix.trim_matches('/');
         if !prefix.is_empty() {
-            ringtier_core::key::validate_key(prefix)
-                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("bad prefix in {url:?}: {e}")))?;
+            ringtier_core::key::validate_key(prefix).map_err(|e| bad(format!("bad prefix in {url:?}: {e}")))?;
         }
-        Ok(S3Config::new(bucket, prefix))
+        let mut cfg = S3Config::new(bucket, prefix);
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| bad(format!("{url:?}: setting {kv:?} is not KEY=VALUE")))?;
+            let num = |v: &str| v.parse::<usize>().map_err(|_| bad(format!("{url:?}: {k}={v:?} is not a number")));
+            match k {
+                "endpoint" => cfg.endpoint = Some(v.to_string()),
+                "region" => cfg.region = Some(v.to_string()),
+                "part_size" => cfg.part_size = num(v)?,
+                "upload_concurrency" => cfg.upload_concurrency = num(v)?,
+                "read_concurrency" => cfg.read_concurrency = num(v)?,
+                "verify" => cfg.verify_uploads = v != "0",
+                _ => {
+                    return Err(bad(format!(
+                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify)"
+                    )))
+                }
+            }
+        }
+        Ok(cfg)
     }
 
     /// True when `s` names an S3 tier (`s3://...`), as opposed to a directory.
@@ -299,9 +322,18 @@ mod tests {
         let c = S3Config::from_url("s3://bkt/a/b/").expect("url");
         assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", "a/b"));
         assert_eq!(c.url(), "s3://bkt/a/b");
+        let c =
+            S3Config::from_url("s3://bkt/p?endpoint=http://127.0.0.1:9000&region=eu-west-1&part_size=6000000&verify=0")
+                .expect("url with settings");
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(
+            (c.region.as_deref(), c.part_size, c.verify_uploads, c.prefix.as_str()),
+            (Some("eu-west-1"), 6_000_000, false, "p")
+        );
+        assert!(S3Config::from_url("s3://bkt/p?secret=x").is_err());
         let c = S3Config::from_url("s3://bkt").expect("url");
         assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
-        for bad in ["/nvme/x", "s3://", "s3:///x", "s3://b/../x", "s3://b/a//c"] {
+        for bad in ["/nvme/x", "s3://", "s3:///x", "s3://b/../x", "s3://b/a//c", "s3://b/p?part_size=x"] {
             assert_eq!(S3Config::from_url(bad).expect_err(bad).kind(), ErrorKind::InvalidInput, "{bad}");
         }
         assert!(S3Config::new("b", "").with_part_size(1 << 20).validate().is_err());

@@ -88,21 +88,49 @@ pub(crate) fn classify(err: &object_store::Error) -> (ErrorKind, bool) {
     }
 }
 
+/// A one-line cause: the HTTP status with the S3 error code and message where the server sent
+/// them, else the innermost error of the chain (a refused connection, a timeout).
+fn cause(err: &(dyn StdError + 'static)) -> String {
+    let mut texts = Vec::new();
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = cur {
+        texts.push(e.to_string());
+        cur = e.source();
+    }
+    let all = texts.join(" ");
+    let tag = |t: &str| -> Option<String> {
+        let open = format!("<{t}>");
+        let i = all.find(&open)? + open.len();
+        let j = all[i..].find("</")? + i;
+        Some(all[i..j].to_string())
+    };
+    match (http_status(err), tag("Code")) {
+        (Some(s), Some(code)) => match tag("Message") {
+            Some(m) => format!("HTTP {s} {code}: {m}"),
+            None => format!("HTTP {s} {code}"),
+        },
+        (Some(s), None) => format!("HTTP {s}"),
+        _ => texts.last().cloned().unwrap_or_default(),
+    }
+}
+
 /// Converts an `object_store` error, naming the bucket and key in the message.
 pub(crate) fn map_err(err: object_store::Error, tier: &str, bucket: &str, op: Operation, key: &str) -> Error {
     let (mut kind, temporary) = classify(&err);
+    let why = cause(&err);
     let mut message = match kind {
         ErrorKind::NotFound => format!("no such object s3://{bucket}/{key}"),
-        ErrorKind::PermissionDenied => {
-            format!("access to s3://{bucket}/{key} denied (check the credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
-        }
-        _ => format!("s3://{bucket}/{key} failed"),
+        ErrorKind::PermissionDenied => format!(
+            "access to s3://{bucket}/{key} denied ({why}; check the credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+        ),
+        _ => format!("s3://{bucket}/{key}: {why}"),
     };
     if names_missing_bucket(&err) {
         kind = ErrorKind::NotFound;
         message = format!("bucket {bucket:?} does not exist (while accessing s3://{bucket}/{key})");
     }
-    Error::new(kind, message).set_temporary(temporary).context(op, key, tier).with_source(err)
+    // The chain's text is in the message already: no source, so it is not printed twice.
+    Error::new(kind, message).set_temporary(temporary).context(op, key, tier)
 }
 
 /// Retry policy of one operation: backoff doubling from `initial` up to `max`, until
@@ -138,10 +166,23 @@ impl Retry {
                             waited.as_secs_f64(),
                             self.deadline.as_secs_f64()
                         );
-                        return Err(Error::new(e.kind(), msg).set_temporary(true).with_source(e));
+                        let mut out = Error::new(e.kind(), msg).set_temporary(true);
+                        if let Some(op) = e.operation() {
+                            out = out.with_operation(op);
+                        }
+                        if let Some(k) = e.key() {
+                            out = out.with_key(k);
+                        }
+                        if let Some(t) = e.tier() {
+                            out = out.with_tier(t);
+                        }
+                        return Err(out);
                     }
                     // Jitter: between half and all of the backoff, from the clock's low bits.
-                    let nanos = Instant::now().elapsed().subsec_nanos() as u64 ^ start.elapsed().subsec_nanos() as u64;
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.subsec_nanos() as u64)
+                        .unwrap_or(0);
                     let half = backoff / 2;
                     let jitter = Duration::from_nanos(nanos % (half.as_nanos().max(1) as u64));
                     tracing::debug!(error = %e, tries, "s3: temporary error, retrying");

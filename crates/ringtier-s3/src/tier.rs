@@ -297,9 +297,11 @@ impl S3Tier {
             .map_err(|e| {
                 if e.kind() == ErrorKind::NotFound {
                     let b = &self.inner.cfg.bucket;
-                    Error::new(ErrorKind::NotFound, format!("bucket {b:?} does not exist or cannot be listed"))
-                        .context(Operation::Open, "", &self.inner.cfg.name)
-                        .with_source(e)
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("bucket {b:?} does not exist or cannot be listed ({})", e.message()),
+                    )
+                    .context(Operation::Open, "", &self.inner.cfg.name)
                 } else {
                     e
                 }

@@ -185,7 +185,6 @@ impl S3Writer {
                     Error::new(e.kind(), format!("part {} of the upload failed: {}", idx + 1, e.message()))
                         .set_temporary(e.is_temporary())
                         .context(Operation::Write, &key, &inner.cfg.name)
-                        .with_source(e)
                 });
             (idx, res)
         }));

@@ -46,6 +46,14 @@ pub mod stage {
     pub use ringtier_stage::*;
 }
 
+/// The S3 capacity tier: [`S3Tier`](s3::S3Tier) over an S3 bucket and prefix
+/// (`s3://bucket/prefix`), configured by [`S3Config`](s3::S3Config) and the standard AWS
+/// environment variables (feature `s3`). This is the crate `ringtier-s3`.
+#[cfg(feature = "s3")]
+pub mod s3 {
+    pub use ringtier_s3::*;
+}
+
 /// The metric catalog and the Prometheus exporter ([`install`](metrics::install)); feature
 /// `metrics`, on by default. This is the crate `ringtier-metrics`.
 #[cfg(feature = "metrics")]

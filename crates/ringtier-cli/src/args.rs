@@ -384,7 +384,10 @@ pub(crate) struct IoArgs {
     /// Registered files: each open returns a direct descriptor (io_uring fixed-file slot).
     #[arg(long)]
     pub(crate) register_files: bool,
-    /// Largest single read (fio's --bs), e.g. 128k; 0 reads each file with one read.
+    /// Largest single read (fio's --bs), e.g. 128k, rounded down to 4 KiB; larger files are
+    /// read in pieces of this size that reuse the pooled buffers (pool = 2 x batch x read
+    /// size, whatever the file sizes). 0 reads each file with one read up to 8 MiB and larger
+    /// files in 8 MiB pieces.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub(crate) read_size: u64,
     /// Check every file's CRC-32C against the manifest (costs CPU).

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::{BufferPool, MemoryTier, PoolConfig, PosixConfig, PosixTier, ReadBatch, Tier};
-use ringtier_loader::manifest::checksum;
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
@@ -107,10 +106,15 @@ pub(crate) enum OnError {
     Fail,
 }
 
+/// Largest read when `--read-size` is 0: files up to this size are read whole, larger ones
+/// in reads of this size, so the buffer pool never grows with the largest file.
+pub(crate) const DEFAULT_MAX_READ: usize = 8 << 20;
+
 /// Knobs shared by every point of a run.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub(crate) struct Knobs {
-    /// Largest single read (fio's --bs); 0 reads each file with one read.
+    /// Largest single read (fio's --bs); 0 reads each file with one read up to
+    /// [`DEFAULT_MAX_READ`] and larger files in reads of that size.
     pub read_size: usize,
     pub sqpoll: bool,
     pub register_buffers: bool,
@@ -170,13 +174,70 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The size of the reads a pass issues: `read_size` rounded down to 4 KiB (at least 4 KiB),
+/// or, for 0, the largest file capped at [`DEFAULT_MAX_READ`].
+pub(crate) fn chunk_size(read_size: usize, max_file: u64) -> usize {
+    if read_size == 0 {
+        (max_file.max(1) as usize).min(DEFAULT_MAX_READ)
+    } else {
+        (read_size / 4096 * 4096).max(4096)
+    }
+}
+
+/// Bytes of one pooled buffer for reads of `chunk` bytes: the chunk plus one byte (to notice a
+/// file that grew), rounded up to 4 KiB, plus 4 KiB for an unaligned start.
+pub(crate) fn buffer_size(chunk: usize) -> usize {
+    (chunk + 1).next_multiple_of(4096) + 4096
+}
+
+/// One read of a pass: a piece of one file.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// Manifest index of the file.
+    file: u32,
+    offset: u64,
+    len: usize,
+    /// The file's last piece (asks for one byte more, to notice a file that grew).
+    last: bool,
+}
+
+/// The reads of a pass over `order`: each file in pieces of at most `chunk` bytes, in order.
+fn pieces(ds: &Dataset, order: &[u32], chunk: usize) -> Vec<Piece> {
+    let mut out = Vec::with_capacity(order.len());
+    for &file in order {
+        let size = ds.manifest.entries[file as usize].size;
+        let mut offset = 0u64;
+        loop {
+            let rest = size - offset;
+            if rest <= chunk as u64 {
+                out.push(Piece { file, offset, len: rest as usize + 1, last: true });
+                break;
+            }
+            out.push(Piece { file, offset, len: chunk, last: false });
+            offset += chunk as u64;
+        }
+    }
+    out
+}
+
+/// The file a pass is in the middle of: bytes and CRC so far, and the first error.
+#[derive(Debug)]
+struct FileProgress {
+    file: u32,
+    bytes: u64,
+    crc: u32,
+    error: Option<String>,
+}
+
 impl Reader {
     /// Sets up `engine` with `concurrency` (threads or depth) and `rings` over `ds`.
     pub(crate) fn new(engine: Engine, concurrency: usize, rings: usize, ds: &Dataset, knobs: Knobs) -> Result<Reader> {
         let concurrency = concurrency.max(1);
         // Two batches in flight, each large enough to keep every thread or ring slot busy.
         let batch_size = (concurrency * rings.max(1)).max(16);
-        let buf_size = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
+        // The pool is 2 x batch x read size, whatever the largest file: a larger file is read
+        // in pieces that reuse the pooled buffers.
+        let buf_size = buffer_size(chunk_size(knobs.read_size, ds.max_size()));
         let pool =
             BufferPool::new(PoolConfig::new(buf_size, 2 * batch_size, 4096)).context("allocating the buffer pool")?;
         let tier: Arc<dyn Tier> = match engine {
@@ -241,64 +302,84 @@ impl Reader {
                 }
             }
         }
-        let mut latencies: Vec<f64> = Vec::with_capacity(ds.len());
+        let chunk = chunk_size(self.knobs.read_size, ds.max_size());
+        let pieces = pieces(ds, order, chunk);
+        let mut latencies: Vec<f64> = Vec::with_capacity(pieces.len());
         let (mut bytes, mut files, mut skipped) = (0u64, 0u64, 0u64);
         let mut errors = Vec::new();
+        let verify = self.knobs.verify && ds.has_checksums;
         let cpu0 = process_cpu();
         let t0 = Instant::now();
-        // (batch handle, manifest indices of its requests)
-        let mut in_flight: VecDeque<(tokio::task::JoinHandle<ReadBatch>, &[u32])> = VecDeque::new();
+        // (batch handle, its pieces); batches complete in order, so the pieces of a file
+        // (consecutive in `pieces`) are seen in order even across batches.
+        let mut in_flight: VecDeque<(tokio::task::JoinHandle<ReadBatch>, &[Piece])> = VecDeque::new();
         let mut spare: Vec<ReadBatch> =
             (0..2).map(|_| ReadBatch::with_capacity(self.batch_size, self.batch_size * 32)).collect();
-        let mut chunks = order.chunks(self.batch_size);
+        let mut chunks = pieces.chunks(self.batch_size);
+        let mut current: Option<FileProgress> = None;
         loop {
             while in_flight.len() < 2 {
                 let Some(chunk) = chunks.next() else { break };
                 let mut batch = spare.pop().unwrap_or_default();
-                for &i in chunk {
-                    let f = &ds.manifest.entries[i as usize];
-                    // Ask for one byte more than the manifest says, to notice a file that grew.
-                    batch.push(&f.key, 0, f.size as usize + 1, self.pool.acquire().await);
+                for p in chunk {
+                    let f = &ds.manifest.entries[p.file as usize];
+                    batch.push(&f.key, p.offset, p.len, self.pool.acquire().await);
                 }
                 let tier = Arc::clone(&self.tier);
                 in_flight.push_back((tokio::spawn(async move { tier.read_batch(batch).await }), chunk));
             }
             let Some((h, chunk)) = in_flight.pop_front() else { break };
             let mut batch = h.await.context("reader task failed")?;
-            for ((_, entry), &i) in batch.iter().zip(chunk) {
-                let f = &ds.manifest.entries[i as usize];
-                let outcome = match entry.result() {
-                    Some(Ok(n)) if *n as u64 != f.size => {
-                        Err(format!("{}: size mismatch, the manifest says {} bytes, read {n}", f.key, f.size))
+            for ((_, entry), p) in batch.iter().zip(chunk) {
+                let f = &ds.manifest.entries[p.file as usize];
+                let prog = current.get_or_insert(FileProgress { file: p.file, bytes: 0, crc: 0, error: None });
+                debug_assert_eq!(prog.file, p.file);
+                // Every piece but the last must come back full; the last must end the file.
+                let want = if p.last { f.size - p.offset } else { p.len as u64 };
+                match entry.result() {
+                    _ if prog.error.is_some() => {}
+                    Some(Ok(n)) if *n as u64 != want => {
+                        prog.error = Some(format!(
+                            "{}: size mismatch, the manifest says {} bytes, read {}{}",
+                            f.key,
+                            f.size,
+                            p.offset + *n as u64,
+                            if (*n as u64) > want { " or more" } else { "" }
+                        ))
                     }
                     Some(Ok(n)) => {
-                        let bad_sum = self.knobs.verify
-                            && ds.has_checksums
-                            && entry.buf().map(|b| checksum(b.as_slice())) != Some(f.crc32c);
-                        if bad_sum {
-                            Err(format!("{}: checksum mismatch against the manifest", f.key))
-                        } else {
-                            Ok(*n as u64)
+                        prog.bytes += *n as u64;
+                        if verify {
+                            if let Some(b) = entry.buf() {
+                                prog.crc = crc32c::crc32c_append(prog.crc, b.as_slice());
+                            }
                         }
-                    }
-                    Some(Err(e)) => Err(format!("{}: {e}", f.key)),
-                    None => Err(format!("{}: not executed", f.key)),
-                };
-                match outcome {
-                    Ok(n) => {
-                        bytes += n;
-                        files += 1;
                         if let Some(l) = entry.latency() {
                             latencies.push(l.as_secs_f64() * 1e3);
                         }
                     }
-                    Err(msg) if skip => {
+                    Some(Err(e)) => prog.error = Some(format!("{}: {e} (at byte {})", f.key, p.offset)),
+                    None => prog.error = Some(format!("{}: not executed", f.key)),
+                }
+                if !p.last {
+                    continue;
+                }
+                let Some(mut prog) = current.take() else { continue };
+                if prog.error.is_none() && verify && prog.crc != f.crc32c {
+                    prog.error = Some(format!("{}: checksum mismatch against the manifest", f.key));
+                }
+                match prog.error {
+                    None => {
+                        bytes += prog.bytes;
+                        files += 1;
+                    }
+                    Some(msg) if skip => {
                         skipped += 1;
                         if errors.len() < 5 {
                             errors.push(msg);
                         }
                     }
-                    Err(msg) => bail!(
+                    Some(msg) => bail!(
                         "reading {} through {}: {msg} (use --on-error skip to go on)",
                         ds.root.display(),
                         self.engine
@@ -327,6 +408,57 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_larger_than_the_read_size_are_read_in_pieces_and_verified() {
+        use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
+        let dir = tempfile::tempdir().expect("tempdir");
+        // O_DIRECT where the temp dir has it (not on tmpfs).
+        let direct = ringtier_core::fs::dir_supports_direct_io(dir.path()) != Some(false);
+        let uring = if direct { Engine::UringDirect } else { Engine::UringBuffered };
+        let sizes = [0usize, 1, 4096, 16 * 1024, 16 * 1024 + 1, 300_007, 1_000_000];
+        let mut entries = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..n).map(|j| (j * 13 + i) as u8).collect();
+            let key = format!("f{i}");
+            std::fs::write(dir.path().join(&key), &data).expect("write");
+            entries.push(ManifestEntry { key, size: n as u64, crc32c: checksum(&data) });
+        }
+        let ds = Dataset { root: dir.path().to_path_buf(), manifest: Manifest { entries }, has_checksums: true };
+        let knobs = Knobs {
+            read_size: 16 * 1024,
+            sqpoll: false,
+            register_buffers: true,
+            register_files: false,
+            verify: true,
+            on_error: OnError::Fail,
+            order: Order::Shuffled,
+        };
+        assert_eq!(buffer_size(chunk_size(knobs.read_size, ds.max_size())), 16 * 1024 + 8192);
+        assert_eq!(chunk_size(0, 100), 100);
+        assert_eq!(chunk_size(0, 1 << 40), DEFAULT_MAX_READ);
+        let order: Vec<u32> = (0..sizes.len() as u32).rev().collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        for engine in [Engine::PosixThreads, uring, Engine::UringBuffered] {
+            let reader = Reader::new(engine, 4, 1, &ds, knobs).expect("reader");
+            assert_eq!(reader.pool.buf_size(), 16 * 1024 + 8192, "{engine}: the pool follows the read size");
+            let res = rt.block_on(reader.pass(&ds, &order, true)).expect("pass");
+            assert_eq!((res.files, res.skipped), (sizes.len() as u64, 0), "{engine}");
+            assert_eq!(res.bytes, sizes.iter().sum::<usize>() as u64, "{engine}");
+        }
+        // A byte changed in the middle of the large file: its checksum, assembled over the
+        // pieces, no longer matches.
+        let mut data = std::fs::read(dir.path().join("f6")).expect("read");
+        data[500_000] ^= 1;
+        std::fs::write(dir.path().join("f6"), &data).expect("write");
+        let reader = Reader::new(uring, 4, 1, &ds, knobs).expect("reader");
+        let err = rt.block_on(reader.pass(&ds, &order, true)).expect_err("corrupt");
+        assert!(err.to_string().contains("f6: checksum mismatch"), "{err}");
+        let skip = Knobs { on_error: OnError::Skip, ..knobs };
+        let reader = Reader::new(uring, 4, 1, &ds, skip).expect("reader");
+        let res = rt.block_on(reader.pass(&ds, &order, true)).expect("pass");
+        assert_eq!((res.files, res.skipped), (sizes.len() as u64 - 1, 1));
+    }
 
     #[test]
     fn quantiles() {

@@ -168,7 +168,8 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
     for &(e, c, r) in &points {
         readers.push(Reader::new(e, c, r, ds, cfg.knobs).with_context(|| format!("setting up {e} at {c}"))?);
         let batch = (c * r).max(16) as u64;
-        pool_bytes = pool_bytes.max(2 * batch * ((ds.max_size()).next_multiple_of(4096) + 4096));
+        let buf = crate::passes::buffer_size(crate::passes::chunk_size(cfg.knobs.read_size, ds.max_size()));
+        pool_bytes = pool_bytes.max(2 * batch * buf as u64);
     }
     eprintln!(
         "reading {} files ({:.1} MB) in {} ({fs}): {} points x {} repeats, {}",

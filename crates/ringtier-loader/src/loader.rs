@@ -8,11 +8,11 @@ use ringtier_core::blocking::BlockingPool;
 use ringtier_core::buf::AlignedBuf;
 use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Result};
-use ringtier_core::{BufferPool, PoolConfig, ReadBatch};
+use ringtier_core::{BufferPool, PoolConfig};
 use tokio::sync::mpsc;
 
 use crate::dataset::Dataset;
-use crate::decode::{decode_jpeg_resized, DecodeConfig};
+use crate::decode::{DecodeConfig, JpegDecoder, SampleRng};
 use crate::sampler::Sampler;
 
 /// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
@@ -50,6 +50,11 @@ pub struct LoaderConfig {
     pub on_bad: OnBadSample,
     /// Check CRC-32C against the manifest where it has one. Default false.
     pub verify: bool,
+    /// Largest single read, in bytes: the pool's buffers are this size (or the largest
+    /// sample's, when smaller), and a larger sample is read in pieces of it and assembled with
+    /// one copy. 0, the default, means [`crate::DEFAULT_MAX_READ`] (8 MiB). The pool is
+    /// (prefetch + 2) x batch size buffers, whatever the sample sizes.
+    pub read_size: usize,
 }
 
 impl LoaderConfig {
@@ -112,6 +117,12 @@ impl LoaderConfig {
         self.verify = verify;
         self
     }
+
+    /// Sets [`LoaderConfig::read_size`].
+    pub fn with_read_size(mut self, read_size: usize) -> Self {
+        self.read_size = read_size;
+        self
+    }
 }
 
 impl Default for LoaderConfig {
@@ -127,6 +138,7 @@ impl Default for LoaderConfig {
             decode: None,
             on_bad: OnBadSample::Skip,
             verify: false,
+            read_size: 0,
         }
     }
 }
@@ -136,8 +148,10 @@ impl Default for LoaderConfig {
 pub enum SampleData {
     /// The file's bytes in a pooled buffer (returned to the pool when dropped).
     Raw(AlignedBuf),
-    /// Decoded RGB pixels, `size * size * 3` bytes.
-    Decoded(Vec<u8>),
+    /// A decoded, transformed sample in a pooled buffer (returned to the pool when dropped):
+    /// [`DecodeConfig::output_bytes`] bytes, `u8` or native-endian `f32` in the configured
+    /// layout.
+    Decoded(AlignedBuf),
 }
 
 impl SampleData {
@@ -145,7 +159,7 @@ impl SampleData {
     pub fn as_slice(&self) -> &[u8] {
         match self {
             SampleData::Raw(b) => b.as_slice(),
-            SampleData::Decoded(v) => v,
+            SampleData::Decoded(b) => b.as_slice(),
         }
     }
 }
@@ -197,6 +211,8 @@ struct Shared {
     cfg: LoaderConfig,
     pool: BufferPool,
     decoders: Option<BlockingPool>,
+    /// Decoded samples' buffers, (prefetch + 2) x batch size of one output each.
+    outputs: Option<BufferPool>,
     stall: metrics::Histogram,
     batches: metrics::Counter,
     skipped: metrics::Counter,
@@ -219,12 +235,15 @@ impl std::fmt::Debug for Loader {
 impl Loader {
     /// The buffer pool a loader with `cfg` over samples of at most `max_sample_bytes` needs on a
     /// tier of direct-I/O `alignment`: (prefetch + 2) x batch_size buffers, each the largest
-    /// sample plus one byte (a file that grew is noticed) rounded up to the alignment, plus
-    /// one alignment block for an unaligned start. Give a pool of this shape to the io_uring
-    /// tier (`UringTierOptions::pool`) and the loader reads into its registered buffers.
+    /// sample (capped at [`LoaderConfig::read_size`]) plus one byte (a file that grew is
+    /// noticed) rounded up to the alignment, plus one alignment block for an unaligned start.
+    /// Give a pool of this shape to the io_uring tier (`UringTierOptions::pool`) and the loader
+    /// reads into its registered buffers.
     pub fn pool_config(max_sample_bytes: u64, alignment: usize, cfg: &LoaderConfig) -> PoolConfig {
         let align = alignment.max(4096);
-        let buf_size = (max_sample_bytes as usize + 1).next_multiple_of(align) + align;
+        let read_size = if cfg.read_size == 0 { crate::DEFAULT_MAX_READ } else { cfg.read_size.max(align) };
+        let largest = (max_sample_bytes as usize).min(read_size);
+        let buf_size = (largest + 1).next_multiple_of(align) + align;
         PoolConfig::new(buf_size, (cfg.prefetch + 2) * cfg.batch_size, align)
     }
 
@@ -268,15 +287,20 @@ impl Loader {
                 BufferPool::new(want)?
             }
         };
-        let decoders = match cfg.decode {
-            Some(d) => Some(BlockingPool::new("ringtier-decode", d.threads.max(1))?),
-            None => None,
+        let (decoders, outputs) = match cfg.decode {
+            Some(d) => {
+                d.validate()?;
+                let outputs = PoolConfig::new(d.output_bytes().next_multiple_of(4096), (cfg.prefetch + 2) * cfg.batch_size, 4096);
+                (Some(BlockingPool::new("ringtier-decode", d.threads)?), Some(BufferPool::new(outputs)?))
+            }
+            None => (None, None),
         };
         let shared = Shared {
             dataset,
             cfg,
             pool,
             decoders,
+            outputs,
             stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
             batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
             skipped: metrics::counter!(catalog::LOADER_SKIPPED_TOTAL),
@@ -439,14 +463,18 @@ impl Iterator for BlockingEpoch {
 
 async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Result<Batch> {
     let samples = shared.dataset.samples();
-    let mut batch = ReadBatch::with_capacity(chunk.len(), chunk.len() * 32);
-    for &i in &chunk {
-        let s = &samples[i as usize];
-        // One byte more than expected, to notice a file that grew.
-        batch.push(&s.key, 0, s.size as usize + 1, shared.pool.acquire().await);
-    }
+    let wanted: Vec<&crate::dataset::Sample> = chunk.iter().map(|&i| &samples[i as usize]).collect();
+    let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
     let t = Instant::now();
-    let mut batch = shared.dataset.tier().read_batch(batch).await;
+    // Whole samples, each read in pieces no larger than a pooled buffer.
+    let read = crate::pieces::read_whole(
+        shared.dataset.tier().as_ref(),
+        &shared.pool,
+        &wanted,
+        piece,
+        shared.cfg.batch_size,
+    )
+    .await;
     let read_seconds = t.elapsed().as_secs_f64();
     shared.read.record(read_seconds);
     let mut out = Batch {
@@ -470,28 +498,37 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
         }
     };
     let mut raw = Vec::with_capacity(chunk.len());
-    for ((key, _, res, buf), &i) in batch.drain().zip(&chunk) {
+    for (res, &i) in read.into_iter().zip(&chunk) {
         let s = &samples[i as usize];
-        match (res, buf) {
-            (Ok(n), Some(buf)) if n as u64 == s.size => {
+        match res {
+            Ok(buf) => {
                 if shared.cfg.verify && s.crc32c.is_some_and(|c| c != checksum(buf.as_slice())) {
-                    bad(&mut out, format!("{key}: checksum mismatch"))?;
+                    bad(&mut out, format!("{}: checksum mismatch", s.key))?;
                 } else {
-                    out.bytes += n as u64;
+                    out.bytes += buf.len() as u64;
                     raw.push((i, buf));
                 }
             }
-            (Ok(n), _) => bad(&mut out, format!("{key}: size mismatch, expected {} bytes, read {n}", s.size))?,
-            (Err(e), _) => bad(&mut out, format!("{key}: {e}"))?,
+            Err(why) => bad(&mut out, why)?,
         }
     }
-    match (&shared.decoders, shared.cfg.decode) {
-        (Some(pool), Some(d)) => {
+    match (&shared.decoders, &shared.outputs, shared.cfg.decode) {
+        (Some(pool), Some(outputs), Some(d)) => {
             let t = Instant::now();
-            let jobs: Vec<_> = raw
-                .into_iter()
-                .map(|(i, buf)| (i, pool.run(move || decode_jpeg_resized(buf.as_slice(), d.size))))
-                .collect();
+            let seed = shared.cfg.seed;
+            let mut jobs = Vec::with_capacity(raw.len());
+            for (i, buf) in raw {
+                // Each sample decodes into a pooled buffer; its random crop and flip depend only
+                // on (seed, epoch, dataset index).
+                let mut px = outputs.acquire().await;
+                let job = pool.run(move || {
+                    px.set_window(0, d.output_bytes())?;
+                    let mut rng = SampleRng::new(seed, epoch, i as u64);
+                    JpegDecoder::with_thread_local(|dec| dec.decode_into(buf.as_slice(), &d, &mut rng, px.as_mut_slice()))?;
+                    Ok(px)
+                });
+                jobs.push((i, job));
+            }
             for (i, job) in jobs {
                 match job.await {
                     Ok(pixels) => {

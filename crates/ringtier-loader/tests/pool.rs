@@ -63,3 +63,29 @@ async fn a_pool_too_small_for_the_loader_is_not_used() {
     assert!(!loader.uses_tier_pool());
     read_epoch(&loader, &data).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_larger_than_a_pooled_buffer_are_read_in_pieces_through_io_uring() {
+    // Samples of up to ~300 KiB with a 16 KiB read size: the pool is sized by the read size,
+    // not by the largest file, and the large samples come back whole and intact.
+    let dir = tempfile::Builder::new().prefix("pieces").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let sizes = [0usize, 1, 4096, 16 * 1024, 16 * 1024 + 1, 100_003, 300_000, 7];
+    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(i as u64, n)).collect();
+    for (i, d) in data.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("s{i:03}")), d).expect("write");
+    }
+    let cfg = LoaderConfig::default().with_batch_size(3).with_prefetch(1).with_read_size(16 * 1024);
+    let max = data.iter().map(Vec::len).max().unwrap_or(0) as u64;
+    let want = Loader::pool_config(max, 4096, &cfg);
+    assert_eq!(want.buf_size, 16 * 1024 + 4096 + 4096, "the pool follows the read size, not the largest file");
+    let pool = BufferPool::new(want).expect("pool");
+    let uring = Arc::new(
+        UringTier::with_options(dir.path(), UringConfig::default(), UringTierOptions::default().with_pool(pool))
+            .expect("tier"),
+    );
+    let tier: Arc<dyn Tier> = uring.clone();
+    let loader = Loader::new(Dataset::from_dir(tier, dir.path()).await.expect("dataset"), cfg).expect("loader");
+    assert!(loader.uses_tier_pool());
+    assert_eq!(loader.pool_bytes(), (1 + 2) * 3 * (16 * 1024 + 8192));
+    read_epoch(&loader, &data).await;
+}

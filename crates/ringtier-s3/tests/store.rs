@@ -1,0 +1,156 @@
+//! The checkpoint store's burst buffer draining to S3 (s3s-fs on loopback): parts uploaded in
+//! parallel and checked after upload, the manifest last; restore from S3 once the fast copy is
+//! gone; recovery on open aborting the uploads of a killed drain and re-queuing the checkpoint;
+//! an S3 outage during the drain losing no acknowledged checkpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringtier_core::conformance::pattern;
+use ringtier_core::{AlignedBuf, PosixConfig, PosixTier, Tier};
+use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
+use ringtier_s3::testing::{forget_live_uploads, test_config, Fault, FaultProxy, S3sFsServer};
+use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+
+const PART: usize = MIN_PART_SIZE;
+
+fn s3s_uploads(root: &std::path::Path) -> usize {
+    std::fs::read_dir(root)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(".upload-") && n.ends_with(".json")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+struct Setup {
+    fast_dir: tempfile::TempDir,
+    s3_dir: tempfile::TempDir,
+    server: S3sFsServer,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let s3_dir = tempfile::tempdir().expect("tempdir");
+        let server = S3sFsServer::start(s3_dir.path()).expect("s3s-fs");
+        Setup { fast_dir: tempfile::tempdir().expect("tempdir"), s3_dir, server }
+    }
+
+    fn fast(&self) -> Arc<dyn Tier> {
+        Arc::new(PosixTier::new(PosixConfig::new(self.fast_dir.path()).with_name("fast".into())).expect("fast tier"))
+    }
+
+    async fn slow_at(&self, endpoint: &str) -> Arc<dyn Tier> {
+        let cfg = test_config(endpoint, "ckpt", "run").with_part_size(PART).named("s3");
+        let tier = S3Tier::new(cfg).expect("s3 tier");
+        tier.create_bucket().await.expect("bucket");
+        Arc::new(tier)
+    }
+
+    async fn slow(&self) -> Arc<dyn Tier> {
+        self.slow_at(&self.server.endpoint()).await
+    }
+}
+
+fn cfg() -> StoreConfig {
+    StoreConfig::default().with_prefix("ck".into()).with_keep_last(1).with_retries(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_to_s3_and_restores_from_it_when_the_fast_copy_is_gone() {
+    let s = Setup::new();
+    let big = pattern(1, 3 * PART + 17); // a multipart part
+    let small = pattern(2, 1000);
+    let slow = s.slow().await;
+    {
+        let store = CheckpointStore::open(vec![s.fast(), Arc::clone(&slow)], cfg()).await.expect("open");
+        for step in 1..=2u64 {
+            store.save(step, vec![Part::bytes("model", &big), Part::bytes("opt", &small)]).await.expect("save");
+        }
+        store.drain().await.expect("drain to S3");
+        let list = store.list().await.expect("list");
+        assert!(list.iter().all(|c| c.tiers.contains(&"s3".to_string())), "{list:?}");
+    }
+    let keys: Vec<String> = slow.list("ck/").await.expect("list").into_iter().map(|m| m.key).collect();
+    assert!(keys.iter().any(|k| k.ends_with("MANIFEST.json")), "{keys:?}");
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 0, "no upload left");
+
+    // The fast copy is gone (a new node, a wiped NVMe): everything comes from S3.
+    for entry in std::fs::read_dir(s.fast_dir.path()).expect("dir") {
+        let p = entry.expect("entry").path();
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p).expect("wipe");
+        } else {
+            std::fs::remove_file(&p).expect("wipe");
+        }
+    }
+    let store = CheckpointStore::open(vec![s.fast(), slow], cfg()).await.expect("reopen");
+    let back = store.read_part(2, "model").await.expect("restore from S3");
+    assert!(back == big, "restored part differs");
+    assert_eq!(store.read_part(1, "opt").await.expect("restore"), small);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_drain_is_cleaned_up_and_requeued_on_open() {
+    let s = Setup::new();
+    let data = pattern(3, 2 * PART + 5);
+    let slow = s.slow().await;
+    {
+        // The drain never gets to S3: the store sees only the fast tier...
+        let store = CheckpointStore::open(vec![s.fast()], cfg()).await.expect("open fast only");
+        store.save(7, vec![Part::bytes("model", &data)]).await.expect("save");
+    }
+    // ...and a drain killed mid-upload left a multipart upload of the part behind.
+    let mut w = slow.create("ck/00000000000000000007/parts/model").await.expect("create");
+    let mut b = AlignedBuf::new(2 * PART, 1).expect("buf");
+    b.fill_from(&data[..2 * PART]).expect("fill");
+    w.write_at(0, b).await.0.expect("parts");
+    std::mem::forget(w);
+    forget_live_uploads();
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 1);
+
+    let store = CheckpointStore::open(vec![s.fast(), Arc::clone(&slow)], cfg()).await.expect("open with S3");
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 0, "open aborted the leftover upload");
+    store.drain().await.expect("re-queued checkpoint drained");
+    let list = store.list().await.expect("list");
+    assert_eq!(list.len(), 1);
+    assert!(list[0].tiers.contains(&"s3".to_string()), "{list:?}");
+    assert!(store.read_part(7, "model").await.expect("read") == data);
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_outage_during_the_drain_loses_no_checkpoint() {
+    let s = Setup::new();
+    let upstream: SocketAddr = s.server.endpoint().trim_start_matches("http://").parse().expect("addr");
+    let proxy = FaultProxy::start(upstream).expect("proxy");
+    let slow = s.slow_at(&proxy.endpoint()).await;
+    let data = pattern(4, 2 * PART + 9);
+    {
+        let store = CheckpointStore::open(vec![s.fast(), Arc::clone(&slow)], cfg()).await.expect("open");
+        // Every part upload refused for good (a 403-like permanent error): the save is
+        // acknowledged from the fast tier, the drain fails, nothing is complete on S3.
+        proxy.fail_matching("partNumber=", Fault::Status(400));
+        store.save(1, vec![Part::bytes("model", &data)]).await.expect("save acknowledged");
+        let e = store.drain().await.expect_err("drain fails");
+        assert!(e.to_string().contains("step 1"), "{e}");
+        let list = store.list().await.expect("list");
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert!(!list[0].tiers.contains(&"s3".to_string()), "listed on S3 though incomplete: {list:?}");
+        assert!(store.read_part(1, "model").await.expect("fast copy kept") == data);
+    }
+    assert!(slow.list("ck/").await.expect("list").iter().all(|m| !m.key.ends_with("MANIFEST.json")));
+    // S3 answers again: the next open re-queues the checkpoint and drains it.
+    proxy.clear();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let store = CheckpointStore::open(vec![s.fast(), slow], cfg()).await.expect("reopen");
+    store.drain().await.expect("drain after the outage");
+    let list = store.list().await.expect("list");
+    assert!(list[0].tiers.contains(&"s3".to_string()), "{list:?}");
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 0, "no orphaned upload");
+}

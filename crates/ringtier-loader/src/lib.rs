@@ -3,12 +3,15 @@
 mod dataset;
 mod decode;
 mod loader;
-mod pieces;
 pub mod manifest;
+mod pieces;
 mod sampler;
 
 pub use dataset::{Dataset, Sample};
-pub use decode::{decode_jpeg_resized, DecodeConfig};
+pub use decode::{
+    center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo, JpegDecoder,
+    Layout, Normalize, SampleRng, MAX_JPEG_DIMENSION,
+};
 pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
 pub use pieces::DEFAULT_MAX_READ;
 pub use sampler::Sampler;

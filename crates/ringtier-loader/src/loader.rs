@@ -12,7 +12,7 @@ use ringtier_core::{BufferPool, PoolConfig};
 use tokio::sync::mpsc;
 
 use crate::dataset::Dataset;
-use crate::decode::{decode_jpeg_resized, DecodeConfig};
+use crate::decode::{DecodeConfig, JpegDecoder, SampleRng};
 use crate::sampler::Sampler;
 
 /// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
@@ -148,8 +148,10 @@ impl Default for LoaderConfig {
 pub enum SampleData {
     /// The file's bytes in a pooled buffer (returned to the pool when dropped).
     Raw(AlignedBuf),
-    /// Decoded RGB pixels, `size * size * 3` bytes.
-    Decoded(Vec<u8>),
+    /// A decoded, transformed sample in a pooled buffer (returned to the pool when dropped):
+    /// [`DecodeConfig::output_bytes`] bytes, `u8` or native-endian `f32` in the configured
+    /// layout.
+    Decoded(AlignedBuf),
 }
 
 impl SampleData {
@@ -157,7 +159,7 @@ impl SampleData {
     pub fn as_slice(&self) -> &[u8] {
         match self {
             SampleData::Raw(b) => b.as_slice(),
-            SampleData::Decoded(v) => v,
+            SampleData::Decoded(b) => b.as_slice(),
         }
     }
 }
@@ -209,6 +211,8 @@ struct Shared {
     cfg: LoaderConfig,
     pool: BufferPool,
     decoders: Option<BlockingPool>,
+    /// Decoded samples' buffers, (prefetch + 2) x batch size of one output each.
+    outputs: Option<BufferPool>,
     stall: metrics::Histogram,
     batches: metrics::Counter,
     skipped: metrics::Counter,
@@ -283,15 +287,21 @@ impl Loader {
                 BufferPool::new(want)?
             }
         };
-        let decoders = match cfg.decode {
-            Some(d) => Some(BlockingPool::new("ringtier-decode", d.threads.max(1))?),
-            None => None,
+        let (decoders, outputs) = match cfg.decode {
+            Some(d) => {
+                d.validate()?;
+                let outputs =
+                    PoolConfig::new(d.output_bytes().next_multiple_of(4096), (cfg.prefetch + 2) * cfg.batch_size, 4096);
+                (Some(BlockingPool::new("ringtier-decode", d.threads)?), Some(BufferPool::new(outputs)?))
+            }
+            None => (None, None),
         };
         let shared = Shared {
             dataset,
             cfg,
             pool,
             decoders,
+            outputs,
             stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
             batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
             skipped: metrics::counter!(catalog::LOADER_SKIPPED_TOTAL),
@@ -498,13 +508,25 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
             Err(why) => bad(&mut out, why)?,
         }
     }
-    match (&shared.decoders, shared.cfg.decode) {
-        (Some(pool), Some(d)) => {
+    match (&shared.decoders, &shared.outputs, shared.cfg.decode) {
+        (Some(pool), Some(outputs), Some(d)) => {
             let t = Instant::now();
-            let jobs: Vec<_> = raw
-                .into_iter()
-                .map(|(i, buf)| (i, pool.run(move || decode_jpeg_resized(buf.as_slice(), d.size))))
-                .collect();
+            let seed = shared.cfg.seed;
+            let mut jobs = Vec::with_capacity(raw.len());
+            for (i, buf) in raw {
+                // Each sample decodes into a pooled buffer; its random crop and flip depend only
+                // on (seed, epoch, dataset index).
+                let mut px = outputs.acquire().await;
+                let job = pool.run(move || {
+                    px.set_window(0, d.output_bytes())?;
+                    let mut rng = SampleRng::new(seed, epoch, i as u64);
+                    JpegDecoder::with_thread_local(|dec| {
+                        dec.decode_into(buf.as_slice(), &d, &mut rng, px.as_mut_slice())
+                    })?;
+                    Ok(px)
+                });
+                jobs.push((i, job));
+            }
             for (i, job) in jobs {
                 match job.await {
                     Ok(pixels) => {

@@ -469,6 +469,9 @@ pub(crate) struct Sample {
     /// (height, width, channels) of a decoded sample.
     #[pyo3(get)]
     shape: Option<(usize, usize, usize)>,
+    /// The process that read it: a copy inherited through `fork()` is leaked there, not given
+    /// back to a pool whose locks the parent's threads may have held at the fork.
+    pid: u32,
 }
 
 impl Sample {
@@ -487,7 +490,15 @@ impl Sample {
             c.fetch_add(1, Ordering::Relaxed);
         }
         let held = Held { data, ptr: RawPtr(ptr), len };
-        Sample { held: Mutex::new(Some(held)), exports: AtomicUsize::new(0), index, keys, counted, shape }
+        Sample {
+            held: Mutex::new(Some(held)),
+            exports: AtomicUsize::new(0),
+            index,
+            keys,
+            counted,
+            shape,
+            pid: std::process::id(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
@@ -496,6 +507,10 @@ impl Sample {
 
     fn give_back(&self, held: Option<Held>) {
         if let Some(h) = held {
+            if std::process::id() != self.pid {
+                std::mem::forget(h.data);
+                return;
+            }
             drop(h.data);
             if let Some(c) = &self.counted {
                 c.fetch_sub(1, Ordering::Relaxed);

@@ -1,0 +1,229 @@
+"""Input pipeline: ringtier.torch.IterableDataset against PyTorch's DataLoader over a
+map-style dataset that reads each file with open().read(), on the same files, cold.
+
+    python bench/python/loader_bench.py --dir /data/inet [--workers 0,1,2,4,8] [--repeats 3]
+        [--ringtier-workers 0,2] [--batch 64] [--json out.json] [--md out.md]
+
+Every pass reads every file of the directory's manifest once, in a seeded shuffled order, in
+batches of 64, after `sync; echo 3 > /proc/sys/vm/drop_caches` (root) or, without root,
+posix_fadvise(DONTNEED) on every file. Configurations run interleaved (A, B, C, A, B, C, ...).
+Per pass: wall seconds, MB/s, CPU seconds (this process and its DataLoader workers, from
+getrusage) per GiB. Prints min/median/max per configuration and each configuration's ratio to
+the DataLoader's best median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Tuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import ringtier.torch as rt
+
+MANIFEST = ".ringtier-manifest.tsv"
+
+
+def manifest_keys(root: str) -> List[str]:
+    keys = []
+    with open(os.path.join(root, MANIFEST)) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            keys.append(line.split("\t")[0])
+    return keys
+
+
+def drop_caches(root: str, keys: List[str]) -> str:
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for k in keys:
+            fd = os.open(os.path.join(root, k), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+
+
+class OpenReadDataset(Dataset):  # type: ignore[type-arg]
+    """What a PyTorch user writes: one file per item, open().read()."""
+
+    def __init__(self, root: str, keys: List[str]) -> None:
+        self.paths = [os.path.join(root, k) for k in keys]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.paths[i], "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+
+def pack(samples: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A batch as one tensor of the samples end to end plus their lengths: one shared-memory
+    transfer per batch from a DataLoader worker instead of one per sample."""
+    lengths = torch.tensor([t.numel() for t in samples], dtype=torch.int64)
+    return torch.cat(samples), lengths
+
+
+def cpu_seconds() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def run_cli(cli: str, root: str, depth: int) -> Dict[str, float]:
+    """One cold pass of `ringtier bench read` (uring-direct, one ring, the loader's depth)."""
+    out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rt-bench-read-{os.getpid()}.json")
+    cmd = [cli, "bench", "read", "--dir", root, "--engines", "uring-direct", "--depths", str(depth), "--repeats", "1",
+           "--json", out]
+    subprocess.run(cmd, check=True, capture_output=True)
+    with open(out) as f:
+        d = json.load(f)
+    os.unlink(out)
+    p = d["points"][0]
+    mb_s = p["mb_per_sec"]["median"] if "mb_per_sec" in p else d["headline"]["best_overall"]["mb_per_sec_median"]
+    nbytes = d["dataset"]["bytes"]
+    return {"wall_s": nbytes / 1e6 / mb_s, "mb_s": mb_s, "cpu_s_per_gib": p["cpu_seconds_per_gib"]["median"],
+            "bytes": nbytes}
+
+
+def run_pass(
+    kind: str, workers: int, root: str, keys: List[str], batch: int, epoch: int, packed: bool
+) -> Dict[str, float]:
+    collate = pack if packed else list
+    if kind == "dataloader":
+        g = torch.Generator().manual_seed(epoch)
+        dl = DataLoader(
+            OpenReadDataset(root, keys), batch_size=batch, shuffle=True, generator=g, num_workers=workers,
+            collate_fn=collate,
+        )
+    else:
+        ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1)
+        ds.set_epoch(epoch)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=collate)
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    n = nbytes = 0
+    for b in dl:
+        if packed:
+            nbytes += b[0].numel()
+            n += b[1].numel()
+        else:
+            for t in b:
+                nbytes += t.numel()
+                n += 1
+    del dl
+    wall = time.perf_counter() - t0
+    cpu = cpu_seconds() - c0
+    assert n == len(keys), (kind, workers, n, len(keys))
+    return {"wall_s": wall, "mb_s": nbytes / wall / 1e6, "cpu_s_per_gib": cpu / (nbytes / 2**30), "bytes": nbytes}
+
+
+def summary(xs: List[float]) -> Dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--workers", default="0,1,2,4,8")
+    ap.add_argument("--ringtier-workers", default="0,2")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--packed", action="store_true",
+                    help="collate each batch into one tensor + lengths (one transfer per batch from a worker)")
+    ap.add_argument("--cli", help="the ringtier binary: adds `ringtier bench read` (uring-direct, depth 32) passes")
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    a = ap.parse_args()
+    keys = manifest_keys(a.dir)
+    configs = [("ringtier", int(w)) for w in a.ringtier_workers.split(",")]
+    configs += [("dataloader", int(w)) for w in a.workers.split(",")]
+    if a.cli:
+        configs.insert(0, ("bench-read", 32))
+    raw: Dict[str, List[Dict[str, float]]] = {f"{k}/{w}": [] for k, w in configs}
+    evict = ""
+    for rep in range(a.repeats):
+        for kind, w in configs:
+            evict = drop_caches(a.dir, keys)
+            if kind == "bench-read":
+                r = run_cli(a.cli, a.dir, w)
+            else:
+                r = run_pass(kind, w, a.dir, keys, a.batch, epoch=rep, packed=a.packed)
+            raw[f"{kind}/{w}"].append(r)
+            print(f"rep {rep} {kind:10s} conc {w}: {r['mb_s']:8.1f} MB/s  {r['cpu_s_per_gib']:6.2f} CPU s/GiB", flush=True)
+    stats = {
+        name: {m: summary([p[m] for p in passes]) for m in ("wall_s", "mb_s", "cpu_s_per_gib")}
+        for name, passes in raw.items()
+    }
+    dl_names = [n for n in stats if n.startswith("dataloader/")]
+    best_dl = max(dl_names, key=lambda n: stats[n]["mb_s"]["median"])
+    best_cpu = min(dl_names, key=lambda n: stats[n]["cpu_s_per_gib"]["median"])
+    machine = {
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "files": len(keys),
+        "bytes": raw[next(iter(raw))][0]["bytes"],
+        "dir": os.path.abspath(a.dir),
+        "fs": subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", a.dir], capture_output=True, text=True).stdout.strip(),
+        "evict": evict,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "loadavg": os.getloadavg(),
+    }
+    lines = [
+        f"# Python input pipeline: ringtier IterableDataset vs DataLoader + open().read()",
+        "",
+        f"{machine['date']}; {machine['nproc']} cores, kernel {machine['kernel']}, torch {machine['torch']}; "
+        f"{machine['files']} files, {machine['bytes'] / 1e9:.2f} GB in {machine['dir']} ({machine['fs']}); "
+        f"cold ({machine['evict']} before every pass); batch {a.batch}; {a.repeats} interleaved repeats; collate: "
+        f"{'one packed tensor + lengths per batch' if a.packed else 'a list of one tensor per sample'}; "
+        f"load average at the end {os.getloadavg()[0]:.1f} (other work on the machine).",
+        "",
+        f"Command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`",
+        "",
+        "| configuration | MB/s min / median / max | x best DataLoader | CPU s/GiB min / median / max | x DataLoader's lowest |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in stats.items():
+        m, c = s["mb_s"], s["cpu_s_per_gib"]
+        lines.append(
+            f"| {name} workers | {m['min']:.0f} / {m['median']:.0f} / {m['max']:.0f} | "
+            f"{m['median'] / stats[best_dl]['mb_s']['median']:.2f} | {c['min']:.2f} / {c['median']:.2f} / {c['max']:.2f} | "
+            f"{c['median'] / stats[best_cpu]['cpu_s_per_gib']['median']:.2f} |"
+        )
+    lines += ["", f"Best DataLoader by throughput: {best_dl}; lowest CPU per GiB: {best_cpu}."]
+    if "bench-read/32" in stats:
+        ref = stats["bench-read/32"]["mb_s"]["median"]
+        for name in stats:
+            if name.startswith("ringtier/"):
+                lines.append(f"{name} workers reaches {stats[name]['mb_s']['median'] / ref:.2f}x of `ringtier bench read` "
+                             "(uring-direct, depth 32, one thread, no Python) on the same files.")
+    text = "\n".join(lines)
+    print(text)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text + "\n")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"machine": machine, "raw": raw, "stats": stats, "args": vars(a)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -138,13 +138,19 @@ impl Dataset {
         let (manifest, has_checksums) = if root.join(MANIFEST_FILE).exists() {
             (Manifest::load(root)?, true)
         } else {
-            let fsroot = ringtier_core::fs::FsRoot::open(root, false)?;
+            // Files and class folders that are symbolic links are read through the links, as
+            // torchvision's ImageFolder does (loops and broken links are errors).
+            let fsroot = ringtier_core::fs::FsRoot::open(root, false)?.following_links(true);
             let entries =
                 fsroot.list("")?.into_iter().map(|m| ManifestEntry { key: m.key, size: m.size, crc32c: 0 }).collect();
             (Manifest { entries }, false)
         };
         if manifest.entries.is_empty() {
-            bail!("dataset {} holds no files (generate one with `ringtier gen --dir ...`)", root.display());
+            bail!(
+                "dataset {} holds no regular files, also through symbolic links (names starting with \
+                 `.ringtier-` are ignored); generate one with `ringtier gen --dir ...`",
+                root.display()
+            );
         }
         Ok(Dataset { root: root.to_path_buf(), manifest, has_checksums })
     }

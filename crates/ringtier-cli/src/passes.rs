@@ -243,7 +243,8 @@ impl Reader {
         let tier: Arc<dyn Tier> = match engine {
             Engine::Memory => {
                 let mem = MemoryTier::new().named(engine.as_str());
-                let src = PosixTier::new(PosixConfig::new(&ds.root)).context("opening the dataset")?;
+                let src = PosixTier::new(PosixConfig::new(&ds.root).with_follow_links(true))
+                    .context("opening the dataset")?;
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 rt.block_on(async {
                     for f in &ds.manifest.entries {
@@ -260,6 +261,7 @@ impl Reader {
                     PosixConfig::new(&ds.root)
                         .with_threads(concurrency)
                         .with_read_chunk(knobs.read_size)
+                        .with_follow_links(true)
                         .with_name(engine.as_str().to_string()),
                 )
                 .context("opening the posix tier")?,
@@ -277,8 +279,12 @@ impl Reader {
                         DirectIoPolicy::Off
                     })
                     .with_max_read_bytes(knobs.read_size as u32);
-                let options =
-                    UringTierOptions::default().with_pool(pool.clone()).with_name(engine.as_str().to_string());
+                // A read-only dataset tier: files and class folders that are links are read
+                // through them.
+                let options = UringTierOptions::default()
+                    .with_pool(pool.clone())
+                    .with_name(engine.as_str().to_string())
+                    .with_follow_links(true);
                 Arc::new(UringTier::with_options(&ds.root, config, options).context("opening the io_uring tier")?)
             }
         };

@@ -205,7 +205,39 @@ fn bad_datasets_fail_clearly_or_skip_and_count() {
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).expect("mkdir");
     let out = bench_read(&empty, &[]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no files"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no regular files"));
+}
+
+#[test]
+fn bench_read_follows_linked_class_folders_and_files_and_reports_loops() {
+    // An ImageFolder-style directory whose class folders and files are symbolic links to
+    // another directory: read through the links, as torchvision does.
+    let dir = tempfile::Builder::new().prefix("cli-links").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (disk2, ds) = (dir.path().join("disk2"), dir.path().join("ds"));
+    std::fs::create_dir_all(disk2.join("cat")).expect("mkdir");
+    std::fs::create_dir_all(ds.join("dog")).expect("mkdir");
+    let mut total = 0;
+    for i in 0..5 {
+        let data = vec![i as u8; 1000 + i * 4096];
+        total += data.len();
+        std::fs::write(disk2.join(format!("cat/{i}.jpg")), &data).expect("write");
+        std::fs::write(disk2.join(format!("{i}.jpg")), &data).expect("write");
+        std::os::unix::fs::symlink(disk2.join(format!("{i}.jpg")), ds.join(format!("dog/{i}.jpg"))).expect("link");
+    }
+    std::os::unix::fs::symlink(disk2.join("cat"), ds.join("cat")).expect("link");
+    let json = dir.path().join("r.json");
+    let out = bench_read(&ds, &["--json", json.to_str().expect("utf8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(v["dataset"]["files"], 10);
+    for p in v["points"].as_array().expect("points") {
+        assert_eq!(p["runs"][0]["bytes"], 2 * total, "{p}");
+    }
+    // A link back up the tree is a loop, named.
+    std::os::unix::fs::symlink(&ds, disk2.join("cat/up")).expect("link");
+    let out = bench_read(&ds, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("symbolic link loop") && err.contains("cat/up"), "{err}");
 }
 
 /// A directory on tmpfs (`/dev/shm`), or `None` (the test is skipped, saying why) where

@@ -5,12 +5,20 @@
 //! neither a `..` nor a symlink can reach outside the root. Staged (uncommitted) objects live
 //! in `ROOT/.ringtier-staging/`, which listing skips, and become visible only through
 //! [`FsRoot::commit_staged`]: data fsync, atomic rename, directory fsync.
+//!
+//! A read-only dataset root may instead follow symbolic links ([`FsRoot::following_links`]):
+//! files and directories that are links (to another disk, a shared copy) are listed and read
+//! through the links, as torchvision's `ImageFolder` (`os.walk(followlinks=True)`) does; a
+//! link that leads back to a directory it is in is reported as a loop. Keys are still
+//! validated (no `..`, no absolute path), so only a link placed in the root leads out of it.
+//! Tiers that write (checkpoint stores) never follow links out of their root.
 
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,6 +70,7 @@ pub struct FsRoot {
     root_fd: OwnedFd,
     staging: PathBuf,
     durable: bool,
+    follow_links: bool,
 }
 
 /// `open_how` for `openat2` confined beneath the directory descriptor.
@@ -108,7 +117,45 @@ impl FsRoot {
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let staging = root.join(STAGING_DIR);
         let durable = fs_type_of_fd(root_fd.as_raw_fd()).is_none_or(|t| !is_volatile_fs_type(t));
-        Ok(FsRoot { root, root_fd, staging, durable })
+        Ok(FsRoot { root, root_fd, staging, durable, follow_links: false })
+    }
+
+    /// This root, following symbolic links that lead out of it when `follow` is set: for
+    /// read-only dataset roots whose files or class folders are links. Opens then resolve with
+    /// `RESOLVE_NO_MAGICLINKS` only (keys are still validated: no `..`, no absolute path),
+    /// and listings descend into linked directories, detecting loops.
+    pub fn following_links(mut self, follow: bool) -> Self {
+        self.follow_links = follow;
+        self
+    }
+
+    /// True when symbolic links out of the root are followed (see [`FsRoot::following_links`]).
+    pub fn follows_links(&self) -> bool {
+        self.follow_links
+    }
+
+    /// A root that follows links is read-only: a write or delete through a link could land
+    /// outside the root.
+    fn check_writable(&self, op: Operation, key: &str) -> Result<()> {
+        if self.follow_links {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "this tier follows symbolic links out of its root and is read-only",
+            )
+            .with_operation(op)
+            .with_key(key));
+        }
+        Ok(())
+    }
+
+    /// The `RESOLVE_*` flags of `openat2` for keys of this root: `RESOLVE_BENEATH |
+    /// RESOLVE_NO_MAGICLINKS`, or only `RESOLVE_NO_MAGICLINKS` when following links.
+    pub fn resolve_flags(&self) -> u64 {
+        if self.follow_links {
+            libc::RESOLVE_NO_MAGICLINKS
+        } else {
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS
+        }
     }
 
     /// Whether committed files survive a machine crash: false on a file system held in memory
@@ -142,7 +189,8 @@ impl FsRoot {
     pub fn open_beneath(&self, key: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
         validate_key(key)?;
         let c = cstring(key.as_bytes())?;
-        let how = open_how_beneath(flags, mode);
+        let mut how = open_how_beneath(flags, mode);
+        how.resolve = self.resolve_flags();
         // SAFETY: root_fd is open, c is NUL-terminated and how is a valid open_how of the size
         // passed.
         let fd = unsafe {
@@ -178,8 +226,9 @@ impl FsRoot {
     /// Metadata of a committed object (a regular file under the root).
     pub fn stat(&self, key: &str) -> Result<ObjectMeta> {
         validate_key(key)?;
-        let meta = fs::symlink_metadata(self.path_of(key))
-            .map_err(|e| Error::from(e).with_operation(Operation::Stat).with_key(key))?;
+        let path = self.path_of(key);
+        let meta = if self.follow_links { fs::metadata(&path) } else { fs::symlink_metadata(&path) };
+        let meta = meta.map_err(|e| Error::from(e).with_operation(Operation::Stat).with_key(key))?;
         if !meta.is_file() {
             return Err(Error::new(ErrorKind::NotFound, "not a regular file")
                 .with_operation(Operation::Stat)
@@ -198,8 +247,14 @@ impl FsRoot {
         };
         let start = if dir_part.is_empty() { self.root.clone() } else { self.root.join(dir_part) };
         let mut out = Vec::new();
-        let mut stack = vec![(start, dir_part.to_string())];
-        while let Some((dir, rel)) = stack.pop() {
+        // (directory, its key, the (device, inode) of it and of the directories above it:
+        // a linked directory met again below itself is a loop).
+        let ancestors = match fs::metadata(&start) {
+            Ok(m) if self.follow_links => vec![(m.dev(), m.ino())],
+            _ => Vec::new(),
+        };
+        let mut stack = vec![(start, dir_part.to_string(), ancestors)];
+        while let Some((dir, rel, ancestors)) = stack.pop() {
             let rd = match fs::read_dir(&dir) {
                 Ok(rd) => rd,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && dir != self.root => continue,
@@ -217,16 +272,60 @@ impl FsRoot {
                     Ok(ft) => ft,
                     Err(_) => continue,
                 };
-                if ft.is_dir() {
+                // Through a link when following links: what it points at decides.
+                let followed = if self.follow_links && ft.is_symlink() {
+                    match fs::metadata(ent.path()) {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            return Err(Error::new(
+                                crate::error::kind_of_errno(e.raw_os_error().unwrap_or(libc::EIO)),
+                                format!("broken symbolic link ({e}): {}", ent.path().display()),
+                            )
+                            .with_operation(Operation::List)
+                            .with_key(key))
+                        }
+                    }
+                } else {
+                    None
+                };
+                let is_dir = followed.as_ref().map_or(ft.is_dir(), |m| m.is_dir());
+                let is_file = followed.as_ref().map_or(ft.is_file(), |m| m.is_file());
+                if is_dir {
                     // Descend only where keys below can still match the prefix.
                     if prefix.starts_with(&format!("{key}/"))
                         || key.starts_with(prefix)
                         || format!("{key}/").starts_with(prefix)
                     {
-                        stack.push((ent.path(), key));
+                        let mut below = ancestors.clone();
+                        if self.follow_links {
+                            let id = match &followed {
+                                Some(m) => (m.dev(), m.ino()),
+                                None => match ent.metadata() {
+                                    Ok(m) => (m.dev(), m.ino()),
+                                    Err(_) => continue,
+                                },
+                            };
+                            if ancestors.contains(&id) {
+                                return Err(Error::new(
+                                    ErrorKind::InvalidInput,
+                                    format!(
+                                        "symbolic link loop: {} leads back to a directory it is in",
+                                        ent.path().display()
+                                    ),
+                                )
+                                .with_operation(Operation::List)
+                                .with_key(key));
+                            }
+                            below.push(id);
+                        }
+                        stack.push((ent.path(), key, below));
                     }
-                } else if ft.is_file() && key.starts_with(prefix) {
-                    match ent.metadata() {
+                } else if is_file && key.starts_with(prefix) {
+                    let meta = match followed {
+                        Some(m) => Ok(m),
+                        None => ent.metadata(),
+                    };
+                    match meta {
                         Ok(m) => out.push(ObjectMeta { key, size: m.len(), modified: m.modified().ok() }),
                         // Deleted between readdir and stat: not listed.
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -279,6 +378,7 @@ impl FsRoot {
 
     /// Removes a committed object and makes the removal durable.
     pub fn delete(&self, key: &str) -> Result<()> {
+        self.check_writable(Operation::Delete, key)?;
         let meta = self.stat(key).map_err(|e| e.with_operation(Operation::Delete))?;
         let path = self.path_of(&meta.key);
         fs::remove_file(&path).map_err(|e| Error::from(e).with_operation(Operation::Delete).with_key(key))?;
@@ -290,6 +390,7 @@ impl FsRoot {
 
     /// A fresh path in the staging directory (created on first use).
     pub fn new_staging_path(&self) -> Result<PathBuf> {
+        self.check_writable(Operation::Create, STAGING_DIR)?;
         if !self.staging.is_dir() {
             fs::create_dir_all(&self.staging)
                 .map_err(|e| Error::from(e).with_operation(Operation::Create).with_key(STAGING_DIR))?;

@@ -36,6 +36,9 @@ pub struct PosixConfig {
     /// Largest single `pread`, in bytes; larger requests are read in chunks of this size
     /// (fio's `--bs`). 0, the default, reads each request with one call.
     pub read_chunk: usize,
+    /// Follow symbolic links out of the root (a dataset whose files or class folders are
+    /// links), see [`FsRoot::following_links`]; the tier is then read-only. Default false.
+    pub follow_links: bool,
 }
 
 impl PosixConfig {
@@ -68,6 +71,12 @@ impl PosixConfig {
         self.read_chunk = read_chunk;
         self
     }
+
+    /// Sets [`PosixConfig::follow_links`].
+    pub fn with_follow_links(mut self, follow_links: bool) -> Self {
+        self.follow_links = follow_links;
+        self
+    }
 }
 
 impl PosixConfig {
@@ -75,7 +84,7 @@ impl PosixConfig {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let name = format!("posix:{}", root.display());
-        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0 }
+        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0, follow_links: false }
     }
 }
 
@@ -134,7 +143,11 @@ pub fn pread_full(file: &File, offset: u64, len: usize, chunk: usize, buf: &mut 
 impl PosixTier {
     /// Opens the tier and starts its threads.
     pub fn new(config: PosixConfig) -> Result<Self> {
-        let root = Arc::new(FsRoot::open(&config.root, config.create).map_err(|e| e.with_tier(&config.name))?);
+        let root = Arc::new(
+            FsRoot::open(&config.root, config.create)
+                .map_err(|e| e.with_tier(&config.name))?
+                .following_links(config.follow_links),
+        );
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
         Ok(PosixTier { inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk }) })
     }

@@ -183,6 +183,9 @@ pub struct UringTierOptions {
     /// root with an `O_TMPFILE`. Whole-file reads open files with O_DIRECT on this guess and
     /// fall back to `statx` when the kernel refuses; `(0, 0)` disables the guess.
     pub assume_dio_alignment: Option<(u32, u32)>,
+    /// Follow symbolic links out of the root (a dataset whose files or class folders are
+    /// links), see [`FsRoot::following_links`]; the tier is then read-only. Default false.
+    pub follow_links: bool,
     /// Fail points that rewrite this tier's completions (short reads and writes, errnos), to
     /// test every completion path. Feature `fail-points`.
     #[cfg(feature = "fail-points")]
@@ -214,6 +217,12 @@ impl UringTierOptions {
         self
     }
 
+    /// Sets [`UringTierOptions::follow_links`].
+    pub fn with_follow_links(mut self, follow_links: bool) -> Self {
+        self.follow_links = follow_links;
+        self
+    }
+
     #[cfg(feature = "fail-points")]
     /// Sets [`UringTierOptions::fail_points`].
     pub fn with_fail_points(mut self, fail_points: impl Into<Option<Arc<FailPoints>>>) -> Self {
@@ -236,7 +245,11 @@ impl UringTier {
                 Error::new(ErrorKind::InvalidInput, "rings and queue_depth must be at least 1").with_tier(&name)
             );
         }
-        let root = Arc::new(FsRoot::open(root.as_ref(), options.create_root).map_err(|e| e.with_tier(&name))?);
+        let root = Arc::new(
+            FsRoot::open(root.as_ref(), options.create_root)
+                .map_err(|e| e.with_tier(&name))?
+                .following_links(options.follow_links),
+        );
         let probed = options.assume_dio_alignment.or_else(|| probe_dio_align(root.root_fd()));
         let root_align = probed.unwrap_or((0, 0));
         let fs_type = fs_type_name(root.path());

@@ -490,7 +490,13 @@ impl Driver {
         if st.direct {
             flags |= libc::O_DIRECT;
         }
-        st.how = types::OpenHow::new().flags(flags as u64).resolve(libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS);
+        // Beneath the root, unless the root follows links (a read-only dataset root).
+        let resolve = match &b.target {
+            Target::Keys { root } => root.resolve_flags(),
+            Target::File { .. } => libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+        };
+        let st = &mut b.states[i];
+        st.how = types::OpenHow::new().flags(flags as u64).resolve(resolve);
         let path = b.paths[st.path..].as_ptr().cast::<libc::c_char>();
         let mut op = opcode::OpenAt2::new(types::Fd(root_fd), path, &st.how);
         if self.direct_files {

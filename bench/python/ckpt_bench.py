@@ -90,6 +90,9 @@ def main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--slow", help="a slow tier's directory (bench/python/ckpt_slow_tier.sh makes one): adds the "
+                    "burst buffer (fast + slow) against torch.save straight to it")
+    ap.add_argument("--only-slow", action="store_true", help="with --slow: only the slow-tier comparisons")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -128,7 +131,41 @@ def main() -> None:
     rt_dir = fresh("rt")
     store = ringtier.CheckpointStore([rt_dir])
     store.async_save(0, state).result()  # warm-up: the staging buffer's first touch
+    burst = None
+    if a.slow:
+        burst_fast = fresh("burst-fast")
+        burst_slow = os.path.join(a.slow, "burst")
+        shutil.rmtree(burst_slow, ignore_errors=True)
+        os.makedirs(burst_slow)
+        burst = ringtier.CheckpointStore([burst_fast, burst_slow], keep_last=1)
     for rep in range(a.repeats):
+        if a.slow:
+            # The burst buffer: durable on the fast tier, drained to the slow one in the
+            # background (waited for, untimed, so that the next pass starts quiet), against
+            # torch.save straight to the slow tier.
+            how = evict()
+            record("ringtier save, fast+slow (burst)", timed(lambda: burst.save(rep + 1, state)))
+            burst.drain()
+            sd = os.path.join(a.slow, "torch")
+            shutil.rmtree(sd, ignore_errors=True)
+            os.makedirs(sd)
+            spath = os.path.join(sd, "ckpt.pt")
+
+            def slow_save_fsync() -> None:
+                with open(spath, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+
+            evict()
+            record("torch.save+fsync to slow", timed(slow_save_fsync))
+            os.unlink(spath)
+            evict()
+            record("torch.save to slow (+sync after, untimed)", timed(lambda: torch.save(state, spath)))
+            shutil.rmtree(sd)
+            if a.only_slow:
+                print(f"repeat {rep}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in results.items()), flush=True)
+                continue
         # raw O_DIRECT write + fsync of the same bytes
         d = fresh("raw")
         how = evict()
@@ -190,9 +227,13 @@ def main() -> None:
 
     store.close()
     shutil.rmtree(rt_dir)
-    raw = statistics.median(results["raw O_DIRECT write+fsync"])
-    ts = statistics.median(results["torch.save"])
-    tl = statistics.median(results["torch.load"])
+    if burst is not None:
+        burst.close()
+        shutil.rmtree(burst_fast)
+        shutil.rmtree(burst_slow)
+    raw = statistics.median(results.get("raw O_DIRECT write+fsync", [float("nan")]))
+    ts = statistics.median(results.get("torch.save", results.get("torch.save+fsync to slow", [float("nan")])))
+    tl = statistics.median(results.get("torch.load", [float("nan")]))
     fs = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", a.dir], capture_output=True, text=True).stdout.strip()
     machine = {
         "nproc": os.cpu_count(),
@@ -214,20 +255,27 @@ def main() -> None:
         "",
         f"Command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`",
         "",
-        "| configuration | seconds min / median / max | GB/s (median) | x raw write | x torch.save |",
+        f"| configuration | seconds min / median / max | GB/s (median) | x raw write | x {'torch.save' if 'torch.save' in results else 'torch.save+fsync to slow'} |",
         "|---|---|---|---|---|",
     ]
     for name, xs in results.items():
+        if not xs:
+            continue
         med = statistics.median(xs)
         lines.append(
             f"| {name} | {min(xs):.3f} / {med:.3f} / {max(xs):.3f} | {nbytes / med / 1e9:.2f} | "
             f"{med / raw:.2f} | {med / ts:.2f} |"
         )
-    lines += [
-        "",
-        f"Load: ringtier load median / torch.load median = "
-        f"{statistics.median(results['ringtier load']) / tl:.2f} (below 1 is faster).",
-    ]
+    lines.append("")
+    if "ringtier load" in results:
+        lines.append(f"Load: ringtier load median / torch.load median = "
+                     f"{statistics.median(results['ringtier load']) / tl:.2f} (below 1 is faster).")
+    if a.slow:
+        b = statistics.median(results["ringtier save, fast+slow (burst)"])
+        for base in ("torch.save+fsync to slow", "torch.save to slow (+sync after, untimed)"):
+            lines.append(f"Burst buffer: {base} median / ringtier save (fast+slow) median = "
+                         f"{statistics.median(results[base]) / b:.2f}x. Slow tier: {a.slow} "
+                         f"({os.environ.get('SLOW_TIER_DESC', 'as given')}).")
     text = "\n".join(lines)
     print(text)
     if a.md:

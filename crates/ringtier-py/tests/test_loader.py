@@ -230,3 +230,38 @@ def test_an_engine_inherited_through_fork_raises(dataset):
     assert "create it in the process that uses it" in msg.lower()
     # The parent's loader still works.
     assert len(read_epoch(loader)) == len(files)
+
+
+def test_ctrl_c_while_waiting_for_a_batch(dataset):
+    """A wait for a batch runs Python's signal handlers: SIGINT raises KeyboardInterrupt at
+    once (here the reader is blocked on a full pool, a wait that would otherwise end in
+    PoolExhaustedError after half a second), and the epoch goes on afterwards."""
+    import signal
+    import threading
+
+    root, files = dataset
+    loader = ringtier.Loader(root, batch_size=8, prefetch=1, hold=0)
+    epoch = loader.epoch(0)
+    kept = []
+    while loader.held + 8 <= loader.pool_buffers:
+        kept.extend(next(epoch))
+    sent = []
+
+    def interrupt():
+        time.sleep(0.05)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            while True:
+                kept.extend(next(epoch))
+        finally:
+            caught = time.monotonic()
+    assert caught - sent[0] < 1.0, f"KeyboardInterrupt after {caught - sent[0]:.3f} s"
+    n = len(kept)
+    kept.clear()
+    gc.collect()
+    rest = sum(len(b) for b in epoch)
+    assert n + rest == len(files), "the interrupted wait lost no batch"

@@ -5,6 +5,7 @@ mod decode;
 mod loader;
 pub mod manifest;
 mod pieces;
+pub mod records;
 mod sampler;
 
 pub use dataset::{Dataset, Sample};

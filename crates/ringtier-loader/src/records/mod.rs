@@ -1,0 +1,550 @@
+//! Sharded record datasets: TFRecord and WebDataset (tar) shards, streamed in bounded memory.
+//!
+//! A shard is read front to back with large requests kept in flight through the tier's batch
+//! read (one submission per batch on the io_uring tier, O_DIRECT where the file system has
+//! it), into pooled buffers; records are parsed straight out of those buffers, each record's
+//! bytes copied once, into the record. Memory is the pool (2 x depth x read size) plus the
+//! records in the shuffle buffer and the prefetch queue, whatever the shard sizes.
+//!
+//! An epoch over shards: the shards are shuffled (seeded by seed and epoch, the same on every
+//! rank) and split across ranks and workers, `(rank, worker)` taking every
+//! `world x workers`-th shard, so every record is read exactly once per epoch; records go
+//! through a seeded shuffle buffer that spans shard boundaries. A saved position (records
+//! delivered so far) resumes the epoch with exactly the remaining records.
+//!
+//! Bad input (a truncated record, a CRC mismatch, a corrupt tar header) is an error naming the
+//! shard and byte offset; with [`OnBadSample::Skip`] it is counted and the epoch goes on (the
+//! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
+//! alone).
+
+mod tfrecord;
+mod wds;
+
+use std::fmt;
+use std::sync::Arc;
+
+use ringtier_core::error::{Error, ErrorKind, Result};
+use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
+use tokio::sync::mpsc;
+
+pub use tfrecord::{masked_crc32c, write_record as write_tfrecord};
+pub use wds::{split_key, write_end as write_tar_end, write_member as write_tar_member};
+
+use crate::sampler::Sampler;
+use crate::OnBadSample;
+
+/// The framing of a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// TensorFlow's TFRecord: length, masked CRC-32C of the length, data, masked CRC-32C of
+    /// the data.
+    TfRecord,
+    /// WebDataset: a tar archive whose members sharing a key form one sample.
+    WebDataset,
+}
+
+impl RecordFormat {
+    /// `tfrecord` or `wds`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordFormat::TfRecord => "tfrecord",
+            RecordFormat::WebDataset => "wds",
+        }
+    }
+}
+
+/// One named part of a record: a WebDataset field (`jpg`, `cls`), or the single unnamed field
+/// of a TFRecord.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    /// Extension of the tar member (`jpg`, `cls`); empty for TFRecord.
+    pub name: String,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// One record of a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Index of its shard in the dataset's shard list.
+    pub shard: usize,
+    /// Byte offset of the record (TFRecord) or of its first tar member (WebDataset).
+    pub offset: u64,
+    /// The WebDataset sample key; empty for TFRecord.
+    pub key: String,
+    /// The fields, in shard order.
+    pub fields: Vec<Field>,
+}
+
+impl Record {
+    /// The field called `name`.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields.iter().find(|f| f.name == name).map(|f| f.data.as_slice())
+    }
+
+    /// Bytes of all fields.
+    pub fn bytes(&self) -> u64 {
+        self.fields.iter().map(|f| f.data.len() as u64).sum()
+    }
+}
+
+/// A record that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RecordError {
+    shard: usize,
+    offset: u64,
+    /// The rest of the shard cannot be parsed.
+    fatal: bool,
+    why: String,
+}
+
+/// An incremental parser of a shard's bytes.
+pub(crate) trait Parser: Send {
+    /// Parses the next bytes of the shard, appending complete records (or errors) to `out`.
+    fn feed(&mut self, chunk: &[u8], out: &mut Vec<std::result::Result<Record, RecordError>>);
+    /// The shard ended: reports a record cut short, flushes a last sample.
+    fn finish(&mut self, out: &mut Vec<std::result::Result<Record, RecordError>>);
+}
+
+/// One shard: its key on the tier and its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// Key on the tier.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Settings of a [`RecordLoader`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RecordConfig {
+    /// Bytes per read request. Default 4 MiB.
+    pub read_size: usize,
+    /// Read requests in flight per shard. Default 8.
+    pub depth: usize,
+    /// Records in the shuffle buffer; 0 or 1 keeps shard order. Default 1024.
+    pub shuffle_buffer: usize,
+    /// Shuffle the shard order each epoch. Default true.
+    pub shuffle_shards: bool,
+    /// Seed of the shard shuffle and the shuffle buffer. Default 0.
+    pub seed: u64,
+    /// This process's rank. Default 0.
+    pub rank: usize,
+    /// Number of ranks. Default 1.
+    pub world: usize,
+    /// This reader's worker index within the rank (a DataLoader worker). Default 0.
+    pub worker: usize,
+    /// Workers per rank. Default 1.
+    pub workers: usize,
+    /// Records parsed ahead of the consumer. Default 256.
+    pub prefetch: usize,
+    /// Bad records: skip (counted) or fail. Default fail.
+    pub on_bad: OnBadSample,
+}
+
+macro_rules! with {
+    ($name:ident, $field:ident, $t:ty) => {
+        #[doc = concat!("Sets [`RecordConfig::", stringify!($field), "`].")]
+        pub fn $name(mut self, $field: $t) -> Self {
+            self.$field = $field;
+            self
+        }
+    };
+}
+
+impl RecordConfig {
+    with!(with_read_size, read_size, usize);
+    with!(with_depth, depth, usize);
+    with!(with_shuffle_buffer, shuffle_buffer, usize);
+    with!(with_shuffle_shards, shuffle_shards, bool);
+    with!(with_seed, seed, u64);
+    with!(with_rank, rank, usize);
+    with!(with_world, world, usize);
+    with!(with_worker, worker, usize);
+    with!(with_workers, workers, usize);
+    with!(with_prefetch, prefetch, usize);
+    with!(with_on_bad, on_bad, OnBadSample);
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        RecordConfig {
+            read_size: 4 << 20,
+            depth: 8,
+            shuffle_buffer: 1024,
+            shuffle_shards: true,
+            seed: 0,
+            rank: 0,
+            world: 1,
+            worker: 0,
+            workers: 1,
+            prefetch: 256,
+            on_bad: OnBadSample::Fail,
+        }
+    }
+}
+
+struct Inner {
+    tier: Arc<dyn Tier>,
+    shards: Vec<Shard>,
+    format: RecordFormat,
+    cfg: RecordConfig,
+    pool: BufferPool,
+    sampler: Sampler,
+}
+
+/// Reads the records of a sharded dataset, epoch after epoch.
+#[derive(Clone)]
+pub struct RecordLoader {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RecordLoader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordLoader")
+            .field("shards", &self.inner.shards.len())
+            .field("format", &self.inner.format)
+            .field("config", &self.inner.cfg)
+            .finish()
+    }
+}
+
+/// The shards of `dir` on `tier` in `format`: every listed key ending in `.tfrecord` /
+/// `.tfrecords` (TFRecord) or `.tar` (WebDataset), sorted by key.
+pub async fn list_shards(tier: &dyn Tier, format: RecordFormat) -> Result<Vec<Shard>> {
+    let exts: &[&str] = match format {
+        RecordFormat::TfRecord => &[".tfrecord", ".tfrecords"],
+        RecordFormat::WebDataset => &[".tar"],
+    };
+    let shards: Vec<Shard> = tier
+        .list("")
+        .await?
+        .into_iter()
+        .filter(|m| exts.iter().any(|e| m.key.ends_with(e)))
+        .map(|m| Shard { key: m.key, size: m.size })
+        .collect();
+    if shards.is_empty() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no {} shards ({}) on {}", format.as_str(), exts.join(", "), tier.name()),
+        ));
+    }
+    Ok(shards)
+}
+
+impl RecordLoader {
+    /// A loader over `shards` of `format` on `tier`. Allocates its buffer pool (2 x depth x
+    /// read size, aligned for direct I/O) once.
+    pub fn new(tier: Arc<dyn Tier>, shards: Vec<Shard>, format: RecordFormat, cfg: RecordConfig) -> Result<Self> {
+        if cfg.read_size == 0 || cfg.depth == 0 || cfg.workers == 0 {
+            return Err(Error::new(ErrorKind::InvalidInput, "read size, depth and workers must be at least 1"));
+        }
+        if cfg.worker >= cfg.workers {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("worker {} is not below the worker count {}", cfg.worker, cfg.workers),
+            ));
+        }
+        let world =
+            cfg.world.checked_mul(cfg.workers).ok_or_else(|| Error::new(ErrorKind::InvalidInput, "world too large"))?;
+        let sampler =
+            Sampler::new(shards.len(), cfg.seed, cfg.rank * cfg.workers + cfg.worker, world, cfg.shuffle_shards)?;
+        let align = tier.capabilities().alignment.max(4096);
+        let read = cfg.read_size.next_multiple_of(align);
+        let pool = BufferPool::new(PoolConfig::new(read + align, 2 * cfg.depth, align))?;
+        let cfg = RecordConfig { read_size: read, ..cfg };
+        Ok(RecordLoader { inner: Arc::new(Inner { tier, shards, format, cfg, pool, sampler }) })
+    }
+
+    /// The shards.
+    pub fn shards(&self) -> &[Shard] {
+        &self.inner.shards
+    }
+
+    /// Shards this reader (rank, worker) reads in `epoch`, in order.
+    pub fn epoch_shards(&self, epoch: u64) -> Vec<usize> {
+        self.inner.sampler.epoch(epoch).into_iter().map(|i| i as usize).collect()
+    }
+
+    /// Bytes of the read buffer pool.
+    pub fn pool_bytes(&self) -> usize {
+        self.inner.pool.buf_size() * self.inner.pool.count()
+    }
+
+    /// Starts `epoch`, skipping the first `position` records this reader would deliver (a
+    /// saved position resumes with exactly the remaining records; the skipped ones are read
+    /// and parsed again, not delivered). Reading starts now, in the background; call inside a
+    /// tokio runtime.
+    pub fn epoch(&self, epoch: u64, position: u64) -> RecordEpoch {
+        let (tx, rx) = mpsc::channel(self.inner.cfg.prefetch.max(1));
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::spawn(async move {
+            let _ = run_epoch(&inner, epoch, position, &tx).await;
+        });
+        RecordEpoch { rx, task, stats: RecordStats::default(), position }
+    }
+}
+
+/// What the epoch task sends.
+enum Item {
+    Record(Record),
+    Skipped(String),
+    Failed(Error),
+}
+
+/// Totals of a record epoch so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordStats {
+    /// Records delivered.
+    pub records: u64,
+    /// Bytes of the records delivered.
+    pub bytes: u64,
+    /// Bad records (or shard remainders) skipped.
+    pub skipped: u64,
+}
+
+/// One epoch's records, in this reader's order.
+pub struct RecordEpoch {
+    rx: mpsc::Receiver<Item>,
+    task: tokio::task::JoinHandle<()>,
+    stats: RecordStats,
+    position: u64,
+}
+
+impl fmt::Debug for RecordEpoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordEpoch").field("stats", &self.stats).field("position", &self.position).finish()
+    }
+}
+
+impl Drop for RecordEpoch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RecordEpoch {
+    /// The next record; `None` at the end of the epoch. With skip, bad records are counted in
+    /// [`RecordEpoch::stats`] and [`RecordEpoch::skipped`] keeps their errors.
+    pub async fn next(&mut self) -> Option<Result<Record>> {
+        loop {
+            match self.rx.recv().await? {
+                Item::Record(r) => {
+                    self.stats.records += 1;
+                    self.stats.bytes += r.bytes();
+                    self.position += 1;
+                    return Some(Ok(r));
+                }
+                Item::Skipped(why) => {
+                    self.stats.skipped += 1;
+                    tracing::warn!("skipped: {why}");
+                }
+                Item::Failed(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// Totals so far.
+    pub fn stats(&self) -> RecordStats {
+        self.stats
+    }
+
+    /// Records delivered in this epoch, counting the resumed-from position: save it to resume.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+}
+
+/// A small seeded generator (splitmix64) for the shuffle buffer.
+struct Mix(u64);
+
+impl Mix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Delivers records through the shuffle buffer, dropping the first `skip` of them. Returns
+/// false when the consumer went away.
+struct Out<'a> {
+    tx: &'a mpsc::Sender<Item>,
+    buffer: Vec<Record>,
+    cap: usize,
+    rng: Mix,
+    skip: u64,
+}
+
+impl Out<'_> {
+    async fn deliver(&mut self, r: Record) -> bool {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return true;
+        }
+        self.tx.send(Item::Record(r)).await.is_ok()
+    }
+
+    async fn push(&mut self, r: Record) -> bool {
+        if self.cap <= 1 {
+            return self.deliver(r).await;
+        }
+        if self.buffer.len() < self.cap {
+            self.buffer.push(r);
+            return true;
+        }
+        let i = (self.rng.next() % self.cap as u64) as usize;
+        let out = std::mem::replace(&mut self.buffer[i], r);
+        self.deliver(out).await
+    }
+
+    async fn drain(&mut self) -> bool {
+        while !self.buffer.is_empty() {
+            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let r = self.buffer.swap_remove(i);
+            if !self.deliver(r).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn shard_error(inner: &Inner, e: &RecordError) -> String {
+    let shard = inner.shards.get(e.shard).map_or("?", |s| s.key.as_str());
+    format!("{} shard {shard}, byte offset {}: {}", inner.format.as_str(), e.offset, e.why)
+}
+
+async fn run_epoch(inner: &Inner, epoch: u64, position: u64, tx: &mpsc::Sender<Item>) -> Option<()> {
+    // Skipped records count toward the position only when delivered, so the skip is replayed
+    // deterministically: the same shards, the same shuffle.
+    let seed = inner.cfg.seed
+        ^ epoch.wrapping_mul(0xA076_1D64_78BD_642F)
+        ^ ((inner.cfg.rank * inner.cfg.workers + inner.cfg.worker) as u64).wrapping_mul(0xE703_7ED1_A0B4_28DB);
+    let mut out = Out {
+        tx,
+        buffer: Vec::with_capacity(inner.cfg.shuffle_buffer),
+        cap: inner.cfg.shuffle_buffer,
+        rng: Mix(seed),
+        skip: position,
+    };
+    for shard in inner.sampler.epoch(epoch) {
+        let shard = shard as usize;
+        if let Err(e) = read_shard(inner, shard, &mut out).await? {
+            let _ = tx.send(Item::Failed(e)).await;
+            return None;
+        }
+    }
+    out.drain().await.then_some(())
+}
+
+/// Streams one shard through its parser. `None`: the consumer went away; `Some(Err)`: the
+/// epoch fails.
+async fn read_shard(inner: &Inner, index: usize, out: &mut Out<'_>) -> Option<Result<()>> {
+    let shard = &inner.shards[index];
+    let mut parser: Box<dyn Parser> = match inner.format {
+        RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(index, shard.size)),
+        RecordFormat::WebDataset => Box::new(wds::WdsParser::new(index)),
+    };
+    let (read, depth) = (inner.cfg.read_size as u64, inner.cfg.depth);
+    let mut parsed = Vec::new();
+    let mut next_off = 0u64;
+    // One batch of `depth` requests parsed while the next is read.
+    let submit = |next_off: &mut u64| {
+        let mut offs = Vec::new();
+        while offs.len() < depth && *next_off < shard.size {
+            offs.push(*next_off);
+            *next_off += read;
+        }
+        let (tier, pool, key, size) = (Arc::clone(&inner.tier), inner.pool.clone(), shard.key.clone(), shard.size);
+        tokio::spawn(async move {
+            let mut batch = ReadBatch::with_capacity(offs.len(), offs.len() * key.len());
+            for &o in &offs {
+                let len = read.min(size - o) as usize;
+                batch.push(&key, o, len, pool.acquire().await);
+            }
+            tier.read_batch(batch).await
+        })
+    };
+    let mut pending = (next_off < shard.size).then(|| submit(&mut next_off));
+    let mut fatal = false;
+    while let Some(handle) = pending.take() {
+        if next_off < shard.size {
+            pending = Some(submit(&mut next_off));
+        }
+        let mut batch = match handle.await {
+            Ok(b) => b,
+            Err(e) => return Some(Err(Error::new(ErrorKind::Shutdown, format!("a read task failed: {e}")))),
+        };
+        for (key, off, res, buf) in batch.drain() {
+            let want = read.min(shard.size - off) as usize;
+            let data = match (res, buf) {
+                (Ok(n), Some(buf)) if n == want => buf,
+                (Ok(n), _) => {
+                    let e = Error::new(
+                        ErrorKind::Corrupt,
+                        format!("{} shard {key}, byte offset {off}: short read ({n} of {want} bytes; did the shard change?)", inner.format.as_str()),
+                    );
+                    return Some(Err(e));
+                }
+                (Err(e), _) => return Some(Err(e)),
+            };
+            if fatal {
+                continue;
+            }
+            parser.feed(data.as_slice(), &mut parsed);
+            drop(data);
+            for r in parsed.drain(..) {
+                match r {
+                    Ok(rec) => {
+                        if !out.push(rec).await {
+                            return None;
+                        }
+                    }
+                    Err(e) => {
+                        fatal |= e.fatal;
+                        let why = shard_error(inner, &e);
+                        match inner.cfg.on_bad {
+                            OnBadSample::Skip => {
+                                if out.tx.send(Item::Skipped(why)).await.is_err() {
+                                    return None;
+                                }
+                            }
+                            OnBadSample::Fail => return Some(Err(Error::new(ErrorKind::Corrupt, why))),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !fatal {
+        parser.finish(&mut parsed);
+    }
+    for r in parsed.drain(..) {
+        match r {
+            Ok(rec) => {
+                if !out.push(rec).await {
+                    return None;
+                }
+            }
+            Err(e) => {
+                let why = shard_error(inner, &e);
+                match inner.cfg.on_bad {
+                    OnBadSample::Skip => {
+                        if out.tx.send(Item::Skipped(why)).await.is_err() {
+                            return None;
+                        }
+                    }
+                    OnBadSample::Fail => return Some(Err(Error::new(ErrorKind::Corrupt, why))),
+                }
+            }
+        }
+    }
+    Some(Ok(()))
+}
+
+#[cfg(test)]
+mod tests;

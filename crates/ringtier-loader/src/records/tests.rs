@@ -1,0 +1,158 @@
+use super::*;
+
+fn parse_all(p: &mut dyn Parser, bytes: &[u8], piece: usize) -> Vec<std::result::Result<Record, RecordError>> {
+    let mut out = Vec::new();
+    for c in bytes.chunks(piece.max(1)) {
+        p.feed(c, &mut out);
+    }
+    p.finish(&mut out);
+    out
+}
+
+fn payloads(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| (0..(i * 37) % 3000).map(|j| (i * 7 + j) as u8).collect()).collect()
+}
+
+#[test]
+fn masked_crc_matches_tensorflow() {
+    // From TensorFlow's crc32c tests: Mask(Value("foo")) and the record of an empty payload.
+    assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+    let mut rec = Vec::new();
+    write_tfrecord(&mut rec, b"");
+    // length 0, masked crc of eight zero bytes, no data, masked crc of nothing.
+    assert_eq!(&rec[..8], &[0u8; 8]);
+    assert_eq!(u32::from_le_bytes(rec[12..16].try_into().expect("4")), 0xa282_ead8);
+}
+
+#[test]
+fn tfrecords_parse_from_pieces_of_any_size() {
+    let data = payloads(50);
+    let mut shard = Vec::new();
+    let mut offsets = Vec::new();
+    for d in &data {
+        offsets.push(shard.len() as u64);
+        write_tfrecord(&mut shard, d);
+    }
+    for piece in [1, 3, 12, 13, 4096, shard.len()] {
+        let mut p = tfrecord::TfRecordParser::new(3, shard.len() as u64);
+        let out = parse_all(&mut p, &shard, piece);
+        let got: Vec<_> = out.into_iter().map(|r| r.expect("record")).collect();
+        assert_eq!(got.len(), data.len(), "piece {piece}");
+        for ((r, d), off) in got.iter().zip(&data).zip(&offsets) {
+            assert_eq!((r.shard, r.offset, r.fields[0].data.as_slice()), (3, *off, d.as_slice()));
+        }
+    }
+}
+
+#[test]
+fn bad_tfrecords_name_the_offset() {
+    let data = payloads(5);
+    let mut shard = Vec::new();
+    for d in &data {
+        write_tfrecord(&mut shard, d);
+    }
+    let second = 16 + data[0].len();
+    // A flipped data byte: that record alone is bad; the rest parse.
+    let mut bad = shard.clone();
+    bad[second + 12] ^= 1;
+    let out = parse_all(&mut tfrecord::TfRecordParser::new(0, bad.len() as u64), &bad, 100);
+    let errs: Vec<_> = out.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(errs.len(), 1);
+    assert_eq!((errs[0].offset, errs[0].fatal), (second as u64, false));
+    assert!(errs[0].why.contains("CRC mismatch of the record data"));
+    assert_eq!(out.iter().filter(|r| r.is_ok()).count(), 4);
+    // A flipped length byte: the framing is lost, fatal.
+    let mut bad = shard.clone();
+    bad[second] ^= 0x40;
+    let out = parse_all(&mut tfrecord::TfRecordParser::new(0, bad.len() as u64), &bad, 7);
+    let e = out.last().expect("one").as_ref().expect_err("length crc");
+    assert!(e.fatal && e.offset == second as u64 && e.why.contains("record length"), "{e:?}");
+    // Truncated: the last record cut short.
+    let cut = &shard[..shard.len() - 3];
+    let out = parse_all(&mut tfrecord::TfRecordParser::new(0, cut.len() as u64), cut, 64);
+    let e = out.last().expect("one").as_ref().expect_err("truncated");
+    assert!(e.why.contains("truncated"), "{e:?}");
+    assert_eq!(out.iter().filter(|r| r.is_ok()).count(), 4);
+}
+
+/// (key, jpg, cls) of each sample.
+type Samples = Vec<(String, Vec<u8>, Vec<u8>)>;
+
+fn wds_shard(samples: usize) -> (Vec<u8>, Samples) {
+    let mut tar = Vec::new();
+    let mut want = Vec::new();
+    for i in 0..samples {
+        let key = format!("class{:02}/img{i:05}", i % 3);
+        let jpg: Vec<u8> = (0..(i * 611) % 5000).map(|j| (i + j) as u8).collect();
+        let cls = format!("{}", i % 3).into_bytes();
+        write_tar_member(&mut tar, &format!("{key}.jpg"), &jpg);
+        write_tar_member(&mut tar, &format!("{key}.cls"), &cls);
+        want.push((key, jpg, cls));
+    }
+    write_tar_end(&mut tar);
+    (tar, want)
+}
+
+#[test]
+fn webdataset_samples_group_fields_by_key() {
+    assert_eq!(split_key("a/b/img01.seg.png"), ("a/b/img01", "seg.png"));
+    assert_eq!(split_key("noext"), ("noext", ""));
+    let (tar, want) = wds_shard(20);
+    for piece in [1, 511, 512, 513, 4096, tar.len()] {
+        let out = parse_all(&mut wds::WdsParser::new(1), &tar, piece);
+        let got: Vec<_> = out.into_iter().map(|r| r.expect("sample")).collect();
+        assert_eq!(got.len(), want.len(), "piece {piece}");
+        for (r, (key, jpg, cls)) in got.iter().zip(&want) {
+            assert_eq!(&r.key, key);
+            assert_eq!(r.field("jpg"), Some(jpg.as_slice()));
+            assert_eq!(r.field("cls"), Some(cls.as_slice()));
+        }
+    }
+}
+
+#[test]
+fn python_tarfile_shards_parse_too() {
+    // A long name (GNU or pax, as Python's tarfile writes) for a member.
+    let mut tar = Vec::new();
+    let long = format!("{}/x.txt", "d".repeat(180));
+    let mut pax = Vec::new();
+    let rec = format!(" path={long}\n");
+    let len = rec.len() + 3;
+    pax.extend_from_slice(format!("{len}{rec}").as_bytes());
+    // A pax header member ('x').
+    let mut h = Vec::new();
+    write_tar_member(&mut h, "PaxHeader", &pax);
+    h[156] = b'x';
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h[..512].iter().map(|&b| u32::from(b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    tar.extend_from_slice(&h);
+    write_tar_member(&mut tar, "short-name-ignored.txt", b"hello");
+    write_tar_end(&mut tar);
+    let out = parse_all(&mut wds::WdsParser::new(0), &tar, 100);
+    let r = out[0].as_ref().expect("sample");
+    assert_eq!((r.key.as_str(), r.field("txt")), (long.trim_end_matches(".txt"), Some(&b"hello"[..])));
+}
+
+#[test]
+fn corrupt_tar_headers_and_truncation_name_the_offset() {
+    let (tar, _) = wds_shard(6);
+    // Corrupt the header of the fifth member (the third sample's first): the first sample
+    // came through; the second, whose fields may not all have been seen, is not delivered.
+    let mut third = 0;
+    for _ in 0..4 {
+        let size = usize::from_str_radix(std::str::from_utf8(&tar[third + 124..third + 135]).expect("utf8"), 8)
+            .expect("octal");
+        third += 512 + size.next_multiple_of(512);
+    }
+    let mut bad = tar.clone();
+    bad[third + 10] ^= 0x20;
+    let out = parse_all(&mut wds::WdsParser::new(0), &bad, 1000);
+    let e = out.last().expect("one").as_ref().expect_err("corrupt");
+    assert!(e.fatal && e.offset == third as u64 && e.why.contains("corrupt tar header"), "{e:?}");
+    assert_eq!(out.iter().filter(|r| r.is_ok()).count(), 1, "the first sample came through");
+    assert_eq!(out[0].as_ref().expect("first").key, "class00/img00000");
+    let cut = &tar[..tar.len() - 1024 - 100];
+    let out = parse_all(&mut wds::WdsParser::new(0), cut, 1000);
+    assert!(out.last().expect("one").as_ref().expect_err("cut").why.contains("truncated"));
+}

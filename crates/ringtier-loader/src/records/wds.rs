@@ -1,0 +1,290 @@
+//! WebDataset shards: POSIX tar (ustar) archives in which the files sharing a key (the path up
+//! to the first dot of the file name) form one sample, one field per extension:
+//! `n01440764/img0001.jpg` and `n01440764/img0001.cls` are the fields `jpg` and `cls` of the
+//! sample `n01440764/img0001`. Header checksums are checked; pax and GNU long-name headers are
+//! understood; directories and links are ignored.
+
+use super::{Field, Parser, Record, RecordError};
+
+const BLOCK: usize = 512;
+
+/// Splits a tar member's path into (sample key, field name) as the `webdataset` package does.
+pub fn split_key(path: &str) -> (&str, &str) {
+    let base = path.rfind('/').map_or(0, |i| i + 1);
+    match path[base..].find('.') {
+        Some(dot) => (&path[..base + dot], &path[base + dot + 1..]),
+        None => (path, ""),
+    }
+}
+
+fn octal(field: &[u8]) -> Option<u64> {
+    // GNU base-256 for large sizes.
+    if field.first().is_some_and(|b| b & 0x80 != 0) {
+        let mut v: u64 = u64::from(field[0] & 0x7f);
+        for &b in &field[1..] {
+            v = v.checked_mul(256)?.checked_add(u64::from(b))?;
+        }
+        return Some(v);
+    }
+    let s = std::str::from_utf8(field).ok()?;
+    let s = s.trim_matches(|c: char| c == '\0' || c == ' ');
+    if s.is_empty() {
+        return Some(0);
+    }
+    u64::from_str_radix(s, 8).ok()
+}
+
+fn cstr(field: &[u8]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
+/// Appends a ustar member `path` holding `data` to `out` (for generators and tests).
+pub fn write_member(out: &mut Vec<u8>, path: &str, data: &[u8]) {
+    let mut h = [0u8; BLOCK];
+    let name = path.as_bytes();
+    if name.len() <= 100 {
+        h[..name.len()].copy_from_slice(name);
+    } else {
+        // ustar prefix/name split at a slash.
+        let split = path[..name.len().min(155)].rfind('/').unwrap_or(0);
+        h[345..345 + split].copy_from_slice(&name[..split]);
+        let rest = &name[split + 1..];
+        h[..rest.len().min(100)].copy_from_slice(&rest[..rest.len().min(100)]);
+    }
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = b'0';
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(data);
+    out.resize(out.len().next_multiple_of(BLOCK), 0);
+}
+
+/// Appends the two zero blocks that end an archive.
+pub fn write_end(out: &mut Vec<u8>) {
+    out.resize(out.len() + 2 * BLOCK, 0);
+}
+
+enum State {
+    Header {
+        have: usize,
+    },
+    /// Member data: copied into `data` when kept, else skipped; then `pad` bytes.
+    Data {
+        data: Option<Vec<u8>>,
+        left: u64,
+        pad: usize,
+        kind: Kind,
+    },
+    /// The end-of-archive zero block was seen.
+    Ended,
+    Stopped,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    LongName,
+    Pax,
+    Skip,
+}
+
+/// An incremental WebDataset tar parser over a shard's bytes, fed in pieces of any size.
+pub(crate) struct WdsParser {
+    shard: usize,
+    pos: u64,
+    hdr: Box<[u8; BLOCK]>,
+    state: State,
+    /// Offset of the current member's header.
+    member_start: u64,
+    /// Path of the current member.
+    path: String,
+    /// A GNU long name or pax `path` for the next member.
+    next_path: Option<String>,
+    /// The sample being assembled: key, offset of its first member, fields.
+    sample: Option<(String, u64, Vec<Field>)>,
+}
+
+impl WdsParser {
+    /// A parser for shard number `shard`.
+    pub(crate) fn new(shard: usize) -> Self {
+        WdsParser {
+            shard,
+            pos: 0,
+            hdr: Box::new([0; BLOCK]),
+            state: State::Header { have: 0 },
+            member_start: 0,
+            path: String::new(),
+            next_path: None,
+            sample: None,
+        }
+    }
+
+    fn fatal(&mut self, offset: u64, why: String) -> RecordError {
+        self.state = State::Stopped;
+        RecordError { shard: self.shard, offset, fatal: true, why }
+    }
+
+    fn flush(&mut self, out: &mut Vec<Result<Record, RecordError>>) {
+        if let Some((key, offset, fields)) = self.sample.take() {
+            out.push(Ok(Record { shard: self.shard, offset, key, fields }));
+        }
+    }
+
+    /// Parses the header block; returns the next state or an error.
+    fn header(&mut self, out: &mut Vec<Result<Record, RecordError>>) -> Option<RecordError> {
+        let h = &self.hdr;
+        if h.iter().all(|&b| b == 0) {
+            self.flush(out);
+            self.state = State::Ended;
+            return None;
+        }
+        let stored = octal(&h[148..156]);
+        let sum: u64 =
+            h.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
+        if stored != Some(sum) {
+            let start = self.member_start;
+            return Some(self.fatal(start, format!("corrupt tar header (checksum {stored:?}, computed {sum})")));
+        }
+        let Some(size) = octal(&h[124..136]) else {
+            let start = self.member_start;
+            return Some(self.fatal(start, "corrupt tar header (bad size field)".into()));
+        };
+        let typeflag = h[156];
+        let mut path = cstr(&h[..100]);
+        if &h[257..262] == b"ustar" {
+            let prefix = cstr(&h[345..500]);
+            if !prefix.is_empty() {
+                path = format!("{prefix}/{path}");
+            }
+        }
+        let kind = match typeflag {
+            b'0' | 0 | b'7' => Kind::File,
+            b'L' => Kind::LongName,
+            b'x' => Kind::Pax,
+            _ => Kind::Skip,
+        };
+        if kind == Kind::File {
+            self.path = self.next_path.take().unwrap_or(path);
+        }
+        let pad = (size.next_multiple_of(BLOCK as u64) - size) as usize;
+        let keep = kind != Kind::Skip;
+        if keep && size > 1 << 40 {
+            let start = self.member_start;
+            return Some(self.fatal(start, format!("corrupt tar header (member size {size})")));
+        }
+        let data = keep.then(|| Vec::with_capacity(size as usize));
+        self.state = State::Data { data, left: size, pad, kind };
+        None
+    }
+
+    fn member_done(&mut self, data: Vec<u8>, kind: Kind, out: &mut Vec<Result<Record, RecordError>>) {
+        match kind {
+            Kind::File => {
+                let path = std::mem::take(&mut self.path);
+                let (key, field) = split_key(&path);
+                if self.sample.as_ref().is_some_and(|(k, _, _)| k != key) {
+                    self.flush(out);
+                }
+                let start = self.member_start;
+                let sample = self.sample.get_or_insert_with(|| (key.to_string(), start, Vec::new()));
+                sample.2.push(Field { name: field.to_string(), data });
+            }
+            Kind::LongName => self.next_path = Some(cstr(&data)),
+            Kind::Pax => {
+                // Records of "LEN key=value\n"; only `path` matters here.
+                let text = String::from_utf8_lossy(&data);
+                for line in text.split('\n') {
+                    if let Some((_, kv)) = line.split_once(' ') {
+                        if let Some(p) = kv.strip_prefix("path=") {
+                            self.next_path = Some(p.to_string());
+                        }
+                    }
+                }
+            }
+            Kind::Skip => {}
+        }
+    }
+}
+
+impl Parser for WdsParser {
+    fn feed(&mut self, mut chunk: &[u8], out: &mut Vec<Result<Record, RecordError>>) {
+        while !chunk.is_empty() {
+            match &mut self.state {
+                State::Stopped => return,
+                State::Ended => {
+                    // Zero padding after the end block; anything else is ignored as tar does.
+                    self.pos += chunk.len() as u64;
+                    return;
+                }
+                State::Header { have } => {
+                    if *have == 0 {
+                        self.member_start = self.pos;
+                    }
+                    let n = (BLOCK - *have).min(chunk.len());
+                    self.hdr[*have..*have + n].copy_from_slice(&chunk[..n]);
+                    *have += n;
+                    self.pos += n as u64;
+                    chunk = &chunk[n..];
+                    if *have == BLOCK {
+                        if let Some(e) = self.header(out) {
+                            out.push(Err(e));
+                            return;
+                        }
+                    }
+                }
+                State::Data { data, left, pad, kind } => {
+                    if *left > 0 {
+                        let n = (*left).min(chunk.len() as u64) as usize;
+                        if let Some(d) = data {
+                            d.extend_from_slice(&chunk[..n]);
+                        }
+                        *left -= n as u64;
+                        self.pos += n as u64;
+                        chunk = &chunk[n..];
+                        continue;
+                    }
+                    let n = (*pad).min(chunk.len());
+                    *pad -= n;
+                    self.pos += n as u64;
+                    chunk = &chunk[n..];
+                    if *pad == 0 {
+                        let (data, kind) = (data.take(), *kind);
+                        self.state = State::Header { have: 0 };
+                        if let Some(d) = data {
+                            self.member_done(d, kind, out);
+                        }
+                    }
+                }
+            }
+        }
+        // A member whose data ends exactly at the end of the chunk, with no padding.
+        if let State::Data { data, left: 0, pad: 0, kind } = &mut self.state {
+            let (data, kind) = (data.take(), *kind);
+            self.state = State::Header { have: 0 };
+            if let Some(d) = data {
+                self.member_done(d, kind, out);
+            }
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Result<Record, RecordError>>) {
+        match &self.state {
+            State::Header { have: 0 } | State::Ended => self.flush(out),
+            State::Stopped => {}
+            State::Header { .. } | State::Data { .. } => {
+                let start = self.member_start;
+                let e = self.fatal(start, "truncated tar member at the end of the shard".into());
+                out.push(Err(e));
+            }
+        }
+    }
+}

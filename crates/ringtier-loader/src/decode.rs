@@ -391,14 +391,7 @@ impl JpegDecoder {
             return Err(corrupt(format!("{w}x{h} pixels is outside 1..={MAX_JPEG_DIMENSION}")));
         }
         let size = cfg.size;
-        let (region, integer_crop) = match cfg.crop {
-            Crop::Resize => (CropBox { left: 0.0, top: 0.0, width: w as f64, height: h as f64 }, false),
-            Crop::Center { resize } => (center_crop_box(w as u32, h as u32, resize, size), false),
-            Crop::RandomResized { scale, ratio } => {
-                let (l, t, cw, ch) = random_resized_params(w as u32, h as u32, scale, ratio, rng);
-                (CropBox { left: l as f64, top: t as f64, width: cw as f64, height: ch as f64 }, true)
-            }
-        };
+        let (region, integer_crop) = region_of(cfg, w as u32, h as u32, rng);
         let flipped = cfg.flip && rng.uniform() < 0.5;
         // DCT-domain downscaling: the largest of 1/8, 1/4, 1/2 that keeps the region at least
         // the output size in both directions (Pillow's draft rule, applied to the region).
@@ -427,48 +420,127 @@ impl JpegDecoder {
         };
         self.tj.decompress(jpeg, image).map_err(corrupt)?;
 
-        let direct = cfg.normalize.is_none() && cfg.layout == Layout::Hwc;
-        let px = size as usize * size as usize * 3;
-        if !direct && self.resized.len() < px {
-            self.resized.resize(px, 0);
-        }
-        let dst_buf: &mut [u8] = if direct { out } else { &mut self.resized[..px] };
-        {
-            let src = fir::images::ImageRef::new(sw as u32, sh as u32, &self.pixels[..n], fir::PixelType::U8x3)
-                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize source: {e}")))?;
-            let mut dst = fir::images::Image::from_slice_u8(size, size, dst_buf, fir::PixelType::U8x3)
-                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize destination: {e}")))?;
-            let opts = fir::ResizeOptions::new().resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
-            let (fx, fy) = (sw as f64 / w as f64, sh as f64 / h as f64);
-            let res = if integer_crop && denom == 1 {
-                // torchvision crops, then resizes: the filter sees only the crop.
-                let view = fir::images::CroppedImage::new(
-                    &src,
-                    region.left as u32,
-                    region.top as u32,
-                    region.width as u32,
-                    region.height as u32,
-                )
-                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("crop: {e}")))?;
-                self.resizer.resize(&view, &mut dst, &opts)
-            } else {
-                let opts = opts.crop(region.left * fx, region.top * fy, region.width * fx, region.height * fy);
-                self.resizer.resize(&src, &mut dst, &opts)
-            };
-            res.map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize: {e}")))?;
-        }
-        let s = size as usize;
-        if flipped {
-            let target: &mut [u8] = if direct { out } else { &mut self.resized[..px] };
-            for row in target.chunks_exact_mut(s * 3) {
-                flip_row(row);
-            }
-        }
-        if !direct {
-            convert(&self.resized[..px], s * s, cfg.layout, cfg.normalize, out);
-        }
+        let geometry =
+            Geometry { scaled: (sw as u32, sh as u32), full: (w as u32, h as u32), region, integer_crop, flipped };
+        resample(&mut self.resizer, &mut self.resized, &self.pixels[..n], geometry, cfg, out)?;
         Ok(DecodeInfo { source: (w as u32, h as u32), dct_denominator: denom as u32, region, flipped })
     }
+
+    /// Applies `cfg`'s transforms to an RGB image already in memory (`width` x `height`, HWC
+    /// `u8`), e.g. one materialized by an earlier epoch: the same crop, flip and output as
+    /// [`JpegDecoder::decode_into`], with the random crop drawn on this image's dimensions.
+    pub fn transform_rgb(
+        &mut self,
+        rgb: &[u8],
+        width: u32,
+        height: u32,
+        cfg: &DecodeConfig,
+        rng: &mut SampleRng,
+        out: &mut [u8],
+    ) -> Result<DecodeInfo> {
+        cfg.validate()?;
+        if out.len() != cfg.output_bytes()
+            || rgb.len() != width as usize * height as usize * 3
+            || width == 0
+            || height == 0
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "transform of a {width}x{height} image from {} bytes into {} (the transform makes {})",
+                    rgb.len(),
+                    out.len(),
+                    cfg.output_bytes()
+                ),
+            ));
+        }
+        let (region, integer_crop) = region_of(cfg, width, height, rng);
+        let flipped = cfg.flip && rng.uniform() < 0.5;
+        let geometry = Geometry { scaled: (width, height), full: (width, height), region, integer_crop, flipped };
+        resample(&mut self.resizer, &mut self.resized, rgb, geometry, cfg, out)?;
+        Ok(DecodeInfo { source: (width, height), dct_denominator: 1, region, flipped })
+    }
+}
+
+/// The crop region of `cfg` on a `w` x `h` image, and whether it is in whole pixels (a crop
+/// torchvision takes before resizing).
+fn region_of(cfg: &DecodeConfig, w: u32, h: u32, rng: &mut SampleRng) -> (CropBox, bool) {
+    match cfg.crop {
+        Crop::Resize => (CropBox { left: 0.0, top: 0.0, width: w as f64, height: h as f64 }, false),
+        Crop::Center { resize } => (center_crop_box(w, h, resize, cfg.size), false),
+        Crop::RandomResized { scale, ratio } => {
+            let (l, t, cw, ch) = random_resized_params(w, h, scale, ratio, rng);
+            (CropBox { left: l as f64, top: t as f64, width: cw as f64, height: ch as f64 }, true)
+        }
+    }
+}
+
+/// Where the pixels came from and where the output goes.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// Dimensions of the decoded pixels (after DCT scaling).
+    scaled: (u32, u32),
+    /// Dimensions of the full-size image, the region's coordinates.
+    full: (u32, u32),
+    region: CropBox,
+    integer_crop: bool,
+    flipped: bool,
+}
+
+/// Resize the region of `src` to the output, flip, convert.
+fn resample(
+    resizer: &mut fir::Resizer,
+    resized: &mut Vec<u8>,
+    src_px: &[u8],
+    g: Geometry,
+    cfg: &DecodeConfig,
+    out: &mut [u8],
+) -> Result<()> {
+    let size = cfg.size;
+    let (sw, sh) = g.scaled;
+    let (w, h) = g.full;
+    let region = g.region;
+    let direct = cfg.normalize.is_none() && cfg.layout == Layout::Hwc;
+    let px = size as usize * size as usize * 3;
+    if !direct && resized.len() < px {
+        resized.resize(px, 0);
+    }
+    let dst_buf: &mut [u8] = if direct { out } else { &mut resized[..px] };
+    {
+        let src = fir::images::ImageRef::new(sw, sh, src_px, fir::PixelType::U8x3)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize source: {e}")))?;
+        let mut dst = fir::images::Image::from_slice_u8(size, size, dst_buf, fir::PixelType::U8x3)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize destination: {e}")))?;
+        let opts = fir::ResizeOptions::new().resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
+        let (fx, fy) = (sw as f64 / w as f64, sh as f64 / h as f64);
+        let res = if g.integer_crop && (sw, sh) == (w, h) {
+            // torchvision crops, then resizes: the filter sees only the crop.
+            let view = fir::images::CroppedImage::new(
+                &src,
+                region.left as u32,
+                region.top as u32,
+                region.width as u32,
+                region.height as u32,
+            )
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("crop: {e}")))?;
+            resizer.resize(&view, &mut dst, &opts)
+        } else {
+            let opts = opts.crop(region.left * fx, region.top * fy, region.width * fx, region.height * fy);
+            resizer.resize(&src, &mut dst, &opts)
+        };
+        res.map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize: {e}")))?;
+    }
+    let s = size as usize;
+    if g.flipped {
+        let target: &mut [u8] = if direct { out } else { &mut resized[..px] };
+        for row in target.chunks_exact_mut(s * 3) {
+            flip_row(row);
+        }
+    }
+    if !direct {
+        convert(&resized[..px], s * s, cfg.layout, cfg.normalize, out);
+    }
+    Ok(())
 }
 
 fn flip_row(row: &mut [u8]) {

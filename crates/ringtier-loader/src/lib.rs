@@ -4,6 +4,7 @@ mod dataset;
 mod decode;
 mod loader;
 pub mod manifest;
+mod materialize;
 mod pieces;
 pub mod records;
 mod sampler;
@@ -14,5 +15,6 @@ pub use decode::{
     Layout, Normalize, SampleRng, MAX_JPEG_DIMENSION,
 };
 pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
+pub use materialize::{materialized_prefix, Materialize};
 pub use pieces::DEFAULT_MAX_READ;
 pub use sampler::Sampler;

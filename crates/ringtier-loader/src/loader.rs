@@ -12,7 +12,8 @@ use ringtier_core::{BufferPool, PoolConfig};
 use tokio::sync::mpsc;
 
 use crate::dataset::Dataset;
-use crate::decode::{DecodeConfig, JpegDecoder, SampleRng};
+use crate::decode::{Crop, DecodeConfig, JpegDecoder, SampleRng};
+use crate::materialize::{materialized_prefix, sample_key, Materialize};
 use crate::sampler::Sampler;
 
 /// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
@@ -55,6 +56,9 @@ pub struct LoaderConfig {
     /// one copy. 0, the default, means [`crate::DEFAULT_MAX_READ`] (8 MiB). The pool is
     /// (prefetch + 2) x batch size buffers, whatever the sample sizes.
     pub read_size: usize,
+    /// The split point: store decode + resize in a tier once, run only the random steps
+    /// online in later epochs (needs `decode`). Default none.
+    pub materialize: Option<Materialize>,
 }
 
 impl LoaderConfig {
@@ -123,6 +127,12 @@ impl LoaderConfig {
         self.read_size = read_size;
         self
     }
+
+    /// Sets [`LoaderConfig::materialize`].
+    pub fn with_materialize(mut self, materialize: impl Into<Option<Materialize>>) -> Self {
+        self.materialize = materialize.into();
+        self
+    }
 }
 
 impl Default for LoaderConfig {
@@ -139,6 +149,7 @@ impl Default for LoaderConfig {
             on_bad: OnBadSample::Skip,
             verify: false,
             read_size: 0,
+            materialize: None,
         }
     }
 }
@@ -213,6 +224,8 @@ struct Shared {
     decoders: Option<BlockingPool>,
     /// Decoded samples' buffers, (prefetch + 2) x batch size of one output each.
     outputs: Option<BufferPool>,
+    /// The materialized copy's settings and key prefix.
+    materialized: Option<(Materialize, String)>,
     stall: metrics::Histogram,
     batches: metrics::Counter,
     skipped: metrics::Counter,
@@ -270,7 +283,8 @@ impl Loader {
         if dataset.is_empty() {
             return Err(Error::new(ErrorKind::InvalidInput, "the dataset has no samples"));
         }
-        let want = Self::pool_config(dataset.max_size(), dataset.tier().capabilities().alignment, &cfg);
+        let largest = cfg.materialize.as_ref().map_or(dataset.max_size(), |m| dataset.max_size().max(m.sample_bytes()));
+        let want = Self::pool_config(largest, dataset.tier().capabilities().alignment, &cfg);
         let pool = match dataset.tier().buffer_pool() {
             Some(p) if p.buf_size() >= want.buf_size && p.count() >= want.count && p.align() >= want.align => p,
             tier_pool => {
@@ -296,12 +310,23 @@ impl Loader {
             }
             None => (None, None),
         };
+        let materialized = match (&cfg.materialize, cfg.decode) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::new(ErrorKind::InvalidInput, "materialize needs decode: it stores decoded samples"))
+            }
+            (Some(m), Some(_)) => {
+                DecodeConfig::default().with_size(m.size).validate()?;
+                Some((m.clone(), materialized_prefix(&dataset, m.size)))
+            }
+        };
         let shared = Shared {
             dataset,
             cfg,
             pool,
             decoders,
             outputs,
+            materialized,
             stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
             batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
             skipped: metrics::counter!(catalog::LOADER_SKIPPED_TOTAL),
@@ -464,9 +489,27 @@ impl Iterator for BlockingEpoch {
 
 async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Result<Batch> {
     let samples = shared.dataset.samples();
-    let wanted: Vec<&crate::dataset::Sample> = chunk.iter().map(|&i| &samples[i as usize]).collect();
     let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
     let t = Instant::now();
+    // With a materialized copy, its samples first; only the misses are read as JPEGs.
+    let mut stored: Vec<Option<AlignedBuf>> = chunk.iter().map(|_| None).collect();
+    let mut stored_bytes = 0u64;
+    if let Some((m, prefix)) = &shared.materialized {
+        let keys: Vec<crate::dataset::Sample> = chunk
+            .iter()
+            .map(|&i| crate::dataset::Sample { key: sample_key(prefix, i), size: m.sample_bytes(), crc32c: None })
+            .collect();
+        let refs: Vec<&crate::dataset::Sample> = keys.iter().collect();
+        let got = crate::pieces::read_whole(m.tier.as_ref(), &shared.pool, &refs, piece, shared.cfg.batch_size).await;
+        for (slot, r) in stored.iter_mut().zip(got) {
+            if let Ok(b) = r {
+                stored_bytes += b.len() as u64;
+                *slot = Some(b);
+            }
+        }
+    }
+    let misses: Vec<u32> = chunk.iter().zip(&stored).filter(|(_, s)| s.is_none()).map(|(&i, _)| i).collect();
+    let wanted: Vec<&crate::dataset::Sample> = misses.iter().map(|&i| &samples[i as usize]).collect();
     // Whole samples, each read in pieces no larger than a pooled buffer.
     let read =
         crate::pieces::read_whole(shared.dataset.tier().as_ref(), &shared.pool, &wanted, piece, shared.cfg.batch_size)
@@ -479,7 +522,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
         indices: Vec::with_capacity(chunk.len()),
         samples: Vec::with_capacity(chunk.len()),
         skipped: Vec::new(),
-        bytes: 0,
+        bytes: stored_bytes,
         read_seconds,
         decode_seconds: 0.0,
     };
@@ -494,7 +537,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
         }
     };
     let mut raw = Vec::with_capacity(chunk.len());
-    for (res, &i) in read.into_iter().zip(&chunk) {
+    for (res, &i) in read.into_iter().zip(&misses) {
         let s = &samples[i as usize];
         match res {
             Ok(buf) => {
@@ -512,24 +555,59 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
         (Some(pool), Some(outputs), Some(d)) => {
             let t = Instant::now();
             let seed = shared.cfg.seed;
-            let mut jobs = Vec::with_capacity(raw.len());
-            for (i, buf) in raw {
+            let store = shared.materialized.as_ref().map(|(m, prefix)| (m.tier.clone(), m.size, prefix.clone()));
+            // Inputs in batch order: a stored sample's pixels, or a JPEG just read.
+            let mut raw = raw.into_iter().peekable();
+            let mut jobs = Vec::with_capacity(chunk.len());
+            for (&i, stored) in chunk.iter().zip(stored) {
+                let (input, is_pixels) = match stored {
+                    Some(px) => (px, true),
+                    None => match raw.next_if(|(j, _)| *j == i) {
+                        Some((_, buf)) => (buf, false),
+                        None => continue, // skipped above
+                    },
+                };
                 // Each sample decodes into a pooled buffer; its random crop and flip depend only
                 // on (seed, epoch, dataset index).
                 let mut px = outputs.acquire().await;
+                let m_size = store.as_ref().map(|(_, size, _)| *size);
                 let job = pool.run(move || {
                     px.set_window(0, d.output_bytes())?;
                     let mut rng = SampleRng::new(seed, epoch, i as u64);
-                    JpegDecoder::with_thread_local(|dec| {
-                        dec.decode_into(buf.as_slice(), &d, &mut rng, px.as_mut_slice())
-                    })?;
-                    Ok(px)
+                    JpegDecoder::with_thread_local(|dec| match (m_size, is_pixels) {
+                        (Some(m), true) => {
+                            dec.transform_rgb(input.as_slice(), m, m, &d, &mut rng, px.as_mut_slice())?;
+                            Ok((px, None))
+                        }
+                        (Some(m), false) => {
+                            // The deterministic steps once, kept for the store; the rest online.
+                            let mcfg = DecodeConfig::default().with_size(m).with_crop(Crop::Resize).with_threads(1);
+                            let mut stored = vec![0u8; mcfg.output_bytes()];
+                            dec.decode_into(input.as_slice(), &mcfg, &mut SampleRng::new(0, 0, 0), &mut stored)?;
+                            dec.transform_rgb(&stored, m, m, &d, &mut rng, px.as_mut_slice())?;
+                            Ok((px, Some(stored)))
+                        }
+                        (None, _) => {
+                            dec.decode_into(input.as_slice(), &d, &mut rng, px.as_mut_slice())?;
+                            Ok((px, None))
+                        }
+                    })
                 });
                 jobs.push((i, job));
             }
             for (i, job) in jobs {
                 match job.await {
-                    Ok(pixels) => {
+                    Ok((pixels, to_store)) => {
+                        if let (Some(bytes), Some((tier, _, prefix))) = (to_store, &store) {
+                            // Written in the background (staged, then renamed by the tier); a
+                            // failed write only means the sample is decoded again next epoch.
+                            let (tier, key) = (Arc::clone(tier), sample_key(prefix, i));
+                            tokio::spawn(async move {
+                                if let Err(e) = ringtier_core::ops::put(tier.as_ref(), &key, &bytes, 1 << 20).await {
+                                    tracing::warn!("materializing {key}: {e}");
+                                }
+                            });
+                        }
                         out.indices.push(i);
                         out.samples.push(SampleData::Decoded(pixels));
                     }

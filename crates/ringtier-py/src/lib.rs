@@ -3,6 +3,7 @@
 mod engine;
 mod errors;
 mod loader;
+mod metrics;
 mod store;
 
 use pyo3::prelude::*;
@@ -18,6 +19,8 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -21,7 +21,7 @@ import os
 from typing import Iterable, Optional, Sequence, Union
 
 from . import errors
-from ._ringtier import Batch, Epoch, Loader, PartBuffer, Sample, SaveFuture, __version__
+from ._ringtier import Batch, Epoch, Loader, PartBuffer, Sample, SaveFuture, __version__, metrics_text, serve_metrics
 from .checkpoint import CheckpointStore
 from .errors import (
     BusyError,
@@ -82,5 +82,7 @@ __all__ = [
     "SaveFuture",
     "UnsupportedError",
     "errors",
+    "metrics_text",
+    "serve_metrics",
     "__version__",
 ]

@@ -161,3 +161,9 @@ class CheckpointStore:
     def close(self, drain: bool = False) -> None: ...
 
 def _engine_pid() -> int: ...
+def serve_metrics(addr: str = "127.0.0.1:9464", allow_remote: bool = False) -> str:
+    """Serves ringtier's Prometheus metrics on ``addr`` (port 0: a free one); returns the address.
+    Call before creating loaders and stores."""
+
+def metrics_text() -> str:
+    """The exposition text a scrape of ``/metrics`` returns (after :func:`serve_metrics`)."""

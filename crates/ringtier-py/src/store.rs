@@ -532,3 +532,43 @@ impl PartBuffer {
         self.exports.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_reads_its_slices_end_to_end_and_rewinds() {
+        let (a, b, c) = (vec![1u8; 5000], Vec::new(), (0..=255u8).cycle().take(70_000).collect::<Vec<_>>());
+        let want: Vec<u8> = a.iter().chain(&b).chain(&c).copied().collect();
+        let mut chain = Chain::new(vec![&a[..], &b[..], &c[..]]);
+        assert_eq!(chain.len, want.len() as u64);
+        for step in [1usize, 7, 4096, 65_536, 1 << 20] {
+            chain.seek(SeekFrom::Start(0)).expect("rewind");
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; step];
+            loop {
+                let n = chain.read(&mut buf).expect("read");
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(got, want, "reads of {step} bytes");
+        }
+        chain.seek(SeekFrom::Start(4999)).expect("seek");
+        let mut two = [0u8; 2];
+        assert_eq!(chain.read(&mut two).expect("read"), 2);
+        assert_eq!(two, [1, 0]);
+        assert!(chain.seek(SeekFrom::Current(-10_000)).is_err());
+        assert_eq!(chain.seek(SeekFrom::End(0)).expect("end"), want.len() as u64);
+        assert_eq!(chain.read(&mut two).expect("read at end"), 0);
+    }
+
+    #[test]
+    fn empty_chain() {
+        let mut chain = Chain::new(Vec::new());
+        let mut buf = [0u8; 8];
+        assert_eq!(chain.read(&mut buf).expect("read"), 0);
+    }
+}

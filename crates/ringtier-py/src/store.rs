@@ -15,7 +15,9 @@ use pyo3::exceptions::{PyBufferError, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use ringtier_core::buf::AlignedBuf;
-use ringtier_migrate::{CheckpointStore as RustStore, OnFull, Part, SaveReport, StoreConfig};
+use ringtier_migrate::{
+    CheckpointStore as RustStore, FnSink, OnFull, Part, RestoreEvent, RestoreOptions, SaveReport, StoreConfig,
+};
 
 use crate::engine::{wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
@@ -317,6 +319,70 @@ impl CheckpointStore {
             parts.append((name, PartBuffer::new(data)))?;
         }
         Ok(Some((restored.step, restored.tier, parts, restored.fallbacks).into_pyobject(py)?.into_any()))
+    }
+
+    /// Reads part `name` of checkpoint `step` (checksum verified) into a new `PartBuffer`.
+    fn read_part(&self, py: Python<'_>, step: u64, name: String) -> PyResult<PartBuffer> {
+        let st = self.st()?;
+        let data = wait_plain(py, &st.engine, st.store.read_part(step, &name))?.py_err()?;
+        Ok(PartBuffer::new(data))
+    }
+
+    /// Streams part `name` of checkpoint `step` and copies each chunk straight into the
+    /// `targets` it overlaps (`[(offset in the part, writable C-contiguous buffer)]`, not
+    /// overlapping each other): an in-place load without a buffer of the whole part. The
+    /// part's checksum is checked as it streams; a bad copy is read again from a slower tier.
+    fn load_scatter(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        name: String,
+        targets: Vec<(u64, Bound<'_, PyAny>)>,
+    ) -> PyResult<u64> {
+        let st = self.st()?;
+        let mut held = Vec::with_capacity(targets.len());
+        let mut spans: Vec<(u64, u64, SendPtr)> = Vec::with_capacity(targets.len());
+        for (i, (offset, obj)) in targets.iter().enumerate() {
+            let buf = PyUntypedBuffer::get(obj)
+                .map_err(|e| errors::type_error(format!("load target {i} does not export a buffer: {e}")))?;
+            if buf.readonly() || !buf.is_c_contiguous() {
+                return Err(errors::invalid(format!("load target {i} is read-only or not C-contiguous")));
+            }
+            let len = buf.len_bytes() as u64;
+            if len > 0 {
+                spans.push((*offset, offset + len, SendPtr(buf.buf_ptr().cast::<u8>())));
+            }
+            held.push(buf);
+        }
+        spans.sort_by_key(|s| s.0);
+        if spans.windows(2).any(|w| w[0].1 > w[1].0) {
+            return Err(errors::invalid("load targets overlap".into()));
+        }
+        let mut copied = 0u64;
+        let mut sink = FnSink(|ev: RestoreEvent<'_>| {
+            if let RestoreEvent::Data { offset, bytes, .. } = ev {
+                let end = offset + bytes.len() as u64;
+                let first = spans.partition_point(|s| s.1 <= offset);
+                for &(start, stop, ptr) in spans[first..].iter().take_while(|s| s.0 < end) {
+                    let from = start.max(offset);
+                    let to = stop.min(end);
+                    let src = &bytes[(from - offset) as usize..(to - offset) as usize];
+                    // SAFETY: `ptr..ptr + (stop - start)` is a writable buffer exported by an
+                    // object `held` keeps alive until this function returns, after the
+                    // restore; `from - start + src.len() <= stop - start`; spans do not
+                    // overlap, and the source is the restore's own chunk buffer.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), ptr.0.add((from - start) as usize), src.len())
+                    };
+                    copied += src.len() as u64;
+                }
+            }
+            Ok(())
+        });
+        let opts = RestoreOptions::default().with_parts(Some(vec![name]));
+        wait_plain(py, &st.engine, st.store.restore(step, &mut sink, &opts))?.py_err()?;
+        drop(held);
+        Ok(copied)
     }
 
     /// Every checkpoint with a committed copy: `[{"step", "bytes", "tiers"}]`, by step.

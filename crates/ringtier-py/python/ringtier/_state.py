@@ -271,3 +271,105 @@ def decode(parts: List[Tuple[str, Any]], into: Optional[MutableMapping[str, Any]
     if into is None:
         return dec.node(meta["tree"])
     return dec.fill(meta["tree"], into, [])
+
+
+def _has_tensor(node: Dict[str, Any]) -> bool:
+    if "t" in node:
+        return True
+    children = node.get("l") or node.get("u") or [v for _, v in node.get("d", [])]
+    return any(_has_tensor(c) for c in children)
+
+
+def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) -> Any:
+    """Fills `into` from a checkpoint whose `state.json` is `meta_part`, reading the tensors
+    part once through ``scatter([(offset, writable buffer), ...])`` straight into the target
+    tensors and arrays where they are contiguous CPU memory of the saved dtype and shape (into
+    a temporary, then copied, where not). Everything is checked before anything is read."""
+    meta, _ = _parse([(META_PART, meta_part)])
+    targets: List[Tuple[int, Any]] = []
+    after: List[Any] = []
+    torch = _torch()
+
+    def tensor_entry(i: int) -> Dict[str, Any]:
+        return meta["tensors"][i]
+
+    def plan(node: Dict[str, Any], target: Any, path: List[str], parent: Any, key: Any) -> None:
+        if "d" in node:
+            if not isinstance(target, MutableMapping):
+                raise ValueError(f"{_path(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
+            saved = [k for k, _ in node["d"]]
+            missing = [k for k in saved if k not in target]
+            unexpected = [k for k in target if k not in set(saved)]
+            if missing or unexpected:
+                raise ValueError(
+                    f"{_path(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
+                    f"not in the checkpoint: {unexpected})"
+                )
+            for k, v in node["d"]:
+                plan(v, target[k], path + [k], target, k)
+            return
+        if "t" not in node:
+            if _has_tensor(node):
+                raise ValueError(f"{_path(path)}: lists or tuples holding tensors cannot be loaded in place")
+            value = _Decoder(meta, None).node(node)
+            after.append(lambda: parent.__setitem__(key, value))
+            return
+        e = tensor_entry(node["t"])
+        off, n = e["offset"], e["nbytes"]
+        if e["kind"] == "torch":
+            dtype = getattr(__import__("torch"), e["dtype"])
+            if torch is None or not isinstance(target, torch.Tensor):
+                raise ValueError(f"{_path(path)}: the checkpoint holds a tensor, the target is a {type(target).__name__}")
+            if target.dtype != dtype or list(target.shape) != e["shape"]:
+                raise ValueError(
+                    f"{_path(path)}: the checkpoint holds dtype {e['dtype']} shape {tuple(e['shape'])}, "
+                    f"the target is {_describe(target)}"
+                )
+            if n == 0:
+                return
+            if target.device.type == "cpu" and target.is_contiguous() and not target.is_conj() and not target.is_neg():
+                targets.append((off, target.detach().reshape(-1).view(torch.uint8).numpy()))
+            else:
+                tmp = np.empty(n, np.uint8)
+                targets.append((off, tmp))
+
+                def copy_back(t: Any = target, tmp: np.ndarray = tmp, dtype: Any = dtype, shape: Any = e["shape"]) -> None:
+                    with torch.no_grad():
+                        t.copy_(torch.from_numpy(tmp).view(dtype).reshape(shape))
+
+                after.append(copy_back)
+            return
+        if e["kind"] == "numpy" and e.get("scalar"):
+            # A numpy scalar is immutable: replaced by the saved one.
+            dtype = np.lib.format.descr_to_dtype(_descr(e["dtype"]))
+            tmp = np.empty(n, np.uint8)
+            targets.append((off, tmp))
+            after.append(lambda tmp=tmp, dtype=dtype: parent.__setitem__(key, tmp.view(dtype).reshape(())[()]))
+            return
+        if e["kind"] == "numpy":
+            dtype = np.lib.format.descr_to_dtype(_descr(e["dtype"]))
+            if not isinstance(target, np.ndarray) or target.dtype != dtype or list(target.shape) != e["shape"]:
+                raise ValueError(
+                    f"{_path(path)}: the checkpoint holds dtype {dtype} shape {tuple(e['shape'])}, "
+                    f"the target is {_describe(target)}"
+                )
+            if n == 0:
+                return
+            if target.flags.c_contiguous and target.flags.writeable:
+                targets.append((off, target.reshape(-1).view(np.uint8)))
+            else:
+                tmp = np.empty(n, np.uint8)
+                targets.append((off, tmp))
+                after.append(lambda t=target, tmp=tmp, dtype=dtype, shape=e["shape"]: np.copyto(t, tmp.view(dtype).reshape(shape)))
+            return
+        # bytes / bytearray: replaced by the saved value
+        tmp = np.empty(n, np.uint8)
+        targets.append((off, tmp))
+        kind = e["kind"]
+        after.append(lambda tmp=tmp, kind=kind: parent.__setitem__(key, bytearray(tmp.tobytes()) if kind == "bytearray" else tmp.tobytes()))
+
+    plan(meta["tree"], into, [], None, None)
+    scatter(targets)
+    for f in after:
+        f()
+    return into

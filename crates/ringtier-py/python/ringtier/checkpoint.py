@@ -88,12 +88,22 @@ class CheckpointStore:
 
         Without ``into``: a new state, its tensors sharing one buffer holding the checkpoint's
         bytes (writable; no copy per tensor). With ``into`` (a state dict of the same keys,
-        shapes and dtypes): copies into its tensors and arrays in place and returns it."""
+        shapes and dtypes): streams the checkpoint straight into its tensors and arrays (CPU,
+        contiguous; others through a temporary) and returns it; keys, dtypes and shapes are
+        checked before anything is read."""
+        if into is not None:
+            # Streamed into the given tensors: the tensors part is read once, each chunk copied
+            # where it belongs, without a buffer of the whole checkpoint.
+            at = self.latest() if step is None else _step(step)
+            if at is None:
+                return None
+            meta = self._store.read_part(at, _state.META_PART)
+            return _state.load_in_place(meta, into, lambda targets: self._store.load_scatter(at, _state.DATA_PART, targets))
         loaded = self._store.load(None if step is None else _step(step))
         if loaded is None:
             return None
         _step_loaded, _tier, parts, _fallbacks = loaded
-        return _state.decode(parts, into)
+        return _state.decode(parts)
 
     def load_parts(self, step: Optional[int] = None) -> Optional[Tuple[int, str, List[Tuple[str, Any]], List[str]]]:
         """The raw parts of checkpoint ``step`` (the newest when None): ``(step, tier,

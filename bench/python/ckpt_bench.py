@@ -181,6 +181,11 @@ def main() -> None:
         record("ringtier load", timed(lambda: loaded.update(store.load(2 * rep + 1))))
         assert torch.equal(loaded["layers.0.weight"], state["layers.0.weight"])  # type: ignore[arg-type]
         loaded.clear()
+        evict()
+        into = {k: torch.empty_like(v) for k, v in state.items()}
+        record("ringtier load (in place)", timed(lambda: store.load(2 * rep + 1, into=into)))
+        assert torch.equal(into["layers.0.weight"], state["layers.0.weight"])
+        del into
         # async_save: blocking = until it returns; durable = until result()
         evict()
         t0 = time.perf_counter()
@@ -267,9 +272,10 @@ def main() -> None:
             f"{med / raw:.2f} | {med / ts:.2f} |"
         )
     lines.append("")
-    if "ringtier load" in results:
-        lines.append(f"Load: ringtier load median / torch.load median = "
-                     f"{statistics.median(results['ringtier load']) / tl:.2f} (below 1 is faster).")
+    for name in ("ringtier load", "ringtier load (in place)"):
+        if name in results:
+            lines.append(f"Load: {name} median / torch.load median = "
+                         f"{statistics.median(results[name]) / tl:.2f} (below 1 is faster).")
     if a.slow:
         b = statistics.median(results["ringtier save, fast+slow (burst)"])
         for base in ("torch.save+fsync to slow", "torch.save to slow (+sync after, untimed)"):

@@ -154,3 +154,106 @@ async fn webdataset_shards_stream_whole_samples() {
     }
     assert_eq!(got, want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_shuffle_through_indexes_reads_every_record_once_in_random_order() {
+    use ringtier_loader::records::RecordIndex;
+    let (dir, all) = tfrecord_shards();
+    let (tier, shards, _) = uring(dir.path()).await;
+    let c = cfg().with_read_size(256 << 10);
+    let loader =
+        RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, c.clone()).expect("loader");
+    let mut indexes = Vec::new();
+    for (i, s) in shards.iter().enumerate() {
+        let idx = loader.build_index(i).await.expect("index");
+        let want: Vec<u64> = all.keys().filter(|(k, _)| k == &s.key).map(|(_, o)| *o).collect();
+        assert_eq!(idx.entries.iter().map(|e| e.0).collect::<Vec<_>>(), want);
+        // Through the text format (DALI's tfrecord2idx).
+        indexes.push(RecordIndex::parse(&idx.to_text(), &s.key, s.size).expect("parse"));
+    }
+    let indexes = Arc::new(indexes);
+    let mut seen = BTreeMap::new();
+    let mut orders = Vec::new();
+    for rank in 0..2 {
+        let l = RecordLoader::new(
+            Arc::clone(&tier),
+            shards.clone(),
+            RecordFormat::TfRecord,
+            c.clone().with_rank(rank).with_world(2),
+        )
+        .expect("loader");
+        let mut e = l.global_epoch(Arc::clone(&indexes), 1, 0).expect("epoch");
+        let mut order = Vec::new();
+        while let Some(r) = e.next().await {
+            let r = r.expect("record");
+            order.push(r.shard);
+            assert!(seen.insert((shards[r.shard].key.clone(), r.offset), r.fields[0].data.clone()).is_none());
+        }
+        orders.push(order);
+    }
+    assert_eq!(seen, all, "every record once, intact");
+    // Fully random across shards: the shard changes from one record to the next most of the time.
+    let switches = orders[0].windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(switches * 10 > orders[0].len() * 6, "{switches} of {}", orders[0].len());
+    // Resume without re-reading: the rest of the same order.
+    let full: Vec<_> = {
+        let mut e = loader.global_epoch(Arc::clone(&indexes), 2, 0).expect("epoch");
+        let mut v = Vec::new();
+        while let Some(r) = e.next().await {
+            let r = r.expect("record");
+            v.push((r.shard, r.offset));
+        }
+        v
+    };
+    let mut e = loader.global_epoch(Arc::clone(&indexes), 2, 30).expect("epoch");
+    let mut rest = Vec::new();
+    while let Some(r) = e.next().await {
+        let r = r.expect("record");
+        rest.push((r.shard, r.offset));
+    }
+    assert_eq!(rest, full[30..]);
+    // An index that does not match its shard: named, with the shard and byte offset.
+    let mut bad = (*indexes).clone();
+    let (o, l) = bad[2].entries[1];
+    bad[2].entries[1] = (o + 4, l);
+    let mut e = loader.global_epoch(Arc::new(bad), 0, 0).expect("epoch");
+    let err = loop {
+        match e.next().await.expect("an error") {
+            Ok(_) => continue,
+            Err(err) => break err,
+        }
+    };
+    let msg = err.to_string();
+    assert!(msg.contains(&shards[2].key) && msg.contains("does not match"), "{msg}");
+    assert!(msg.contains(&format!("byte offset {}", o + 4)), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webdataset_indexes_span_whole_samples() {
+    let dir = tempfile::Builder::new().prefix("wdsidx").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut n = 0;
+    for s in 0..3 {
+        let mut tar = Vec::new();
+        for i in 0..(5 + s * 4) {
+            write_tar_member(&mut tar, &format!("k{s}_{i}.jpg"), &pattern(i as u64, 100 + i * 3001));
+            write_tar_member(&mut tar, &format!("k{s}_{i}.cls"), b"7");
+            n += 1;
+        }
+        write_tar_end(&mut tar);
+        std::fs::write(dir.path().join(format!("s{s}.tar")), &tar).expect("write");
+    }
+    let (tier, _, shards) = uring(dir.path()).await;
+    let loader = RecordLoader::new(tier, shards.clone(), RecordFormat::WebDataset, cfg()).expect("loader");
+    let mut idx = Vec::new();
+    for i in 0..shards.len() {
+        idx.push(loader.build_index(i).await.expect("index"));
+    }
+    let mut e = loader.global_epoch(Arc::new(idx), 0, 0).expect("epoch");
+    let mut keys = std::collections::BTreeSet::new();
+    while let Some(r) = e.next().await {
+        let r = r.expect("sample");
+        assert_eq!(r.field("cls"), Some(&b"7"[..]));
+        assert!(keys.insert(r.key));
+    }
+    assert_eq!(keys.len(), n);
+}

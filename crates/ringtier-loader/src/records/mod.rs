@@ -17,8 +17,11 @@
 //! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
 //! alone).
 
+mod index;
 mod tfrecord;
 mod wds;
+
+pub use index::RecordIndex;
 
 use std::fmt;
 use std::sync::Arc;
@@ -70,6 +73,8 @@ pub struct Record {
     pub shard: usize,
     /// Byte offset of the record (TFRecord) or of its first tar member (WebDataset).
     pub offset: u64,
+    /// Bytes the record takes in the shard, framing included (what an index records).
+    pub len: u64,
     /// The WebDataset sample key; empty for TFRecord.
     pub key: String,
     /// The fields, in shard order.
@@ -286,6 +291,165 @@ impl RecordLoader {
     }
 }
 
+impl RecordLoader {
+    /// Indexes every shard by streaming it (the offsets and sizes of its records), for
+    /// [`RecordLoader::global_epoch`]. A bad record fails the shard's index whatever
+    /// `on_bad` says: an index must match its shard exactly.
+    pub async fn build_index(&self, shard: usize) -> Result<RecordIndex> {
+        let inner = &self.inner;
+        if shard >= inner.shards.len() {
+            return Err(Error::new(ErrorKind::OutOfRange, format!("no shard {shard}")));
+        }
+        let (tx, _rx) = mpsc::channel(1);
+        let mut out = Out { tx: &tx, collect: Some(Vec::new()), buffer: Vec::new(), cap: 0, rng: Mix(0), skip: 0 };
+        let strict =
+            Inner { cfg: RecordConfig { on_bad: OnBadSample::Fail, ..inner.cfg.clone() }, ..inner.clone_parts() };
+        match read_shard(&strict, shard, &mut out).await {
+            Some(Ok(())) => Ok(RecordIndex { entries: out.collect.take().unwrap_or_default() }),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::new(ErrorKind::Shutdown, "index build stopped")),
+        }
+    }
+
+    /// Starts `epoch` in a fully random order over every record of every shard (the same
+    /// permutation on every reader; (rank, worker) takes every `world x workers`-th record),
+    /// read through `indexes` (one per shard, in shard order) with `depth` requests per batch
+    /// and the next batch in flight. Each record is checked against its index entry (it must
+    /// parse as exactly one record there). Records must fit a pooled buffer: `read_size` at
+    /// least the largest record. `position` resumes as in [`RecordLoader::epoch`], without
+    /// reading the skipped records.
+    pub fn global_epoch(&self, indexes: Arc<Vec<RecordIndex>>, epoch: u64, position: u64) -> Result<RecordEpoch> {
+        let inner = &self.inner;
+        if indexes.len() != inner.shards.len() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("{} indexes for {} shards", indexes.len(), inner.shards.len()),
+            ));
+        }
+        let align = inner.pool.align() as u64;
+        for (i, idx) in indexes.iter().enumerate() {
+            let size = inner.shards[i].size;
+            if let Some(&(o, l)) = idx.entries.iter().find(|&&(o, l)| o.checked_add(l).is_none_or(|e| e > size)) {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the index of shard {} does not match it: a record at byte offset {o} of {l} bytes ends past \
+                         the shard's {size} bytes",
+                        inner.shards[i].key
+                    ),
+                ));
+            }
+            let max = idx.max_len();
+            if max + 2 * align > inner.pool.buf_size() as u64 {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "shard {} has a record of {max} bytes, larger than the read size {}: raise the read size",
+                        inner.shards[i].key, inner.cfg.read_size
+                    ),
+                ));
+            }
+        }
+        let total: usize = indexes.iter().map(|i| i.entries.len()).sum();
+        let c = &inner.cfg;
+        let sampler = Sampler::new(total, c.seed, c.rank * c.workers + c.worker, c.world * c.workers, true)?;
+        let order = sampler.epoch_from(epoch, position as usize)?;
+        let (tx, rx) = mpsc::channel(c.prefetch.max(1));
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::spawn(async move {
+            if let Err(e) = run_global(&inner, &indexes, order, &tx).await {
+                let _ = tx.send(Item::Failed(e)).await;
+            }
+        });
+        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position })
+    }
+}
+
+impl Inner {
+    fn clone_parts(&self) -> Inner {
+        Inner {
+            tier: Arc::clone(&self.tier),
+            shards: self.shards.clone(),
+            format: self.format,
+            cfg: self.cfg.clone(),
+            pool: self.pool.clone(),
+            sampler: self.sampler,
+        }
+    }
+}
+
+/// Reads records in `order` (global record numbers) through the indexes.
+async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, tx: &mpsc::Sender<Item>) -> Result<()> {
+    // Global record number -> (shard, entry): prefix sums of the per-shard counts.
+    let mut starts = Vec::with_capacity(indexes.len());
+    let mut n = 0usize;
+    for idx in indexes {
+        starts.push(n);
+        n += idx.entries.len();
+    }
+    let locate = |g: u32| {
+        let s = starts.partition_point(|&st| st <= g as usize) - 1;
+        (s, indexes[s].entries[g as usize - starts[s]])
+    };
+    let submit = |chunk: &[u32]| {
+        let reqs: Vec<(usize, u64, u64)> = chunk.iter().map(|&g| locate(g)).map(|(s, (o, l))| (s, o, l)).collect();
+        let (tier, pool) = (Arc::clone(&inner.tier), inner.pool.clone());
+        let keys: Vec<String> = reqs.iter().map(|r| inner.shards[r.0].key.clone()).collect();
+        tokio::spawn(async move {
+            let mut batch = ReadBatch::with_capacity(reqs.len(), reqs.len() * 32);
+            for (r, k) in reqs.iter().zip(&keys) {
+                batch.push(k, r.1, r.2 as usize, pool.acquire().await);
+            }
+            (reqs, tier.read_batch(batch).await)
+        })
+    };
+    let mut chunks = order.chunks(inner.cfg.depth);
+    let mut pending = chunks.next().map(submit);
+    while let Some(h) = pending.take() {
+        pending = chunks.next().map(submit);
+        let (reqs, mut batch) =
+            h.await.map_err(|e| Error::new(ErrorKind::Shutdown, format!("a read task failed: {e}")))?;
+        for ((key, _, res, buf), &(s, off, len)) in batch.drain().zip(&reqs) {
+            let shard = &inner.shards[s];
+            let got = match (res, buf) {
+                (Ok(n), Some(buf)) if n as u64 == len => Ok(buf),
+                (Ok(n), _) => Err(format!("short read ({n} of {len} bytes)")),
+                (Err(e), _) => Err(e.to_string()),
+            };
+            let mut parsed = Vec::new();
+            if let Ok(buf) = &got {
+                let mut parser: Box<dyn Parser> = match inner.format {
+                    RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(s, shard.size).at(off, off + len)),
+                    RecordFormat::WebDataset => Box::new(wds::WdsParser::new(s).at(off)),
+                };
+                parser.feed(buf.as_slice(), &mut parsed);
+                parser.finish(&mut parsed);
+            }
+            let one = match (got, parsed.len(), parsed.pop()) {
+                (Err(why), ..) => Err(format!("{} shard {key}, byte offset {off}: {why}", inner.format.as_str())),
+                (Ok(_), 1, Some(Ok(r))) if r.offset == off && r.len == len => Ok(r),
+                (Ok(_), _, Some(Err(e))) => {
+                    Err(format!("{}; the index does not match its shard", shard_error(inner, &e)))
+                }
+                (Ok(_), n, _) => Err(format!(
+                    "{} shard {key}, byte offset {off}: the index does not match its shard ({n} records parsed in \
+                     its {len} bytes)",
+                    inner.format.as_str()
+                )),
+            };
+            let item = match one {
+                Ok(r) => Item::Record(r),
+                Err(why) if inner.cfg.on_bad == OnBadSample::Skip => Item::Skipped(why),
+                Err(why) => return Err(Error::new(ErrorKind::Corrupt, why)),
+            };
+            if tx.send(item).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the epoch task sends.
 enum Item {
     Record(Record),
@@ -373,6 +537,8 @@ impl Mix {
 /// false when the consumer went away.
 struct Out<'a> {
     tx: &'a mpsc::Sender<Item>,
+    /// Building an index: (offset, len) of every record, nothing sent.
+    collect: Option<Vec<(u64, u64)>>,
     buffer: Vec<Record>,
     cap: usize,
     rng: Mix,
@@ -389,6 +555,10 @@ impl Out<'_> {
     }
 
     async fn push(&mut self, r: Record) -> bool {
+        if let Some(v) = &mut self.collect {
+            v.push((r.offset, r.len));
+            return true;
+        }
         if self.cap <= 1 {
             return self.deliver(r).await;
         }
@@ -426,6 +596,7 @@ async fn run_epoch(inner: &Inner, epoch: u64, position: u64, tx: &mpsc::Sender<I
         ^ ((inner.cfg.rank * inner.cfg.workers + inner.cfg.worker) as u64).wrapping_mul(0xE703_7ED1_A0B4_28DB);
     let mut out = Out {
         tx,
+        collect: None,
         buffer: Vec::with_capacity(inner.cfg.shuffle_buffer),
         cap: inner.cfg.shuffle_buffer,
         rng: Mix(seed),

@@ -59,6 +59,14 @@ impl TfRecordParser {
         }
     }
 
+    /// A parser of the bytes `offset..end` of a shard (one indexed record).
+    pub(crate) fn at(mut self, offset: u64, end: u64) -> Self {
+        self.pos = offset;
+        self.start = offset;
+        self.size = end;
+        self
+    }
+
     fn err(&mut self, offset: u64, fatal: bool, why: String) -> RecordError {
         if fatal {
             self.state = State::Stopped;
@@ -136,6 +144,7 @@ impl Parser for TfRecordParser {
                         out.push(Ok(Record {
                             shard: self.shard,
                             offset: self.start,
+                            len: (HEADER + data.len() + FOOTER) as u64,
                             key: String::new(),
                             fields: vec![Field { name: String::new(), data }],
                         }));

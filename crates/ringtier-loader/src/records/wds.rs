@@ -109,8 +109,11 @@ pub(crate) struct WdsParser {
     path: String,
     /// A GNU long name or pax `path` for the next member.
     next_path: Option<String>,
-    /// The sample being assembled: key, offset of its first member, fields.
-    sample: Option<(String, u64, Vec<Field>)>,
+    /// Offset of the first header (pax or long name included) of the next file member.
+    sample_start: Option<u64>,
+    /// The sample being assembled: key, offset of its first member, end of its last
+    /// member so far, fields.
+    sample: Option<(String, u64, u64, Vec<Field>)>,
 }
 
 impl WdsParser {
@@ -124,8 +127,15 @@ impl WdsParser {
             member_start: 0,
             path: String::new(),
             next_path: None,
+            sample_start: None,
             sample: None,
         }
+    }
+
+    /// A parser of the bytes from `offset` of a shard (one indexed sample).
+    pub(crate) fn at(mut self, offset: u64) -> Self {
+        self.pos = offset;
+        self
     }
 
     fn fatal(&mut self, offset: u64, why: String) -> RecordError {
@@ -134,8 +144,8 @@ impl WdsParser {
     }
 
     fn flush(&mut self, out: &mut Vec<Result<Record, RecordError>>) {
-        if let Some((key, offset, fields)) = self.sample.take() {
-            out.push(Ok(Record { shard: self.shard, offset, key, fields }));
+        if let Some((key, offset, end, fields)) = self.sample.take() {
+            out.push(Ok(Record { shard: self.shard, offset, len: end - offset, key, fields }));
         }
     }
 
@@ -174,6 +184,8 @@ impl WdsParser {
         };
         if kind == Kind::File {
             self.path = self.next_path.take().unwrap_or(path);
+        } else if kind != Kind::Skip && self.sample_start.is_none() {
+            self.sample_start = Some(self.member_start);
         }
         let pad = (size.next_multiple_of(BLOCK as u64) - size) as usize;
         let keep = kind != Kind::Skip;
@@ -191,12 +203,13 @@ impl WdsParser {
             Kind::File => {
                 let path = std::mem::take(&mut self.path);
                 let (key, field) = split_key(&path);
-                if self.sample.as_ref().is_some_and(|(k, _, _)| k != key) {
+                if self.sample.as_ref().is_some_and(|(k, ..)| k != key) {
                     self.flush(out);
                 }
-                let start = self.member_start;
-                let sample = self.sample.get_or_insert_with(|| (key.to_string(), start, Vec::new()));
-                sample.2.push(Field { name: field.to_string(), data });
+                let (start, end) = (self.sample_start.take().unwrap_or(self.member_start), self.pos);
+                let sample = self.sample.get_or_insert_with(|| (key.to_string(), start, end, Vec::new()));
+                sample.2 = end;
+                sample.3.push(Field { name: field.to_string(), data });
             }
             Kind::LongName => self.next_path = Some(cstr(&data)),
             Kind::Pax => {

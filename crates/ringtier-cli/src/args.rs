@@ -79,6 +79,9 @@ pub(crate) enum BenchCommand {
     /// Storage to accelerator (or pinned host memory) through pinned buffers, against raw reads,
     /// pageable buffers plus copy, and pinned buffers without overlap.
     Stage(StageArgs),
+    /// The S3 tier against boto3 on one S3 server on loopback: checkpoint drain versus
+    /// upload_file, small-object reads versus a thread pool, and a latency-throttled file tier.
+    S3(crate::s3bench::S3BenchArgs),
 }
 
 #[derive(Args, Debug)]

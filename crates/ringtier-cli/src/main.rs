@@ -12,6 +12,7 @@ mod paper;
 mod passes;
 mod randread;
 mod readbench;
+mod s3bench;
 mod stagebench;
 mod stats;
 mod train;
@@ -65,6 +66,7 @@ fn run(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Randread(a)) => randread::command(a),
         Command::Bench(BenchCommand::Train(a)) => train::command(a),
         Command::Bench(BenchCommand::Stage(a)) => stagebench::command(a),
+        Command::Bench(BenchCommand::S3(a)) => s3bench::command(a),
         Command::Bench(BenchCommand::Ckpt(a)) => ckpt::bench_command(a),
         Command::Ckpt(a) => ckpt::command(a),
         Command::Metrics(MetricsCommand::Catalog) => {

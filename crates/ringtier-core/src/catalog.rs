@@ -197,7 +197,8 @@ pub const CATALOG: &[MetricDef] = &[
 ];
 
 /// Operation label values.
-pub const OPS: &[&str] = &["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch"];
+pub const OPS: &[&str] =
+    &["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch", "open"];
 
 /// Result label values.
 pub const RESULTS: &[&str] = &["ok", "error"];

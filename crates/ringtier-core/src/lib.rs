@@ -21,4 +21,4 @@ pub use error::{Error, ErrorKind, Operation, Result};
 pub use key::ObjectKey;
 pub use memory::MemoryTier;
 pub use posix::{PosixConfig, PosixTier};
-pub use tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, ReadEntry, Space, Tier, TierLock};
+pub use tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, ReadEntry, Space, Tier, TierLock};

@@ -1,6 +1,7 @@
 //! The [`Tier`] trait: a flat namespace of named objects with positional, owned-buffer I/O.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -76,6 +77,18 @@ pub trait ObjectWriter: Send + fmt::Debug {
 
     /// Discards the staged object.
     async fn abort(self: Box<Self>) -> Result<()>;
+}
+
+/// One object opened for many positional reads (see [`Tier::open_read`]). Reads may run
+/// concurrently; dropping the reader while reads are in flight is safe (they keep what they
+/// need open until they complete).
+#[async_trait]
+pub trait ObjectReader: Send + Sync + fmt::Debug {
+    /// The object's size when it was opened.
+    fn size(&self) -> u64;
+
+    /// Reads like [`Tier::read_at`], from the opened object.
+    async fn read_at(&self, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf);
 }
 
 /// An exclusive lock on a tier (see [`Tier::lock`]), released when dropped.
@@ -154,6 +167,17 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
 
     /// Starts a staged object under `key`.
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
+
+    /// Opens `key` for many positional reads, where the tier has a faster way than reading by
+    /// key each time: the io_uring tier opens the file once (O_DIRECT per the file, a fixed
+    /// file where registered) instead of an open and a close around every read. `Ok(None)`
+    /// (the default) where it has not: read by key then. The metered layer forwards it,
+    /// counting the reads; layers that change reads (throttle, faults, power cut) keep the
+    /// default, so every read still goes through them.
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let _ = key;
+        Ok(None)
+    }
 
     /// Performs every pending request of `batch`, setting each one's result.
     ///

@@ -46,7 +46,8 @@ fn small() -> RestoreOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restores_into_buffers_closures_and_single_parts() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
-    let fast = uring(&tmp.path().join("fast"), "fast");
+    // Metered, as the CLI's tiers are: the layer forwards the opened-file read path.
+    let fast: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(uring(&tmp.path().join("fast"), "fast")));
     let store = CheckpointStore::open(vec![fast], StoreConfig::default()).await.expect("open");
     let data = parts();
     save_all(&store, 1, &data).await;

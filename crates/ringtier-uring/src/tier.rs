@@ -16,7 +16,9 @@ use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedPath};
 use ringtier_core::key::validate_key;
-use ringtier_core::{AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use ringtier_core::{
+    AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock,
+};
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
@@ -534,6 +536,29 @@ impl Tier for UringTier {
 
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
         self.inner.run_batch(batch, Target::Keys { root: Arc::clone(&self.inner.root) }).await
+    }
+
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        Ok(Some(Arc::new(self.open_file(key).await?)))
+    }
+}
+
+#[async_trait]
+impl ObjectReader for UringFile {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    async fn read_at(&self, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
+        let mut batch = ReadBatch::with_capacity(1, 0);
+        batch.push_range(offset, len, buf);
+        let mut batch = self.read_batch(batch).await;
+        let out = batch.drain().next().map(|(_, _, res, buf)| (res, buf));
+        match out {
+            Some((res, Some(buf))) => (res, buf),
+            Some((res, None)) => (res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))), fallback_buf()),
+            None => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), fallback_buf()),
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use metrics::{Counter, Histogram};
 use crate::buf::{AlignedBuf, BufferPool};
 use crate::catalog;
 use crate::error::Result;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -22,9 +22,11 @@ enum Op {
     Commit,
     Abort,
     ReadBatch,
+    Open,
 }
 
-const OP_NAMES: [&str; 9] = ["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch"];
+const OP_NAMES: [&str; 10] =
+    ["stat", "list", "delete", "read", "write", "create", "commit", "abort", "read_batch", "open"];
 
 struct OpHandles {
     ok: Counter,
@@ -155,6 +157,17 @@ impl Tier for Metered {
         Ok(Box::new(MeteredWriter { inner: res?, handles: Arc::clone(&self.handles) }))
     }
 
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let start = Instant::now();
+        let res = self.inner.open_read(key).await;
+        if !matches!(res, Ok(None)) {
+            self.handles.record(Op::Open, start, &res, 0);
+        }
+        Ok(res?.map(|inner| {
+            Arc::new(MeteredReader { inner, handles: Arc::clone(&self.handles) }) as Arc<dyn ObjectReader>
+        }))
+    }
+
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
         let start = Instant::now();
         let batch = self.inner.read_batch(batch).await;
@@ -180,6 +193,32 @@ impl Tier for Metered {
             hb.error.increment(1)
         }
         batch
+    }
+}
+
+struct MeteredReader {
+    inner: Arc<dyn ObjectReader>,
+    handles: Arc<Handles>,
+}
+
+impl fmt::Debug for MeteredReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MeteredReader").field("inner", &self.inner).finish()
+    }
+}
+
+#[async_trait]
+impl ObjectReader for MeteredReader {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    async fn read_at(&self, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
+        let start = Instant::now();
+        let (res, buf) = self.inner.read_at(offset, len, buf).await;
+        let n = *res.as_ref().unwrap_or(&0) as u64;
+        self.handles.record(Op::Read, start, &res, n);
+        (res, buf)
     }
 }
 

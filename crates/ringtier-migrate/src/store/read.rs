@@ -3,6 +3,7 @@
 //! answered in order, with memory bounded by `depth` buffers of one chunk.
 
 use super::*;
+use ringtier_core::ObjectReader;
 use std::collections::VecDeque;
 use tokio::task::JoinHandle;
 
@@ -12,6 +13,26 @@ pub(super) struct Span {
     pub(super) key: String,
     pub(super) start: u64,
     pub(super) end: u64,
+}
+
+/// The object of a span, opened once by its first read ([`Tier::open_read`]) and shared by
+/// the others; `None` inside where the tier reads by key.
+type Opened = Arc<tokio::sync::OnceCell<Option<Arc<dyn ObjectReader>>>>;
+
+/// One chunk read: through the opened object where the tier has one, by key otherwise.
+async fn read_chunk(
+    tier: Arc<dyn Tier>,
+    key: String,
+    opened: Opened,
+    off: u64,
+    len: usize,
+    buf: AlignedBuf,
+) -> (Result<usize>, AlignedBuf) {
+    match opened.get_or_try_init(|| tier.open_read(&key)).await {
+        Ok(Some(reader)) => reader.read_at(off, len, buf).await,
+        Ok(None) => tier.read_at(&key, off, len, buf).await,
+        Err(e) => (Err(e), buf),
+    }
 }
 
 /// One answered chunk read: `buf.as_slice()` holds `[offset, offset + len)` of span `span`,
@@ -33,6 +54,8 @@ struct InFlight {
 /// Chunk reads of a list of spans, issued in order with up to `depth` in flight.
 pub(super) struct ChunkReads {
     spans: Vec<Span>,
+    /// Per span, its opened object.
+    opened: Vec<Opened>,
     /// Next read to issue: span index and offset.
     cursor: (usize, u64),
     queue: VecDeque<InFlight>,
@@ -52,6 +75,7 @@ impl ChunkReads {
         let chunk = ringtier_core::buf::align_up(chunk.max(4096) as u64, align as u64) as usize;
         let cursor = (0, spans.first().map_or(0, |s| s.start));
         ChunkReads {
+            opened: spans.iter().map(|_| Opened::default()).collect(),
             spans,
             cursor,
             queue: VecDeque::new(),
@@ -119,9 +143,14 @@ impl ChunkReads {
             let Some(buf) = self.buffer()? else { break };
             let span = &self.spans[i];
             let len = (self.chunk as u64).min(span_end - off) as usize;
-            let tier = Arc::clone(&span.tier);
-            let key = span.key.clone();
-            let task = tokio::spawn(async move { tier.read_at(&key, off, len, buf).await });
+            let task = tokio::spawn(read_chunk(
+                Arc::clone(&span.tier),
+                span.key.clone(),
+                Arc::clone(&self.opened[i]),
+                off,
+                len,
+                buf,
+            ));
             self.queue.push_back(InFlight { span: i, offset: off, len, task: Some(task) });
             self.cursor = if off + len as u64 >= span_end {
                 (i + 1, self.spans.get(i + 1).map_or(0, |s| s.start))
@@ -186,6 +215,7 @@ impl ChunkReads {
         let s = &mut self.spans[span];
         s.tier = tier;
         s.key = key;
+        self.opened[span] = Opened::default();
         self.cursor = (span, s.start);
     }
 }

@@ -44,6 +44,9 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     /// Generate a synthetic dataset with a manifest (deterministic from a seed).
     Gen(GenArgs),
+    /// Index record shards (TFRecord, WebDataset): `SHARD.idx` beside each shard, one
+    /// `offset size` line per record (DALI's tfrecord2idx format), for a global shuffle.
+    Index(IndexArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -371,6 +374,9 @@ pub(crate) struct GenArgs {
     /// Regenerate over an existing dataset.
     #[arg(long)]
     pub(crate) force: bool,
+    /// Shards of `--format tfrecord|wds` (sample i goes to shard i mod shards).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) shards: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -496,6 +502,29 @@ pub(crate) struct ReadArgs {
     /// Seed of the read order.
     #[arg(long, default_value_t = 1000)]
     pub(crate) seed: u64,
+    /// What the directory holds: files (one sample each), or TFRecord / WebDataset shards,
+    /// streamed through the loader's record reader (depth = the first of --depths, requests
+    /// of --read-size, default 4 MiB) against a cold `cat` of the same shards.
+    #[arg(long, value_enum, default_value = "files")]
+    pub(crate) format: crate::recbench::ReadFormat,
+    /// Records in the shuffle buffer of --format tfrecord|wds.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) shuffle_buffer: usize,
+    /// Record order of --format tfrecord|wds: stream (shards front to back through the
+    /// shuffle buffer) or global (every record in one random order across all shards,
+    /// through the `SHARD.idx` indexes of `ringtier index`, built first where missing).
+    #[arg(long, value_enum, default_value = "stream")]
+    pub(crate) record_order: crate::recbench::RecordOrder,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct IndexArgs {
+    /// The directory of shards.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// The shards' format: tfrecord (`*.tfrecord`, `*.tfrecords`) or wds (`*.tar`).
+    #[arg(long, value_enum)]
+    pub(crate) format: crate::recbench::ReadFormat,
 }
 
 #[derive(Args, Debug)]

@@ -32,6 +32,10 @@ pub(crate) enum Format {
     Raw,
     /// Real JPEG images.
     Jpeg,
+    /// TFRecord shards of random samples (`--shards`, sample i in shard i mod shards).
+    Tfrecord,
+    /// WebDataset tar shards: per sample a `.bin` (random bytes) and a `.cls` (its class).
+    Wds,
 }
 
 /// Named dataset shapes.
@@ -198,7 +202,7 @@ pub(crate) fn sizes(spec: &DatasetSpec) -> Vec<u64> {
 
 fn key_of(spec: &DatasetSpec, i: usize) -> String {
     let ext = match spec.format {
-        Format::Raw => "bin",
+        Format::Raw | Format::Tfrecord | Format::Wds => "bin",
         Format::Jpeg => "jpg",
     };
     format!("class{:04}/img{:07}.{ext}", i % spec.classes, i)
@@ -238,7 +242,7 @@ pub(crate) fn generate(root: &Path, spec: &DatasetSpec, force: bool, progress: b
                         // Per-file generator: the output does not depend on the thread count.
                         let mut rng = Rng::new(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64 + 1));
                         match spec.format {
-                            Format::Raw => {
+                            Format::Raw | Format::Tfrecord | Format::Wds => {
                                 buf.resize(sizes[i] as usize, 0);
                                 rng.fill(&mut buf);
                             }
@@ -354,6 +358,17 @@ impl Scene {
 pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
     let spec = a.shape.spec(a.preset)?;
     let t0 = std::time::Instant::now();
+    if matches!(spec.format, Format::Tfrecord | Format::Wds) {
+        let (shards, bytes) = crate::recbench::generate_shards(&a.dir, &spec, a.shards, a.force)?;
+        println!(
+            "wrote {} samples as {shards} {:?} shards, {:.1} MB, in {:.1} s",
+            spec.files,
+            spec.format,
+            bytes as f64 / 1e6,
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let ds = generate(&a.dir, &spec, a.force, std::io::stderr().is_terminal())?;
     println!(
         "wrote {} files, {:.1} MB (median {:.0} KB, max {:.0} KB), manifest {} in {:.1} s",
@@ -421,7 +436,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(Dataset::open(&dir.path().join("missing")).is_err());
         let err = Dataset::open(dir.path()).expect_err("empty").to_string();
-        assert!(err.contains("holds no files"), "{err}");
+        assert!(err.contains("holds no regular files"), "{err}");
         std::fs::create_dir(dir.path().join("c")).expect("mkdir");
         std::fs::write(dir.path().join("c/x"), b"abc").expect("write");
         let ds = Dataset::open(dir.path()).expect("walk");

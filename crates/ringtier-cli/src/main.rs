@@ -12,6 +12,7 @@ mod paper;
 mod passes;
 mod randread;
 mod readbench;
+mod recbench;
 mod s3bench;
 mod stagebench;
 mod stats;
@@ -62,6 +63,7 @@ fn run(command: Command) -> Result<()> {
         Command::Paper(a) => paper::command(a),
         Command::Demo(a) => readbench::demo(a),
         Command::Gen(a) => dataset::gen_command(a),
+        Command::Index(a) => recbench::index_command(a),
         Command::Bench(BenchCommand::Read(a)) => readbench::command(a),
         Command::Bench(BenchCommand::Randread(a)) => randread::command(a),
         Command::Bench(BenchCommand::Train(a)) => train::command(a),

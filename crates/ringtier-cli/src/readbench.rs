@@ -446,6 +446,9 @@ fn plot(report: &Report, path: &Path) -> Result<()> {
 
 /// `ringtier bench read`.
 pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
+    if a.format != crate::recbench::ReadFormat::Files {
+        return crate::recbench::bench(&a);
+    }
     let ds = Dataset::open(&a.dir)?;
     let threads = a.threads.unwrap_or_else(|| a.concurrency.clone());
     let cfg = a.io.read_bench(a.engines, threads, a.depths.unwrap_or(a.concurrency), a.seed);

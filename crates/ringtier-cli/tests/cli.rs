@@ -209,6 +209,75 @@ fn bad_datasets_fail_clearly_or_skip_and_count() {
 }
 
 #[test]
+fn gen_and_bench_read_record_shards() {
+    let dir = tempfile::Builder::new().prefix("cli-rec").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    // (format, shard extension, a byte to damage: in a record's data / in a tar header)
+    for (format, ext, damage) in [("tfrecord", ".tfrecord", 700), ("wds", ".tar", 100)] {
+        let ds = dir.path().join(format);
+        let out = ringtier()
+            .args(["gen", "--preset", "small", "--files", "300", "--shards", "3", "--format", format, "--dir"])
+            .arg(&ds)
+            .output()
+            .expect("run ringtier gen");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let shards: Vec<_> = std::fs::read_dir(&ds)
+            .expect("ls")
+            .filter_map(|e| e.ok()?.file_name().to_str().map(str::to_string))
+            .filter(|n| n.ends_with(ext))
+            .collect();
+        assert_eq!(shards.len(), 3, "{shards:?}");
+        let json = dir.path().join(format!("{format}.json"));
+        let out = ringtier()
+            .args(["bench", "read", "--repeats", "2", "--depths", "4", "--read-size", "256k", "--format", format])
+            .arg("--dir")
+            .arg(&ds)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run ringtier bench read");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+        assert_eq!(v["schema"], "ringtier.bench.records/1");
+        for run in v["ringtier"]["runs"].as_array().expect("runs") {
+            assert_eq!(run["records"], 300, "{run}");
+            assert_eq!(run["skipped"], 0);
+        }
+        assert!(v["ratio_to_cat"]["median"].as_f64().expect("ratio") > 0.0);
+        // Indexes, then every record in one random order through them.
+        let out =
+            ringtier().args(["index", "--format", format, "--dir"]).arg(&ds).output().expect("run ringtier index");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for sh in &shards {
+            let idx = std::fs::read_to_string(ds.join(format!("{sh}.idx"))).expect("index written");
+            assert_eq!(idx.lines().count(), 100, "{sh}: one line per record");
+        }
+        let out = ringtier()
+            .args(["bench", "read", "--repeats", "1", "--depths", "8", "--format", format, "--record-order", "global"])
+            .arg("--dir")
+            .arg(&ds)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run ringtier bench read");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+        assert_eq!((v["order"].as_str(), v["ringtier"]["runs"][0]["records"].as_u64()), (Some("global"), Some(300)));
+        // A damaged shard: named with its byte offset.
+        let first = ds.join(&shards[0]);
+        let mut bytes = std::fs::read(&first).expect("read");
+        bytes[damage] ^= 0xff;
+        std::fs::write(&first, &bytes).expect("write");
+        let out = ringtier()
+            .args(["bench", "read", "--repeats", "1", "--depths", "4", "--format", format, "--dir"])
+            .arg(&ds)
+            .output()
+            .expect("run ringtier bench read");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&shards[0]) && err.contains("byte offset"), "{err}");
+    }
+}
+
+#[test]
 fn bench_read_follows_linked_class_folders_and_files_and_reports_loops() {
     // An ImageFolder-style directory whose class folders and files are symbolic links to
     // another directory: read through the links, as torchvision does.

@@ -96,6 +96,9 @@ struct DrainArgs {
     /// Parts in flight for ringtier.
     #[arg(long, default_value_t = 8)]
     upload_concurrency: usize,
+    /// Also run ringtier with unsigned payloads (no SHA-256 of the body in the signature).
+    #[arg(long)]
+    unsigned_payload: bool,
     /// boto3 TransferConfig.max_concurrency values to sweep.
     #[arg(long, value_delimiter = ',', default_value = "4,8,16,32")]
     concurrency: Vec<usize>,
@@ -265,7 +268,7 @@ fn print_rows(rows: &[Row], setting_name: &str) {
 }
 
 fn storage_of(path: &Path) -> String {
-    let out = Command::new("df").args(["-T", "--output=fstype,source"]).arg(path).output();
+    let out = Command::new("df").args(["--output=fstype,source"]).arg(path).output();
     match out {
         Ok(o) => String::from_utf8_lossy(&o.stdout)
             .lines()
@@ -311,8 +314,9 @@ fn drain(d: DrainArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let bucket = "bench";
     let part_size = usize::try_from(d.part_size)?;
-    let make_slow = |prefix: &str, verify: bool| -> Result<Arc<dyn Tier>> {
+    let make_slow = |prefix: &str, verify: bool, unsigned: bool| -> Result<Arc<dyn Tier>> {
         let cfg = s3_config(&server.endpoint, bucket, prefix)
+            .with_unsigned_payload(unsigned)
             .with_part_size(part_size)
             .with_upload_concurrency(d.upload_concurrency)
             .with_verify_uploads(verify)
@@ -349,17 +353,27 @@ fn drain(d: DrainArgs) -> Result<()> {
         if !part_file.exists() {
             bail!("the saved part is not at {}", part_file.display());
         }
-        for verify in [true, false] {
+        let mut variants = vec![(true, false), (false, false)];
+        if d.unsigned_payload {
+            variants.extend([(true, true), (false, true)]);
+        }
+        for (verify, unsigned) in variants {
             let _ = drop_caches();
-            let s3_prefix = format!("ringtier-{rep}-{verify}");
+            let s3_prefix = format!("ringtier-{rep}-{verify}-{unsigned}");
             let (t0, c0) = (Instant::now(), process_cpu());
             rt.block_on(async {
-                let store = CheckpointStore::open(vec![fast()?, make_slow(&s3_prefix, verify)?], cfg()).await?;
+                let store =
+                    CheckpointStore::open(vec![fast()?, make_slow(&s3_prefix, verify, unsigned)?], cfg()).await?;
                 store.drain().await?;
                 anyhow::Ok(())
             })?;
             let (secs, cpu) = (t0.elapsed().as_secs_f64(), (process_cpu() - c0).as_secs_f64());
-            let client = if verify { "ringtier drain (read-back check)" } else { "ringtier drain (no read-back)" };
+            let client = match (verify, unsigned) {
+                (true, false) => "ringtier drain (read-back check)",
+                (false, false) => "ringtier drain (no read-back)",
+                (true, true) => "ringtier drain (read-back, unsigned)",
+                (false, true) => "ringtier drain (unsigned, no read-back)",
+            };
             println!(
                 "  rep {rep} {client}: {:.1} MB/s, {:.2} CPU s/GiB",
                 d.size as f64 / secs / 1e6,
@@ -404,6 +418,12 @@ fn drain(d: DrainArgs) -> Result<()> {
     let (rb, rc, _) = best(&rows, "ringtier drain (read-back check)");
     let (bb, bc, bs) = best(&rows, "boto3 upload_file");
     let (nb, nc, _) = best(&rows, "ringtier drain (no read-back)");
+    for variant in ["ringtier drain (read-back, unsigned)", "ringtier drain (unsigned, no read-back)"] {
+        let (ub, uc, _) = best(&rows, variant);
+        if ub.is_finite() {
+            println!("{variant} vs boto3 at its best: {:.2}x bandwidth, {:.2}x CPU per GiB", ub / bb, uc / bc);
+        }
+    }
     println!(
         "ringtier (read-back check) vs boto3 at its best (max_concurrency {bs}): {:.2}x bandwidth, {:.2}x CPU per GiB; without the read-back: {:.2}x, {:.2}x",
         rb / bb,

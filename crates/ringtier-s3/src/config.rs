@@ -74,6 +74,10 @@ pub struct S3Config {
     /// `Corrupt` error (so a drain sends it again). Costs one read of every byte; default on.
     /// (SigV4 already signs every body's SHA-256, which AWS and s3s-fs check, moto does not.)
     pub verify_uploads: bool,
+    /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`): saves one SHA-256 pass
+    /// over every byte uploaded; integrity then rests on the read-back check, TLS, or
+    /// [`checksum`](Self::checksum). Default off.
+    pub unsigned_payload: bool,
 }
 
 /// The checksum each upload carries (`x-amz-checksum-*`), checked by the server on receipt.
@@ -136,12 +140,13 @@ impl S3Config {
             name: "s3".to_string(),
             checksum: UploadChecksum::None,
             verify_uploads: true,
+            unsigned_payload: false,
         }
     }
 
     /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`), with optional
     /// settings after `?`, `&`-separated: `endpoint=URL`, `region=R`, `part_size=BYTES`,
-    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=0|1` (credentials
+    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=0|1`, `unsigned_payload=0|1` (credentials
     /// come from the environment only, never from a URL). For example
     /// `s3://ckpt/run1?endpoint=http://127.0.0.1:9000&region=us-east-1`.
     pub fn from_url(url: &str) -> Result<Self> {
@@ -169,9 +174,10 @@ impl S3Config {
                 "upload_concurrency" => cfg.upload_concurrency = num(v)?,
                 "read_concurrency" => cfg.read_concurrency = num(v)?,
                 "verify" => cfg.verify_uploads = v != "0",
+                "unsigned_payload" => cfg.unsigned_payload = v != "0",
                 _ => {
                     return Err(bad(format!(
-                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify)"
+                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify, unsigned_payload)"
                     )))
                 }
             }
@@ -288,6 +294,12 @@ impl S3Config {
     /// Turns the read-back check after each upload on or off.
     pub fn with_verify_uploads(mut self, verify: bool) -> Self {
         self.verify_uploads = verify;
+        self
+    }
+
+    /// Signs requests without hashing their bodies (see [`unsigned_payload`](Self::unsigned_payload)).
+    pub fn with_unsigned_payload(mut self, unsigned: bool) -> Self {
+        self.unsigned_payload = unsigned;
         self
     }
 

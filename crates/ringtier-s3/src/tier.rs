@@ -236,6 +236,7 @@ impl S3Tier {
         if endpoint.is_some() {
             b = b.with_virtual_hosted_style_request(false);
         }
+        b = b.with_unsigned_payload(cfg.unsigned_payload);
         b = match cfg.checksum {
             crate::config::UploadChecksum::None => b,
             crate::config::UploadChecksum::Crc64Nvme => b.with_checksum_algorithm(Checksum::CRC64NVME),

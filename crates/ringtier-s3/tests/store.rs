@@ -154,3 +154,38 @@ async fn an_s3_outage_during_the_drain_loses_no_checkpoint() {
     assert!(list[0].tiers.contains(&"s3".to_string()), "{list:?}");
     assert_eq!(s3s_uploads(s.s3_dir.path()), 0, "no orphaned upload");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_on_s3_sharded_over_two_ranks_reads_each_object_once() {
+    use ringtier_loader::{Dataset, Loader, LoaderConfig};
+    let s = Setup::new();
+    let tier = S3Tier::new(test_config(&s.server.endpoint(), "data", "ds")).expect("tier");
+    tier.create_bucket().await.expect("bucket");
+    let mut objects = Vec::new();
+    for i in 0..50u64 {
+        let key = format!("img/{i:04}.bin");
+        let data = pattern(100 + i, 1000 + (i as usize) * 977);
+        tier.put_object(&key, data.clone().into()).await.expect("put");
+        objects.push((key, data));
+    }
+    let tier: Arc<dyn Tier> = Arc::new(tier);
+    let keys: Vec<String> = tier.list("img/").await.expect("list").into_iter().map(|m| m.key).collect();
+    assert_eq!(keys.len(), 50);
+    let mut seen = std::collections::HashMap::new();
+    for rank in 0..2 {
+        let ds = Dataset::from_keys(Arc::clone(&tier), keys.clone()).await.expect("dataset on S3");
+        let cfg = LoaderConfig::default().with_batch_size(8).with_rank(rank).with_world(2).with_seed(3);
+        let loader = Loader::new(ds, cfg).expect("loader");
+        let mut epoch = loader.epoch(0, 0).expect("epoch");
+        while let Some(batch) = epoch.next().await {
+            let batch = batch.expect("batch");
+            for (idx, sample) in batch.indices.iter().zip(&batch.samples) {
+                let (key, data) = &objects[*idx as usize];
+                assert!(sample.as_slice() == data.as_slice(), "rank {rank}: {key} differs");
+                *seen.entry(key.clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    assert_eq!(seen.len(), 50, "every object read");
+    assert!(seen.values().all(|&n| n == 1), "each object read exactly once per epoch: {seen:?}");
+}

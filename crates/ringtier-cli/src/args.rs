@@ -227,14 +227,26 @@ pub(crate) enum CkptAction {
     },
     /// List checkpoints and the tiers holding them.
     Ls,
-    /// Restore a checkpoint (default: the latest) into a directory, one file per part.
+    /// Restore a checkpoint (default: the latest) into a directory, one file per part: parts
+    /// streamed with many reads in flight, checksums checked on the fly, written with O_DIRECT
+    /// where the directory allows, each file fsynced and renamed into place only once whole.
+    /// A bad fast copy of a part is read again from a slower tier (a warning says why).
     Restore {
         /// The step (default: the latest).
         #[arg(long)]
         step: Option<u64>,
-        /// Directory to write the parts into.
+        /// Directory to write the parts into (created when missing).
         #[arg(long)]
         out: PathBuf,
+        /// Restore only this part (repeat for several; default: all).
+        #[arg(long = "part")]
+        parts: Vec<String>,
+        /// Read requests in flight.
+        #[arg(long, default_value_t = ringtier_migrate::RestoreOptions::default().depth)]
+        depth: usize,
+        /// Bytes per read request, e.g. 1M.
+        #[arg(long, value_parser = parse_size, default_value_t = ringtier_migrate::RestoreOptions::default().chunk_bytes as u64)]
+        chunk: u64,
     },
     /// Verify every copy of a checkpoint (default: all checkpoints).
     Verify {
@@ -302,6 +314,29 @@ pub(crate) struct BenchCkptArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
+    /// Size of the checkpoint the restore half restores (after the save experiment): cold
+    /// loads into memory and restores into a directory, against `cat` and `cp` of its part
+    /// files, from the fast copy and from the slow one.
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    pub(crate) restore_size: u64,
+    /// Parts of the restored checkpoint.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) restore_parts: usize,
+    /// Read requests in flight of the restores.
+    #[arg(long, default_value_t = ringtier_migrate::RestoreOptions::default().depth)]
+    pub(crate) restore_depth: usize,
+    /// Bytes per read request of the restores, e.g. 1M.
+    #[arg(long, value_parser = parse_size, default_value_t = ringtier_migrate::RestoreOptions::default().chunk_bytes as u64)]
+    pub(crate) restore_chunk: u64,
+    /// Run only the restore half.
+    #[arg(long, conflicts_with = "no_restore")]
+    pub(crate) restore_only: bool,
+    /// Skip the restore half.
+    #[arg(long)]
+    pub(crate) no_restore: bool,
+    /// Write the restore half's report as JSON here.
+    #[arg(long)]
+    pub(crate) restore_json: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

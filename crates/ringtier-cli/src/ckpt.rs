@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{AlignedBuf, Tier};
-use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_migrate::{CheckpointStore, OnFull, Part, RestoreOptions, RestoreReport, StoreConfig, TierSink};
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
@@ -81,6 +81,25 @@ pub(crate) async fn open_store(
     } else {
         CheckpointStore::open(tiers, cfg).await?
     })
+}
+
+/// Restores `step` into `dir`, one file per part, through an io_uring tier over the directory
+/// (O_DIRECT where it allows): each file staged, fsynced and renamed into place only once whole
+/// and checked. The tier's staging directory is removed after.
+pub(crate) async fn restore_to_dir(
+    store: &CheckpointStore,
+    step: u64,
+    dir: &Path,
+    opts: &RestoreOptions,
+) -> Result<RestoreReport> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let options = UringTierOptions::default().with_name("out".to_string());
+    let tier = UringTier::with_options(dir, UringConfig::default().with_direct_io(DirectIoPolicy::Auto), options)
+        .with_context(|| format!("opening {} for writing", dir.display()))?;
+    let mut sink = TierSink::new(Arc::new(tier), None);
+    let res = store.restore(step, &mut sink, opts).await;
+    let _ = std::fs::remove_dir(dir.join(ringtier_core::fs::STAGING_DIR));
+    res.with_context(|| format!("restoring checkpoint {step} into {}", dir.display()))
 }
 
 /// Deterministic contents of a crash-test checkpoint part (the test regenerates them with the
@@ -456,6 +475,20 @@ pub(crate) fn bench_command(a: crate::args::BenchCkptArgs) -> anyhow::Result<()>
         CkptPreset::Alexnet => 61_000_000 * 4,
         CkptPreset::Paper => 600_000_000,
     });
+    let restore = crate::restorebench::RestoreBenchConfig {
+        base: base.clone(),
+        fast_dir: a.fast_dir.clone(),
+        slow_dir: a.slow_dir.clone(),
+        size: a.restore_size,
+        parts: a.restore_parts,
+        repeats: a.repeats,
+        depth: a.restore_depth,
+        chunk: usize::try_from(a.restore_chunk).context("--restore-chunk too large")?,
+        json: a.restore_json.clone(),
+    };
+    if a.restore_only {
+        return crate::restorebench::bench(&restore).map(|_| ());
+    }
     let cfg = CkptBenchConfig {
         base,
         fast_dir: a.fast_dir,
@@ -470,7 +503,11 @@ pub(crate) fn bench_command(a: crate::args::BenchCkptArgs) -> anyhow::Result<()>
         buffered_writes: a.buffered_writes,
         json: a.json,
     };
-    bench(&cfg).map(|_| ())
+    bench(&cfg)?;
+    if !a.no_restore {
+        crate::restorebench::bench(&restore)?;
+    }
+    Ok(())
 }
 
 /// `ringtier ckpt ...`.
@@ -534,22 +571,28 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
                 println!("drain backlog: {:.1} MB (run `ringtier ckpt ... drain`)", backlog as f64 / 1e6);
             }
         }
-        CkptAction::Restore { step, out } => {
+        CkptAction::Restore { step, out, parts, depth, chunk } => {
             let step = match step {
                 Some(s) => s,
                 None => store.latest().await?.context("no checkpoint to restore")?,
             };
-            let r = store.load(step).await?;
+            let opts = RestoreOptions::default()
+                .with_depth(depth)
+                .with_chunk_bytes(usize::try_from(chunk).context("--chunk too large")?)
+                .with_parts((!parts.is_empty()).then_some(parts));
+            let r = restore_to_dir(&store, step, &out, &opts).await?;
             for f in &r.fallbacks {
                 eprintln!("warning: checkpoint {step}: {f}");
             }
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            for (name, data) in &r.parts {
-                let tmp = out.join(format!(".{name}.tmp"));
-                std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-                std::fs::rename(&tmp, out.join(name))?;
-            }
-            println!("restored step {step} from {} ({} parts) into {}", r.tier, r.parts.len(), out.display());
+            println!(
+                "restored step {step} from {} ({} parts, {:.1} MB) into {} in {:.2} s ({:.0} MB/s)",
+                r.tier_summary(),
+                r.sources.len(),
+                r.bytes as f64 / 1e6,
+                out.display(),
+                r.seconds,
+                r.bytes as f64 / r.seconds.max(1e-9) / 1e6
+            );
         }
         CkptAction::Verify { step } => {
             let steps: Vec<u64> = match step {

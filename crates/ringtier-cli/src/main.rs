@@ -13,6 +13,7 @@ mod passes;
 mod randread;
 mod readbench;
 mod recbench;
+mod restorebench;
 mod s3bench;
 mod stagebench;
 mod stats;

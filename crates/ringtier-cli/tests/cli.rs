@@ -541,3 +541,64 @@ fn ckpt_save_larger_than_a_physically_full_fast_tier() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(std::fs::read(restored.join("model")).expect("restored") == data, "the bytes saved");
 }
+
+#[test]
+fn ckpt_restore_streams_parts_falls_back_and_rejects_bad_input() {
+    let dir = tempfile::Builder::new().prefix("cli-restore").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let tiers = format!("{},{}", dir.path().join("fast").display(), dir.path().join("slow").display());
+    let a: Vec<u8> = (0..3_000_017u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let b: Vec<u8> = (0..1_000_003u32).map(|i| (i.wrapping_mul(40_503) >> 7) as u8).collect();
+    std::fs::write(dir.path().join("a.bin"), &a).expect("write");
+    std::fs::write(dir.path().join("b.bin"), &b).expect("write");
+    let ckpt = |args: &[&str]| {
+        let out = ringtier().args(["ckpt", "--tiers", &tiers]).args(args).output().expect("run ringtier ckpt");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let a_arg = format!("a={}", dir.path().join("a.bin").display());
+    let b_arg = format!("b={}", dir.path().join("b.bin").display());
+    let (code, _, err) = ckpt(&["save", "--step", "7", "--part", &a_arg, "--part", &b_arg]);
+    assert_eq!(code, Some(0), "{err}");
+    let out_dir = |name: &str| dir.path().join(name);
+    let path = |p: &Path| p.display().to_string();
+
+    // One part only, small reads: only that file, whole, and no staging directory left.
+    let (code, stdout, err) =
+        ckpt(&["restore", "--out", &path(&out_dir("one")), "--part", "b", "--chunk", "64K", "--depth", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("restored step 7 from fast (1 parts"), "{stdout}");
+    let names: Vec<String> = std::fs::read_dir(out_dir("one"))
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["b"]);
+    assert!(std::fs::read(out_dir("one").join("b")).expect("b") == b);
+
+    // A corrupt fast copy of a: read again from the slow copy, with a warning that says so.
+    let fast_a = dir.path().join("fast/ckpt/00000000000000000007/parts/a");
+    let mut bad = std::fs::read(&fast_a).expect("read");
+    bad[2_000_000] ^= 0x10;
+    std::fs::write(&fast_a, &bad).expect("write");
+    let (code, stdout, err) = ckpt(&["restore", "--out", &path(&out_dir("all"))]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("part \"a\" on tier \"fast\"") && err.contains("checksum mismatch"), "{err}");
+    assert!(stdout.contains("from slow, fast (2 parts"), "{stdout}");
+    assert!(std::fs::read(out_dir("all").join("a")).expect("a") == a);
+    assert!(std::fs::read(out_dir("all").join("b")).expect("b") == b);
+
+    // Bad input: one clear line each.
+    std::fs::write(out_dir("a-file"), b"x").expect("write");
+    for (args, want) in [
+        (vec!["restore", "--out", &path(&out_dir("x")), "--step", "99"], "no committed copy of checkpoint 99"),
+        (vec!["restore", "--out", &path(&out_dir("x")), "--part", "nope"], "no part \"nope\" (its parts: a, b)"),
+        (vec!["restore", "--out", &path(&out_dir("a-file"))], "a-file"),
+    ] {
+        let (code, _, err) = ckpt(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.trim().lines().count() == 1 && err.starts_with("error: ") && err.contains(want), "{args:?}: {err}");
+    }
+    assert!(!out_dir("x").join("a").exists() && !out_dir("x").join("b").exists(), "nothing restored");
+}

@@ -145,9 +145,11 @@ impl CheckpointStore {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RestoreOptions {
-    /// Bytes per read request (rounded up to the tiers' alignment). Default 1 MiB.
+    /// Bytes per read request (rounded up to the tiers' alignment). Default 4 MiB: on the
+    /// virtual disks measured, 4 MiB x 8 loaded at 1.06x a cold `cat` of the same files where
+    /// 1 MiB x 16 reached 0.86x, and a restore into files writes 4 MiB at a time.
     pub chunk_bytes: usize,
-    /// Read requests in flight. Default 16 (with the default chunk, 16 MiB of buffers).
+    /// Read requests in flight. Default 8 (with the default chunk, 32 MiB of buffers).
     pub depth: usize,
     /// Only these parts, by name (read in save order); `None` (the default) for all.
     pub parts: Option<Vec<String>>,
@@ -155,7 +157,7 @@ pub struct RestoreOptions {
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { chunk_bytes: 1 << 20, depth: 16, parts: None }
+        RestoreOptions { chunk_bytes: 4 << 20, depth: 8, parts: None }
     }
 }
 

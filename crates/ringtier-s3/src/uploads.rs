@@ -223,7 +223,7 @@ pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64
         .await?
 }
 
-/// What [`recover`] did.
+/// What [`S3Tier::recover_uploads`](crate::S3Tier::recover_uploads) did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UploadRecovery {

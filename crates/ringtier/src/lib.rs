@@ -2,8 +2,8 @@
 
 // The tier trait, its types, buffers and errors: what every part of ringtier speaks.
 pub use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, Error, ErrorKind, MemoryTier, ObjectKey, ObjectMeta, ObjectWriter, Operation,
-    PoolConfig, PosixConfig, PosixTier, ReadBatch, ReadEntry, Result, Space, Tier, TierLock,
+    AlignedBuf, BufferPool, Capabilities, Error, ErrorKind, MemoryTier, ObjectKey, ObjectMeta, ObjectReader,
+    ObjectWriter, Operation, PoolConfig, PosixConfig, PosixTier, ReadBatch, ReadEntry, Result, Space, Tier, TierLock,
 };
 
 // The modules of ringtier-core that users reach into: the layers that wrap any tier, the

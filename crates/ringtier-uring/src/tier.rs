@@ -468,14 +468,7 @@ impl Tier for UringTier {
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         let mut batch = ReadBatch::with_capacity(1, key.len());
         batch.push(key, offset, len, buf);
-        let mut batch = self.read_batch(batch).await;
-        let out = batch.drain().next().map(|(_, _, res, buf)| (res, buf));
-        match out {
-            Some((res, Some(buf))) => (res, buf),
-            // Only when the driver died and took the buffer with it.
-            Some((res, None)) => (res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))), fallback_buf()),
-            None => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), fallback_buf()),
-        }
+        single_result(self.read_batch(batch).await)
     }
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
@@ -552,13 +545,17 @@ impl ObjectReader for UringFile {
     async fn read_at(&self, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         let mut batch = ReadBatch::with_capacity(1, 0);
         batch.push_range(offset, len, buf);
-        let mut batch = self.read_batch(batch).await;
-        let out = batch.drain().next().map(|(_, _, res, buf)| (res, buf));
-        match out {
-            Some((res, Some(buf))) => (res, buf),
-            Some((res, None)) => (res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))), fallback_buf()),
-            None => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), fallback_buf()),
-        }
+        single_result(self.read_batch(batch).await)
+    }
+}
+
+/// The result and buffer of a batch of one read.
+fn single_result(mut batch: ReadBatch) -> (Result<usize>, AlignedBuf) {
+    match batch.drain().next().map(|(_, _, res, buf)| (res, buf)) {
+        Some((res, Some(buf))) => (res, buf),
+        // Only when the driver died and took the buffer with it.
+        Some((res, None)) => (res.and(Err(Error::new(ErrorKind::Shutdown, "buffer lost"))), fallback_buf()),
+        None => (Err(Error::new(ErrorKind::Shutdown, "io_uring driver stopped")), fallback_buf()),
     }
 }
 

@@ -79,6 +79,9 @@ pub(crate) enum BenchCommand {
     Ckpt(BenchCkptArgs),
     /// The AlexNet mini-app: loader batches, emulated compute, checkpoints; prefetch on and off.
     Train(TrainArgs),
+    /// JPEG decode and transforms (resize, center crop, random-resized crop + flip, normalize)
+    /// against Pillow on the same files, side by side: images/s and images per CPU second.
+    Decode(crate::decodebench::DecodeBenchArgs),
     /// Storage to accelerator (or pinned host memory) through pinned buffers, against raw reads,
     /// pageable buffers plus copy, and pinned buffers without overlap.
     Stage(StageArgs),

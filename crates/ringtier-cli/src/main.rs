@@ -8,6 +8,7 @@
 mod args;
 mod ckpt;
 mod dataset;
+mod decodebench;
 mod paper;
 mod passes;
 mod randread;
@@ -68,6 +69,7 @@ fn run(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Read(a)) => readbench::command(a),
         Command::Bench(BenchCommand::Randread(a)) => randread::command(a),
         Command::Bench(BenchCommand::Train(a)) => train::command(a),
+        Command::Bench(BenchCommand::Decode(a)) => decodebench::command(a),
         Command::Bench(BenchCommand::Stage(a)) => stagebench::command(a),
         Command::Bench(BenchCommand::S3(a)) => s3bench::command(a),
         Command::Bench(BenchCommand::Ckpt(a)) => ckpt::bench_command(a),

@@ -525,7 +525,11 @@ fn resample(
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("crop: {e}")))?;
             resizer.resize(&view, &mut dst, &opts)
         } else {
-            let opts = opts.crop(region.left * fx, region.top * fy, region.width * fx, region.height * fy);
+            // The region in decoded pixels; clamped, since the scaling's rounding may put its
+            // far edge a hair past the image.
+            let (l, t) = (region.left * fx, region.top * fy);
+            let (cw, ch) = ((region.width * fx).min(sw as f64 - l), (region.height * fy).min(sh as f64 - t));
+            let opts = opts.crop(l, t, cw, ch);
             resizer.resize(&src, &mut dst, &opts)
         };
         res.map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize: {e}")))?;

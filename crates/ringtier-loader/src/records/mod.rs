@@ -490,7 +490,7 @@ impl Drop for RecordEpoch {
 
 impl RecordEpoch {
     /// The next record; `None` at the end of the epoch. With skip, bad records are counted in
-    /// [`RecordEpoch::stats`] and [`RecordEpoch::skipped`] keeps their errors.
+    /// [`RecordEpoch::stats`] ([`RecordStats::skipped`]), each with a warning naming it.
     pub async fn next(&mut self) -> Option<Result<Record>> {
         loop {
             match self.rx.recv().await? {

@@ -90,6 +90,20 @@ impl Inner {
         map_err(e, &self.cfg.name, &self.cfg.bucket, op, &format!("{}{key}", self.root))
     }
 
+    /// One PUT of `data` as `path` (object `key`), retried on temporary errors; run it on the
+    /// tier's runtime ([`Inner::spawn`]).
+    pub(crate) async fn put_retrying(&self, path: &Path, data: Bytes, key: &str) -> Result<()> {
+        self.retry
+            .run(|| async {
+                self.store
+                    .put(path, PutPayload::from(data.clone()))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| self.err(e, Operation::Commit, key))
+            })
+            .await
+    }
+
     async fn head(self: &Arc<Self>, key: &str, op: Operation) -> Result<ObjectMeta> {
         let path = self.path(key).map_err(|e| e.context(op, key, &self.cfg.name))?;
         let me = Arc::clone(self);
@@ -328,17 +342,11 @@ impl S3Tier {
         let size = data.len() as u64;
         self.inner
             .spawn(async move {
-                inner
-                    .retry
-                    .run(|| async {
-                        inner
-                            .store
-                            .put(&path, PutPayload::from(data.clone()))
-                            .await
-                            .map_err(|e| inner.err(e, Operation::Commit, &key))
-                    })
-                    .await
-                    .map(|_| ObjectMeta { key, size, modified: Some(std::time::SystemTime::now()) })
+                inner.put_retrying(&path, data, &key).await.map(|_| ObjectMeta {
+                    key,
+                    size,
+                    modified: Some(std::time::SystemTime::now()),
+                })
             })
             .await?
     }

@@ -10,7 +10,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::PutPayload;
 use ringtier_core::{AlignedBuf, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result};
 use tokio::task::JoinHandle;
 
@@ -226,20 +226,7 @@ impl S3Writer {
             self.crc = crc32c::crc32c_append(self.crc, &data);
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
-            self.inner
-                .spawn(async move {
-                    inner
-                        .retry
-                        .run(|| async {
-                            inner
-                                .store
-                                .put(&path, PutPayload::from(data.clone()))
-                                .await
-                                .map_err(|e| inner.err(e, Operation::Commit, &key))
-                        })
-                        .await
-                })
-                .await??;
+            self.inner.spawn(async move { inner.put_retrying(&path, data, &key).await }).await??;
         } else {
             self.flush_full_parts().await?;
             if !self.cur.is_empty() {

@@ -5,6 +5,7 @@ mod errors;
 mod loader;
 mod metrics;
 mod store;
+mod view;
 
 use pyo3::prelude::*;
 

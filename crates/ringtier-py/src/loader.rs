@@ -20,6 +20,7 @@ use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 use crate::engine::{engine, wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
+use crate::view::fill_view;
 
 /// The dataset directory of `path`: the directory itself, or the one holding a manifest file.
 fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
@@ -576,29 +577,11 @@ impl Sample {
 
     /// Exposes the bytes: one dimension, format `B`, writable.
     unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("a null Py_buffer"));
-        }
         let guard = slf.lock();
         let h = guard.as_ref().ok_or_else(|| PyBufferError::new_err("this sample was released"))?;
-        // SAFETY: `view` is a valid Py_buffer the caller owns; `ptr..ptr+len` stays valid while
-        // the exporter (`slf`, referenced by `view.obj`) lives, and `release` refuses while a
-        // view exists.
-        let rc = unsafe {
-            pyo3::ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                h.ptr.0.cast::<c_void>(),
-                h.len as pyo3::ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        slf.exports.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        // SAFETY: `ptr..ptr+len` stays valid while the exporter (`slf`, referenced by
+        // `view.obj`) lives, and `release` refuses while a view exists.
+        unsafe { fill_view(slf.py(), slf.as_ptr(), view, h.ptr.0.cast::<c_void>(), h.len, flags, &slf.exports) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyBufferError, PyTimeoutError};
+use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use ringtier_core::buf::AlignedBuf;
@@ -22,6 +22,7 @@ use ringtier_migrate::{
 use crate::engine::{wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
 use crate::loader::open_tier;
+use crate::view::fill_view;
 
 /// The parts of a save as Python hands them over: a name and the buffers to concatenate.
 type PyParts<'py> = Vec<(String, Vec<Bound<'py, PyAny>>)>;
@@ -572,26 +573,9 @@ impl PartBuffer {
     }
 
     unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("a null Py_buffer"));
-        }
-        // SAFETY: `view` is the caller's Py_buffer; the bytes live as long as `slf`, which
-        // `view.obj` references until the view is released.
-        let rc = unsafe {
-            pyo3::ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                slf.ptr.0.cast::<c_void>(),
-                slf.len as pyo3::ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        slf.exports.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        // SAFETY: the bytes live as long as `slf`, which `view.obj` references until the view
+        // is released.
+        unsafe { fill_view(slf.py(), slf.as_ptr(), view, slf.ptr.0.cast::<c_void>(), slf.len, flags, &slf.exports) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {

@@ -103,8 +103,10 @@ impl ChunkReads {
             buf.clear();
             self.free.push(buf);
         } else {
-            // Not one of ours (a caller's): keep the count of ours right.
+            // Not one of ours (a sink handed back another): it stands for one of ours, which
+            // the sink keeps, so a new one may be allocated in its place.
             drop(buf);
+            self.buffers = self.buffers.saturating_sub(1);
         }
     }
 

@@ -234,6 +234,9 @@ pub(crate) enum CkptAction {
     /// streamed with many reads in flight, checksums checked on the fly, written with O_DIRECT
     /// where the directory allows, each file fsynced and renamed into place only once whole.
     /// A bad fast copy of a part is read again from a slower tier (a warning says why).
+    /// With --no-sync the files are written through the page cache and renamed without
+    /// fsyncs, as `cp` does: whole or absent if the process dies, but a power cut may lose
+    /// them (the checkpoint itself stays durable in the store).
     Restore {
         /// The step (default: the latest).
         #[arg(long)]
@@ -250,6 +253,10 @@ pub(crate) enum CkptAction {
         /// Bytes per read request, e.g. 1M.
         #[arg(long, value_parser = parse_size, default_value_t = ringtier_migrate::RestoreOptions::default().chunk_bytes as u64)]
         chunk: u64,
+        /// Write through the page cache and rename without fsync (`cp`'s durability, at its
+        /// speed); default: O_DIRECT writes, each file fsynced before its rename.
+        #[arg(long)]
+        no_sync: bool,
     },
     /// Verify every copy of a checkpoint (default: all checkpoints).
     Verify {

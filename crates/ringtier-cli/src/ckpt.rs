@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::layers::{Metered, Throttle, Throttled};
-use ringtier_core::{AlignedBuf, Tier};
+use ringtier_core::{AlignedBuf, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, RestoreOptions, RestoreReport, StoreConfig, TierSink};
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
@@ -91,12 +91,21 @@ pub(crate) async fn restore_to_dir(
     step: u64,
     dir: &Path,
     opts: &RestoreOptions,
+    sync: bool,
 ) -> Result<RestoreReport> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let options = UringTierOptions::default().with_name("out".to_string());
-    let tier = UringTier::with_options(dir, UringConfig::default().with_direct_io(DirectIoPolicy::Auto), options)
-        .with_context(|| format!("opening {} for writing", dir.display()))?;
-    let mut sink = TierSink::new(Arc::new(tier), None);
+    let tier: Arc<dyn Tier> = if sync {
+        let options = UringTierOptions::default().with_name("out".to_string());
+        Arc::new(
+            UringTier::with_options(dir, UringConfig::default().with_direct_io(DirectIoPolicy::Auto), options)
+                .with_context(|| format!("opening {} for writing", dir.display()))?,
+        )
+    } else {
+        // Buffered writes into the page cache, renamed without fsync (`cp`'s durability).
+        let config = PosixConfig::new(dir).with_name("out".to_string()).with_threads(2).with_sync(false);
+        Arc::new(PosixTier::new(config).with_context(|| format!("opening {} for writing", dir.display()))?)
+    };
+    let mut sink = TierSink::new(tier, None);
     let res = store.restore(step, &mut sink, opts).await;
     let _ = std::fs::remove_dir(dir.join(ringtier_core::fs::STAGING_DIR));
     res.with_context(|| format!("restoring checkpoint {step} into {}", dir.display()))
@@ -571,7 +580,7 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
                 println!("drain backlog: {:.1} MB (run `ringtier ckpt ... drain`)", backlog as f64 / 1e6);
             }
         }
-        CkptAction::Restore { step, out, parts, depth, chunk } => {
+        CkptAction::Restore { step, out, parts, depth, chunk, no_sync } => {
             let step = match step {
                 Some(s) => s,
                 None => store.latest().await?.context("no checkpoint to restore")?,
@@ -580,16 +589,17 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
                 .with_depth(depth)
                 .with_chunk_bytes(usize::try_from(chunk).context("--chunk too large")?)
                 .with_parts((!parts.is_empty()).then_some(parts));
-            let r = restore_to_dir(&store, step, &out, &opts).await?;
+            let r = restore_to_dir(&store, step, &out, &opts, !no_sync).await?;
             for f in &r.fallbacks {
                 eprintln!("warning: checkpoint {step}: {f}");
             }
             println!(
-                "restored step {step} from {} ({} parts, {:.1} MB) into {} in {:.2} s ({:.0} MB/s)",
+                "restored step {step} from {} ({} parts, {:.1} MB) into {}{} in {:.2} s ({:.0} MB/s)",
                 r.tier_summary(),
                 r.sources.len(),
                 r.bytes as f64 / 1e6,
                 out.display(),
+                if no_sync { " (not fsynced)" } else { "" },
                 r.seconds,
                 r.bytes as f64 / r.seconds.max(1e-9) / 1e6
             );

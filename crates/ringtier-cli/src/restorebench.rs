@@ -187,7 +187,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
     let mut how_cold = "";
     let cp_dir = cfg.base.join("cp-out");
     for repeat in 0..cfg.repeats {
-        for mode in ["cat", "load", "restore_dir", "cp", "cp_sync", "cat_slow", "load_slow"] {
+        for mode in ["cat", "load", "restore_dir", "cp", "restore_nosync", "cp_sync", "cat_slow", "load_slow"] {
             let _ = std::fs::remove_dir_all(&out);
             let _ = std::fs::remove_dir_all(&cp_dir);
             how_cold = cold(&[&fast, &slow])?;
@@ -222,7 +222,8 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
                     (s, (process_cpu() - cpu0).as_secs_f64(), Some(peak_rss().saturating_sub(rss0)))
                 }
                 _ => {
-                    let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts))?;
+                    let sync = mode == "restore_dir";
+                    let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync))?;
                     if r.bytes != cfg.size {
                         bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
                     }
@@ -288,6 +289,7 @@ fn report(
         ("cp", "cp of the part files into a dir"),
         ("cp_sync", "cp + sync"),
         ("restore_dir", "ringtier restore --out (fsynced)"),
+        ("restore_nosync", "ringtier restore --out --no-sync"),
         ("cat_slow", "cat of the slow part files"),
         ("load_slow", "ringtier load from the slow copy"),
     ];
@@ -314,6 +316,7 @@ fn report(
         ("load_over_cat", "load / cat (fast)           ", ratio("load", "cat"), "   (target >= 0.9)"),
         ("restore_dir_over_cp", "restore --out / cp          ", ratio("restore_dir", "cp"), ""),
         ("restore_dir_over_cp_sync", "restore --out / (cp + sync) ", ratio("restore_dir", "cp_sync"), ""),
+        ("restore_nosync_over_cp", "restore --no-sync / cp      ", ratio("restore_nosync", "cp"), "   (target >= 1.0)"),
         ("load_slow_over_cat_slow", "load / cat (slow copy)      ", ratio("load_slow", "cat_slow"), ""),
     ];
     println!("speed ratios, pair by pair (min median max):");

@@ -589,12 +589,27 @@ fn ckpt_restore_streams_parts_falls_back_and_rejects_bad_input() {
     assert!(std::fs::read(out_dir("all").join("a")).expect("a") == a);
     assert!(std::fs::read(out_dir("all").join("b")).expect("b") == b);
 
+    // --no-sync: page-cache writes renamed into place, the same bytes, the same fallback and
+    // no staging directory left; the report says the files were not fsynced.
+    let (code, stdout, err) = ckpt(&["restore", "--out", &path(&out_dir("nosync")), "--no-sync"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("checksum mismatch") && stdout.contains("(not fsynced)"), "{stdout}{err}");
+    let mut names: Vec<String> = std::fs::read_dir(out_dir("nosync"))
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"]);
+    assert!(std::fs::read(out_dir("nosync").join("a")).expect("a") == a);
+    assert!(std::fs::read(out_dir("nosync").join("b")).expect("b") == b);
+
     // Bad input: one clear line each.
     std::fs::write(out_dir("a-file"), b"x").expect("write");
     for (args, want) in [
         (vec!["restore", "--out", &path(&out_dir("x")), "--step", "99"], "no committed copy of checkpoint 99"),
         (vec!["restore", "--out", &path(&out_dir("x")), "--part", "nope"], "no part \"nope\" (its parts: a, b)"),
         (vec!["restore", "--out", &path(&out_dir("a-file"))], "a-file"),
+        (vec!["restore", "--out", &path(&out_dir("a-file")), "--no-sync"], "a-file"),
     ] {
         let (code, _, err) = ckpt(&args);
         assert_eq!(code, Some(1), "{args:?}: {err}");

@@ -410,6 +410,20 @@ impl FsRoot {
     /// The second half of [`FsRoot::commit_staged`], for callers that synced the data
     /// themselves: create missing parents, rename atomically, fsync the directories.
     pub fn publish_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+        self.rename_staged(file, staged, key, true)
+    }
+
+    /// Publishes a staged file without any fsync: create missing parents and rename
+    /// atomically. The object is whole or absent after the process dies (the page cache
+    /// keeps what was written), but after a power cut or an OS crash it may be missing or
+    /// shorter than written. For copies whose source stays durable elsewhere (a checkpoint
+    /// restored into a directory with `--no-sync`); [`FsRoot::commit_staged`] is the durable
+    /// commit.
+    pub fn publish_staged_unsynced(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+        self.rename_staged(file, staged, key, false)
+    }
+
+    fn rename_staged(&self, file: &File, staged: &Path, key: &str, sync: bool) -> Result<ObjectMeta> {
         let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Commit).with_key(key);
         validate_key(key)?;
         let dest = self.path_of(key);
@@ -430,7 +444,7 @@ impl FsRoot {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(ctx(e)),
             }
-            if let Some(pp) = dir.parent() {
+            if let Some(pp) = dir.parent().filter(|_| sync) {
                 fsync_dir(pp).map_err(|e| e.with_operation(Operation::Commit))?;
             }
         }
@@ -440,7 +454,9 @@ impl FsRoot {
                 .with_key(key));
         }
         fs::rename(staged, &dest).map_err(ctx)?;
-        fsync_dir(&parent).map_err(|e| e.with_operation(Operation::Commit))?;
+        if sync {
+            fsync_dir(&parent).map_err(|e| e.with_operation(Operation::Commit))?;
+        }
         let meta = file.metadata().map_err(ctx)?;
         Ok(ObjectMeta { key: key.to_string(), size: meta.len(), modified: meta.modified().ok() })
     }

@@ -39,6 +39,12 @@ pub struct PosixConfig {
     /// Follow symbolic links out of the root (a dataset whose files or class folders are
     /// links), see [`FsRoot::following_links`]; the tier is then read-only. Default false.
     pub follow_links: bool,
+    /// Commits are durable: data fsync, atomic rename, directory fsync. Default true. With
+    /// false a commit only renames the staged file into place: the object is whole or absent
+    /// after the process dies, but a power cut or OS crash may lose it or leave it short.
+    /// For copies whose source stays durable elsewhere (`ringtier ckpt restore --no-sync`),
+    /// where a write at page-cache speed is what `cp` gives.
+    pub sync: bool,
 }
 
 impl PosixConfig {
@@ -77,6 +83,12 @@ impl PosixConfig {
         self.follow_links = follow_links;
         self
     }
+
+    /// Sets [`PosixConfig::sync`].
+    pub fn with_sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
 }
 
 impl PosixConfig {
@@ -84,7 +96,7 @@ impl PosixConfig {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let name = format!("posix:{}", root.display());
-        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0, follow_links: false }
+        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0, follow_links: false, sync: true }
     }
 }
 
@@ -93,6 +105,7 @@ struct Inner {
     root: Arc<FsRoot>,
     pool: BlockingPool,
     read_chunk: usize,
+    sync: bool,
 }
 
 /// Files under a root directory, read and written with buffered positional I/O from a pool.
@@ -149,7 +162,9 @@ impl PosixTier {
                 .following_links(config.follow_links),
         );
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
-        Ok(PosixTier { inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk }) })
+        Ok(PosixTier {
+            inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk, sync: config.sync }),
+        })
     }
 
     /// Root directory.
@@ -349,7 +364,18 @@ impl ObjectWriter for PosixWriter {
         let inner = Arc::clone(&self.tier.inner);
         let staged = self.staged.clone();
         let key = self.key.clone();
-        let res = self.tier.inner.pool.run(move || inner.root.commit_staged(&file, &staged, &key)).await;
+        let res = self
+            .tier
+            .inner
+            .pool
+            .run(move || {
+                if inner.sync {
+                    inner.root.commit_staged(&file, &staged, &key)
+                } else {
+                    inner.root.publish_staged_unsynced(&file, &staged, &key)
+                }
+            })
+            .await;
         if res.is_err() {
             let _ = std::fs::remove_file(&self.staged);
         }

@@ -25,6 +25,19 @@ mod posix_tier {
     ringtier_core::conformance_tests!(posix);
 }
 
+/// Commits without fsyncs (`PosixConfig::sync` false) keep every other guarantee of the suite.
+mod posix_unsynced {
+    use super::*;
+    ringtier_core::conformance_tests!(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("conf-posix-nosync")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("tempdir");
+        let tier = PosixTier::new(PosixConfig::new(dir.path()).with_threads(4).with_sync(false)).expect("posix tier");
+        Fixture::with_guard(Arc::new(tier), dir)
+    });
+}
+
 mod metered {
     use super::*;
     ringtier_core::conformance_tests!(|| {

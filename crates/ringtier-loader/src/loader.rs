@@ -372,26 +372,87 @@ impl Loader {
         let source = if self.shared.cfg.prefetch == 0 {
             Source::Direct { chunks: chunks.into_iter().enumerate().collect(), next: 0 }
         } else {
+            // Each batch's reads run in their own task, several at once (the channel's
+            // capacity plus the one waiting to be sent: prefetch + 1 batches in flight), and
+            // are delivered in order. The buffers a batch needs are taken here, in batch order,
+            // before its task starts: the earliest batch always has all of its buffers, so it
+            // always completes, however many buffers the consumer holds.
             let (tx, rx) = mpsc::channel(self.shared.cfg.prefetch);
             let shared = Arc::clone(&self.shared);
             let task = tokio::spawn(async move {
                 for (i, chunk) in chunks.into_iter().enumerate() {
-                    let batch = fetch(&shared, epoch, first_index + i, chunk).await;
-                    let failed = batch.is_err();
-                    if tx.send(batch).await.is_err() || failed {
+                    let reserve = Reserve::take(&shared, &chunk).await;
+                    let s = Arc::clone(&shared);
+                    let handle = tokio::spawn(async move { fetch(&s, epoch, first_index + i, chunk, reserve).await });
+                    if tx.send(InFlight(handle)).await.is_err() {
                         break;
                     }
                 }
             });
-            Source::Prefetch { rx, task }
+            Source::Prefetch { rx, task, head: None, failed: false }
         };
         Ok(Epoch { shared: Arc::clone(&self.shared), epoch, first_index, source, stats: EpochStats::default() })
     }
 }
 
+/// Pooled buffers taken for one batch before its reads start: what its reads need at most at
+/// once ([`crate::pieces::buffers_needed`]) and one decode output per sample. Whatever is not
+/// used goes back to its pool when the batch is done.
+#[derive(Default)]
+struct Reserve {
+    raw: Vec<AlignedBuf>,
+    outputs: Vec<AlignedBuf>,
+}
+
+impl Reserve {
+    async fn take(shared: &Shared, chunk: &[u32]) -> Reserve {
+        let b = shared.cfg.batch_size.max(chunk.len());
+        let raw_count = if shared.materialized.is_some() {
+            // Stored samples first, then the misses: a whole batch's worth.
+            b
+        } else {
+            let samples = shared.dataset.samples();
+            let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
+            crate::pieces::buffers_needed(chunk.iter().map(|&i| samples[i as usize].size), piece, b)
+        };
+        let mut reserve = Reserve { raw: Vec::with_capacity(raw_count), outputs: Vec::new() };
+        for _ in 0..raw_count {
+            reserve.raw.push(shared.pool.acquire().await);
+        }
+        if let Some(outputs) = &shared.outputs {
+            reserve.outputs.reserve(chunk.len());
+            for _ in 0..chunk.len() {
+                reserve.outputs.push(outputs.acquire().await);
+            }
+        }
+        reserve
+    }
+}
+
+/// One batch's task; aborted when dropped (an epoch dropped early stops its reads; a read's
+/// buffer stays with the tier until the kernel is done with it).
+struct InFlight(tokio::task::JoinHandle<Result<Batch>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 enum Source {
-    Direct { chunks: Vec<(usize, Vec<u32>)>, next: usize },
-    Prefetch { rx: mpsc::Receiver<Result<Batch>>, task: tokio::task::JoinHandle<()> },
+    Direct {
+        chunks: Vec<(usize, Vec<u32>)>,
+        next: usize,
+    },
+    Prefetch {
+        rx: mpsc::Receiver<InFlight>,
+        task: tokio::task::JoinHandle<()>,
+        /// The batch being waited for, kept here so that a `next()` dropped while waiting
+        /// loses nothing.
+        head: Option<InFlight>,
+        /// A batch failed: the epoch ends there.
+        failed: bool,
+    },
 }
 
 /// One epoch's batches, in order.
@@ -426,9 +487,33 @@ impl Epoch {
             Source::Direct { chunks, next } => {
                 let (i, chunk) = chunks.get_mut(*next).map(|(i, c)| (*i, std::mem::take(c)))?;
                 *next += 1;
-                Some(fetch(&self.shared, self.epoch, self.first_index + i, chunk).await)
+                let reserve = Reserve::take(&self.shared, &chunk).await;
+                Some(fetch(&self.shared, self.epoch, self.first_index + i, chunk, reserve).await)
             }
-            Source::Prefetch { rx, .. } => rx.recv().await,
+            Source::Prefetch { rx, task, head, failed } => {
+                if *failed {
+                    return None;
+                }
+                if head.is_none() {
+                    *head = rx.recv().await;
+                }
+                let joined = match head.as_mut() {
+                    Some(InFlight(handle)) => handle.await,
+                    None => return None,
+                };
+                *head = None;
+                let item = joined
+                    .unwrap_or_else(|e| Err(Error::new(ErrorKind::Io, format!("the task reading batch failed: {e}"))));
+                if item.is_err() {
+                    // Later batches are not delivered after an error: stop reading them.
+                    *failed = true;
+                    task.abort();
+                    while let Ok(later) = rx.try_recv() {
+                        drop(later);
+                    }
+                }
+                Some(item)
+            }
         };
         let stall = start.elapsed().as_secs_f64();
         if let Some(Ok(b)) = &item {
@@ -487,7 +572,8 @@ impl Iterator for BlockingEpoch {
     }
 }
 
-async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Result<Batch> {
+async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reserve: Reserve) -> Result<Batch> {
+    let Reserve { raw: mut reserve, outputs: mut output_reserve } = reserve;
     let samples = shared.dataset.samples();
     let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
     let t = Instant::now();
@@ -500,7 +586,9 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
             .map(|&i| crate::dataset::Sample { key: sample_key(prefix, i), size: m.sample_bytes(), crc32c: None })
             .collect();
         let refs: Vec<&crate::dataset::Sample> = keys.iter().collect();
-        let got = crate::pieces::read_whole(m.tier.as_ref(), &shared.pool, &refs, piece, shared.cfg.batch_size).await;
+        let got =
+            crate::pieces::read_whole(m.tier.as_ref(), &shared.pool, &refs, piece, shared.cfg.batch_size, &mut reserve)
+                .await;
         for (slot, r) in stored.iter_mut().zip(got) {
             if let Ok(b) = r {
                 stored_bytes += b.len() as u64;
@@ -511,9 +599,16 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
     let misses: Vec<u32> = chunk.iter().zip(&stored).filter(|(_, s)| s.is_none()).map(|(&i, _)| i).collect();
     let wanted: Vec<&crate::dataset::Sample> = misses.iter().map(|&i| &samples[i as usize]).collect();
     // Whole samples, each read in pieces no larger than a pooled buffer.
-    let read =
-        crate::pieces::read_whole(shared.dataset.tier().as_ref(), &shared.pool, &wanted, piece, shared.cfg.batch_size)
-            .await;
+    let read = crate::pieces::read_whole(
+        shared.dataset.tier().as_ref(),
+        &shared.pool,
+        &wanted,
+        piece,
+        shared.cfg.batch_size,
+        &mut reserve,
+    )
+    .await;
+    drop(reserve);
     let read_seconds = t.elapsed().as_secs_f64();
     shared.read.record(read_seconds);
     let mut out = Batch {
@@ -569,7 +664,10 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>) -> Re
                 };
                 // Each sample decodes into a pooled buffer; its random crop and flip depend only
                 // on (seed, epoch, dataset index).
-                let mut px = outputs.acquire().await;
+                let mut px = match output_reserve.pop() {
+                    Some(px) => px,
+                    None => outputs.acquire().await,
+                };
                 let m_size = store.as_ref().map(|(_, size, _)| *size);
                 let job = pool.run(move || {
                     px.set_window(0, d.output_bytes())?;

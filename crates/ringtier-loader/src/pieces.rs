@@ -24,6 +24,17 @@ pub(crate) fn piece_size(buf_size: usize, align: usize) -> usize {
     (buf_size.saturating_sub(align) / align * align).max(align)
 }
 
+/// How many pooled buffers reading `sizes` whole takes at most at once with requests of at
+/// most `piece` bytes and at most `max_buffers` held: the number of requests, capped at
+/// `max_buffers` (never below the number of samples). Taking this many from the pool before
+/// [`read_whole`] starts, in batch order, means it never waits for the pool.
+pub(crate) fn buffers_needed(sizes: impl ExactSizeIterator<Item = u64>, piece: usize, max_buffers: usize) -> usize {
+    let samples = sizes.len();
+    let piece = piece.max(1) as u64;
+    let requests: usize = sizes.map(|s| s.div_ceil(piece).max(1) as usize).sum();
+    requests.min(max_buffers.max(samples))
+}
+
 /// One request: a piece of one sample.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -48,14 +59,17 @@ enum Progress {
 /// Reads every sample of `samples` whole through `tier`, into buffers from `pool`, with
 /// requests of at most `piece` bytes (a multiple of the pool's alignment) and at most
 /// `max_buffers` pooled buffers held at once (at least `samples.len()`, and the pool must be
-/// able to give that many). Returns, per sample in order, its bytes (the
-/// buffer's window) or why it could not be read (naming the key and byte offset).
+/// able to give that many). Buffers come from `reserve` first (taken from the pool before the
+/// batch started, see [`buffers_needed`]), then from the pool; a split sample's piece buffer goes
+/// back to `reserve` once copied out. Returns, per sample in order, its bytes (the buffer's
+/// window) or why it could not be read (naming the key and byte offset).
 pub(crate) async fn read_whole(
     tier: &dyn Tier,
     pool: &BufferPool,
     samples: &[&Sample],
     piece: usize,
     max_buffers: usize,
+    reserve: &mut Vec<AlignedBuf>,
 ) -> Vec<Result<AlignedBuf, String>> {
     // Whole samples keep their buffer, so a wave always has one left while a split one waits.
     let max_buffers = max_buffers.max(samples.len());
@@ -83,7 +97,11 @@ pub(crate) async fn read_whole(
         next += wave_len;
         let mut batch = ReadBatch::with_capacity(wave.len(), wave.len() * 32);
         for p in wave {
-            batch.push(&samples[p.sample].key, p.offset, p.len, pool.acquire().await);
+            let buf = match reserve.pop() {
+                Some(b) => b,
+                None => pool.acquire().await,
+            };
+            batch.push(&samples[p.sample].key, p.offset, p.len, buf);
         }
         let mut batch = tier.read_batch(batch).await;
         for ((key, _, res, buf), p) in batch.drain().zip(wave) {
@@ -92,7 +110,7 @@ pub(crate) async fn read_whole(
                 continue;
             }
             let want = if p.last { s.size - p.offset } else { p.len as u64 };
-            let buf = match (res, buf) {
+            let mut buf = match (res, buf) {
                 (Ok(n), Some(buf)) if n as u64 == want => buf,
                 (Ok(n), _) => {
                     let got = p.offset + n as u64;
@@ -132,7 +150,9 @@ pub(crate) async fn read_whole(
                     }
                 }
             }
-            // `buf` goes back to the pool here, before the next wave asks for it.
+            // `buf` is free again for the next wave.
+            buf.clear();
+            reserve.push(buf);
         }
     }
     progress
@@ -174,7 +194,7 @@ mod tests {
         let pool = BufferPool::new(PoolConfig::new(3 * 4096, sizes.len(), 4096)).expect("pool");
         let piece = piece_size(pool.buf_size(), 4096);
         let refs: Vec<&Sample> = samples.iter().collect();
-        let out = read_whole(&tier, &pool, &refs, piece, sizes.len()).await;
+        let out = read_whole(&tier, &pool, &refs, piece, sizes.len(), &mut Vec::new()).await;
         for ((i, &n), res) in sizes.iter().enumerate().zip(out) {
             let buf = res.expect("read");
             let want: Vec<u8> = (0..n).map(|j| (j * 31 + i * 7) as u8).collect();
@@ -185,13 +205,47 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reserve_taken_up_front_is_all_the_read_needs() {
+        let tier = MemoryTier::new();
+        let sizes = [10usize, 30_000, 5000, 0];
+        let mut samples = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            ops::put(&tier, &format!("r{i}"), &vec![i as u8 + 1; n], 1 << 16).await.expect("put");
+            samples.push(Sample { key: format!("r{i}"), size: n as u64, crc32c: None });
+        }
+        let pool = BufferPool::new(PoolConfig::new(2 * 4096, 6, 4096)).expect("pool");
+        let piece = piece_size(pool.buf_size(), 4096);
+        // 30,000 bytes in pieces of 4 KiB: 8 requests, 11 in all; at most 5 buffers held.
+        let need = buffers_needed(sizes.iter().map(|&n| n as u64), piece, 5);
+        assert_eq!(need, 5);
+        let mut reserve: Vec<AlignedBuf> = (0..need).map(|_| pool.try_acquire().expect("free")).collect();
+        // The pool's last buffer is taken away: the read must make do with the reserve.
+        let last = pool.try_acquire().expect("sixth");
+        let refs: Vec<&Sample> = samples.iter().collect();
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            read_whole(&tier, &pool, &refs, piece, 5, &mut reserve),
+        )
+        .await
+        .expect("never waits for the pool");
+        for ((i, &n), res) in sizes.iter().enumerate().zip(out) {
+            assert_eq!(res.expect("read").as_slice(), &vec![i as u8 + 1; n][..], "sample {i}");
+        }
+        assert_eq!(buffers_needed([1u64, 2, 3].into_iter(), 4096, 64), 3);
+        assert_eq!(buffers_needed([0u64].into_iter(), 4096, 64), 1);
+        assert_eq!(buffers_needed([8193u64].into_iter(), 4096, 64), 3);
+        drop((reserve, last));
+        assert_eq!(pool.in_use(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_changed_size_is_named_with_key_and_offset() {
         let tier = MemoryTier::new();
         ops::put(&tier, "big", &vec![1u8; 20_000], 1 << 16).await.expect("put");
         let pool = BufferPool::new(PoolConfig::new(2 * 4096, 4, 4096)).expect("pool");
         let shrunk = Sample { key: "big".into(), size: 30_000, crc32c: None };
         let grown = Sample { key: "big".into(), size: 10_000, crc32c: None };
-        let out = read_whole(&tier, &pool, &[&shrunk, &grown], 4096, 4).await;
+        let out = read_whole(&tier, &pool, &[&shrunk, &grown], 4096, 4, &mut Vec::new()).await;
         let e0 = out[0].as_ref().expect_err("shrunk");
         assert!(e0.contains("big: size mismatch, expected 30000 bytes, read 20000"), "{e0}");
         let e1 = out[1].as_ref().expect_err("grown");

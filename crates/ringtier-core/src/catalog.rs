@@ -67,6 +67,21 @@ pub const LOADER_READ_SECONDS: &str = "ringtier_loader_batch_read_seconds";
 /// Time to decode one batch.
 pub const LOADER_DECODE_SECONDS: &str = "ringtier_loader_batch_decode_seconds";
 
+/// Reads served by a cache level in front of a slow tier.
+pub const CACHE_HITS_TOTAL: &str = "ringtier_cache_hits_total";
+/// Reads a cache sent to its slow tier.
+pub const CACHE_MISSES_TOTAL: &str = "ringtier_cache_misses_total";
+/// Bytes a cache level holds.
+pub const CACHE_BYTES: &str = "ringtier_cache_bytes";
+/// Copies a cache dropped (room, or a changed placement).
+pub const CACHE_EVICTIONS_TOTAL: &str = "ringtier_cache_evictions_total";
+/// Bytes a cache's prefetcher fetched from the slow tier.
+pub const CACHE_PREFETCHED_BYTES_TOTAL: &str = "ringtier_cache_prefetched_bytes_total";
+/// Bytes prefetched but evicted before anyone read them.
+pub const CACHE_PREFETCH_UNUSED_BYTES_TOTAL: &str = "ringtier_cache_prefetch_unused_bytes_total";
+/// How long prefetched copies waited in the cache before their first read.
+pub const CACHE_PREFETCH_LEAD_SECONDS: &str = "ringtier_cache_prefetch_lead_seconds";
+
 /// Every metric above, with its type, help and labels.
 pub const CATALOG: &[MetricDef] = &[
     MetricDef {
@@ -188,6 +203,43 @@ pub const CATALOG: &[MetricDef] = &[
     },
     MetricDef { name: LOADER_READ_SECONDS, kind: "histogram", help: "Seconds to read one batch.", labels: &[] },
     MetricDef { name: LOADER_DECODE_SECONDS, kind: "histogram", help: "Seconds to decode one batch.", labels: &[] },
+    MetricDef {
+        name: CACHE_HITS_TOTAL,
+        kind: "counter",
+        help: "Sample reads served by a cache level (tier: ram or dir; kind: reuse, or prefetch for the first read of a prefetched copy).",
+        labels: &["tier", "kind"],
+    },
+    MetricDef {
+        name: CACHE_MISSES_TOTAL,
+        kind: "counter",
+        help: "Sample reads a cache sent to its slow tier.",
+        labels: &["policy"],
+    },
+    MetricDef { name: CACHE_BYTES, kind: "gauge", help: "Bytes a cache level holds or has reserved.", labels: &["tier"] },
+    MetricDef {
+        name: CACHE_EVICTIONS_TOTAL,
+        kind: "counter",
+        help: "Cached copies dropped to make room or because the placement changed.",
+        labels: &["policy"],
+    },
+    MetricDef {
+        name: CACHE_PREFETCHED_BYTES_TOTAL,
+        kind: "counter",
+        help: "Bytes the clairvoyant prefetcher fetched from the slow tier.",
+        labels: &[],
+    },
+    MetricDef {
+        name: CACHE_PREFETCH_UNUSED_BYTES_TOTAL,
+        kind: "counter",
+        help: "Bytes prefetched but evicted before anyone read them.",
+        labels: &[],
+    },
+    MetricDef {
+        name: CACHE_PREFETCH_LEAD_SECONDS,
+        kind: "histogram",
+        help: "Seconds prefetched copies waited in the cache before their first read (mean per report).",
+        labels: &[],
+    },
     MetricDef {
         name: URING_REGISTER_FALLBACKS_TOTAL,
         kind: "counter",

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod cache;
 mod dataset;
 mod decode;
 mod loader;
@@ -9,6 +10,7 @@ mod pieces;
 pub mod records;
 mod sampler;
 
+pub use cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
 pub use dataset::{Dataset, Sample};
 pub use decode::{
     center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo, JpegDecoder,

@@ -11,6 +11,7 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{BufferPool, PoolConfig};
 use tokio::sync::mpsc;
 
+use crate::cache::{CacheConfig, CachedTier};
 use crate::dataset::Dataset;
 use crate::decode::{Crop, DecodeConfig, JpegDecoder, SampleRng};
 use crate::materialize::{materialized_prefix, sample_key, Materialize};
@@ -59,6 +60,10 @@ pub struct LoaderConfig {
     /// The split point: store decode + resize in a tier once, run only the random steps
     /// online in later epochs (needs `decode`). Default none.
     pub materialize: Option<Materialize>,
+    /// A cache in front of the dataset's tier (see [`crate::cache`]): policy (none, LRU,
+    /// static, clairvoyant), levels (memory, a local directory) with their capacities, the
+    /// clairvoyant lookahead and prefetch budget. Default none.
+    pub cache: Option<CacheConfig>,
 }
 
 impl LoaderConfig {
@@ -133,6 +138,12 @@ impl LoaderConfig {
         self.materialize = materialize.into();
         self
     }
+
+    /// Sets [`LoaderConfig::cache`].
+    pub fn with_cache(mut self, cache: impl Into<Option<CacheConfig>>) -> Self {
+        self.cache = cache.into();
+        self
+    }
 }
 
 impl Default for LoaderConfig {
@@ -150,6 +161,7 @@ impl Default for LoaderConfig {
             verify: false,
             read_size: 0,
             materialize: None,
+            cache: None,
         }
     }
 }
@@ -226,6 +238,8 @@ struct Shared {
     outputs: Option<BufferPool>,
     /// The materialized copy's settings and key prefix.
     materialized: Option<(Materialize, String)>,
+    /// The cache the dataset's tier is wrapped in.
+    cache: Option<CachedTier>,
     stall: metrics::Histogram,
     batches: metrics::Counter,
     skipped: metrics::Counter,
@@ -269,6 +283,14 @@ impl Loader {
             return Err(Error::new(ErrorKind::InvalidInput, "batch size must be at least 1"));
         }
         let sampler = Sampler::new(dataset.len(), cfg.seed, cfg.rank, cfg.world, cfg.shuffle)?;
+        // Reads go through the cache, which knows this rank's order from the sampler.
+        let (dataset, cache) = match &cfg.cache {
+            Some(c) => {
+                let cached = CachedTier::for_dataset(&dataset, sampler, c.clone())?;
+                (dataset.with_tier(Arc::new(cached.clone())), Some(cached))
+            }
+            None => (dataset, None),
+        };
         if sampler.len() < cfg.batch_size && cfg.drop_last {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -327,6 +349,7 @@ impl Loader {
             decoders,
             outputs,
             materialized,
+            cache,
             stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
             batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
             skipped: metrics::counter!(catalog::LOADER_SKIPPED_TOTAL),
@@ -334,6 +357,12 @@ impl Loader {
             decode: metrics::histogram!(catalog::LOADER_DECODE_SECONDS),
         };
         Ok(Loader { shared: Arc::new(shared), sampler })
+    }
+
+    /// The cache in front of the dataset's tier, when [`LoaderConfig::cache`] is set: its
+    /// [`CachedTier::stats`] give hits, misses and prefetches.
+    pub fn cache(&self) -> Option<&CachedTier> {
+        self.shared.cache.as_ref()
     }
 
     /// Samples this rank reads per epoch.
@@ -363,6 +392,9 @@ impl Loader {
     /// called inside a tokio runtime.
     pub fn epoch(&self, epoch: u64, position: usize) -> Result<Epoch> {
         let order = self.sampler.epoch_from(epoch, position)?;
+        if let Some(c) = &self.shared.cache {
+            c.begin_epoch(epoch, position)?;
+        }
         let b = self.shared.cfg.batch_size;
         let mut chunks: Vec<Vec<u32>> = order.chunks(b).map(<[u32]>::to_vec).collect();
         if self.shared.cfg.drop_last && chunks.last().is_some_and(|c| c.len() < b) {

@@ -1,0 +1,246 @@
+//! A read-through cache in front of a slow tier, with placement policies: none, LRU, static
+//! (filled once, never evicted) and clairvoyant (placement by this rank's access frequency over
+//! the next epochs, computed from the seed, plus prefetch in access order).
+//!
+//! The cache is a [`Tier`](ringtier_core::Tier) layer, [`CachedTier`]: reads of objects it holds
+//! are served from one of its levels (memory, or files in a local fast directory), the others
+//! go to the slow tier (its own batch path, so a throttled or S3 tier behaves as without the
+//! cache) and may be admitted. Every level has a byte capacity that is never exceeded. The
+//! cache holds copies only: writes and deletes go to the slow tier (and drop the cached copy),
+//! so evicting never drops the only copy of anything. Objects are admitted whole; one larger
+//! than a read is fetched from the slow tier in ranges of [`CacheConfig::range_bytes`].
+//!
+//! The loader turns it on with [`crate::LoaderConfig::with_cache`]; the cache then knows the
+//! rank's future reads (the [`crate::Sampler`]'s order, from the shared seed, with no
+//! coordination between ranks) and, with [`CachePolicy::Clairvoyant`], places the samples this
+//! rank reads most often over [`CacheConfig::lookahead_epochs`] epochs in the fastest levels
+//! and prefetches the others in access order within [`CacheConfig::prefetch_bytes`].
+
+mod state;
+mod tier;
+
+use std::path::PathBuf;
+
+use ringtier_core::error::{Error, ErrorKind, Result};
+
+pub use tier::{CacheStats, CachedTier};
+
+/// Which objects a [`CachedTier`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CachePolicy {
+    /// Keep nothing: every read goes to the slow tier (counted as a miss).
+    None,
+    /// Least recently used: admit every object read, evict the least recently read one to make
+    /// room (from memory to the directory level when there is one, then out). With shuffled
+    /// epochs a cache of a fraction c of the dataset hits about c²/2 of the reads.
+    Lru,
+    /// Filled once, never evicted (CoorDL's MinIO policy): the first objects read stay while
+    /// there is room. One reader hits about c of its reads.
+    Static,
+    /// Placement by this rank's access frequency over the next epochs (from the seed), the most
+    /// frequent in the fastest level, plus prefetch of the next reads in access order within a
+    /// byte budget (NoPFS, Dryden et al., SC21). Needs the rank's future: the loader's cache.
+    Clairvoyant,
+}
+
+impl CachePolicy {
+    /// Every policy, in the order benchmarks report them.
+    pub const ALL: [CachePolicy; 4] =
+        [CachePolicy::None, CachePolicy::Lru, CachePolicy::Static, CachePolicy::Clairvoyant];
+
+    /// The policy's name: `none`, `lru`, `static`, `clairvoyant`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CachePolicy::None => "none",
+            CachePolicy::Lru => "lru",
+            CachePolicy::Static => "static",
+            CachePolicy::Clairvoyant => "clairvoyant",
+        }
+    }
+}
+
+impl std::fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        CachePolicy::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, format!("unknown cache policy {s:?} (none, lru, static, clairvoyant)"))
+        })
+    }
+}
+
+/// Where one cache level keeps its copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheMedium {
+    /// Process memory.
+    Memory,
+    /// Files under a local directory (created when missing; it must be writable). Its content
+    /// is a cache: it is not reused across runs, and files this cache did not write are left
+    /// alone.
+    Dir(PathBuf),
+}
+
+/// One level of the cache: a medium and its capacity in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheLevel {
+    /// Where the copies live.
+    pub medium: CacheMedium,
+    /// Bytes of objects the level may hold at once (never exceeded).
+    pub capacity_bytes: u64,
+}
+
+impl CacheLevel {
+    /// A level in process memory holding at most `capacity_bytes`.
+    pub fn memory(capacity_bytes: u64) -> Self {
+        CacheLevel { medium: CacheMedium::Memory, capacity_bytes }
+    }
+
+    /// A level of files under `dir` holding at most `capacity_bytes`.
+    pub fn dir(dir: impl Into<PathBuf>, capacity_bytes: u64) -> Self {
+        CacheLevel { medium: CacheMedium::Dir(dir.into()), capacity_bytes }
+    }
+
+    /// The level's name, used as the `tier` metric label: `ram` or `dir`.
+    pub fn name(&self) -> &'static str {
+        match self.medium {
+            CacheMedium::Memory => "ram",
+            CacheMedium::Dir(_) => "dir",
+        }
+    }
+}
+
+/// Settings of a [`CachedTier`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CacheConfig {
+    /// The policy. Default [`CachePolicy::Lru`].
+    pub policy: CachePolicy,
+    /// The levels, fastest first (at most one memory level, which must come first). Default:
+    /// none; give at least one (except for [`CachePolicy::None`]).
+    pub levels: Vec<CacheLevel>,
+    /// Epochs of the rank's future the clairvoyant placement counts accesses over, from the
+    /// current epoch on. Default 3.
+    pub lookahead_epochs: u64,
+    /// Bytes of the first level the clairvoyant prefetcher may fill with samples that are not
+    /// placed (each is dropped once read); the placement gets the rest. `None` (the default):
+    /// a quarter of the first level. Must be below the first level's capacity.
+    pub prefetch_bytes: Option<u64>,
+    /// Objects the clairvoyant prefetcher reads from the slow tier at once. Default 32.
+    pub prefetch_depth: usize,
+    /// Largest request when an object is fetched whole into the cache (larger objects are read
+    /// in ranges of this size). Default 8 MiB.
+    pub range_bytes: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            policy: CachePolicy::Lru,
+            levels: Vec::new(),
+            lookahead_epochs: 3,
+            prefetch_bytes: None,
+            prefetch_depth: 32,
+            range_bytes: 8 << 20,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// A cache with `policy` over `levels` (fastest first), other settings default.
+    pub fn new(policy: CachePolicy, levels: Vec<CacheLevel>) -> Self {
+        CacheConfig { policy, levels, ..Self::default() }
+    }
+
+    /// Sets [`CacheConfig::policy`].
+    pub fn with_policy(mut self, policy: CachePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`CacheConfig::levels`].
+    pub fn with_levels(mut self, levels: Vec<CacheLevel>) -> Self {
+        self.levels = levels;
+        self
+    }
+
+    /// Sets [`CacheConfig::lookahead_epochs`].
+    pub fn with_lookahead_epochs(mut self, epochs: u64) -> Self {
+        self.lookahead_epochs = epochs;
+        self
+    }
+
+    /// Sets [`CacheConfig::prefetch_bytes`].
+    pub fn with_prefetch_bytes(mut self, bytes: impl Into<Option<u64>>) -> Self {
+        self.prefetch_bytes = bytes.into();
+        self
+    }
+
+    /// Sets [`CacheConfig::prefetch_depth`].
+    pub fn with_prefetch_depth(mut self, depth: usize) -> Self {
+        self.prefetch_depth = depth;
+        self
+    }
+
+    /// Sets [`CacheConfig::range_bytes`].
+    pub fn with_range_bytes(mut self, bytes: usize) -> Self {
+        self.range_bytes = bytes;
+        self
+    }
+
+    /// Bytes of all levels together.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.levels.iter().map(|l| l.capacity_bytes).sum()
+    }
+
+    /// The clairvoyant prefetch budget in bytes of the first level (0 for other policies).
+    pub fn prefetch_budget(&self) -> u64 {
+        if self.policy != CachePolicy::Clairvoyant {
+            return 0;
+        }
+        let first = self.levels.first().map_or(0, |l| l.capacity_bytes);
+        self.prefetch_bytes.unwrap_or(first / 4).min(first)
+    }
+
+    /// Checks the settings: a capacity of 0, a memory level after a directory, a budget that
+    /// leaves the first level nothing, a depth or range of 0 are [`ErrorKind::InvalidInput`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::new(ErrorKind::InvalidInput, m));
+        if self.policy != CachePolicy::None && self.levels.is_empty() {
+            return bad(format!("cache policy {} needs at least one cache level", self.policy));
+        }
+        for (i, l) in self.levels.iter().enumerate() {
+            if l.capacity_bytes == 0 {
+                return bad(format!("cache level {i} ({}) has a capacity of 0 bytes", l.name()));
+            }
+            if i > 0 && l.medium == CacheMedium::Memory {
+                return bad("a memory cache level must be the first (levels go fastest first)".into());
+            }
+        }
+        if self.prefetch_depth == 0 {
+            return bad("cache prefetch depth must be at least 1".into());
+        }
+        if self.range_bytes == 0 {
+            return bad("cache range size must be at least 1 byte".into());
+        }
+        if self.policy == CachePolicy::Clairvoyant {
+            if self.lookahead_epochs == 0 {
+                return bad("clairvoyant lookahead must be at least 1 epoch".into());
+            }
+            let first = self.levels[0].capacity_bytes;
+            if let Some(b) = self.prefetch_bytes {
+                if b >= first && self.levels.len() == 1 {
+                    return bad(format!(
+                        "prefetch budget of {b} bytes leaves no room to place samples in a cache of {first} bytes"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,890 @@
+//! [`CachedTier`]: the cache as a [`Tier`] layer, its I/O and its prefetcher.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+
+use async_trait::async_trait;
+use ringtier_core::buf::AlignedBuf;
+use ringtier_core::catalog;
+use ringtier_core::error::{Error, ErrorKind, Operation, Result};
+use ringtier_core::{
+    BufferPool, Capabilities, ObjectMeta, ObjectWriter, PosixConfig, PosixTier, ReadBatch, Space, Tier, TierLock,
+};
+use tokio::sync::{Notify, Semaphore};
+
+use super::state::{Admission, Lookup, State, Victim};
+use super::{CacheConfig, CacheMedium, CachePolicy};
+use crate::dataset::Dataset;
+use crate::sampler::Sampler;
+
+/// Totals of one cache level (see [`CacheStats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LevelStats {
+    /// `ram` or `dir`.
+    pub name: &'static str,
+    /// The level's capacity.
+    pub capacity_bytes: u64,
+    /// Bytes held (or reserved for copies being written) now.
+    pub used_bytes: u64,
+    /// Accesses served from a copy read before (or brought in by a miss): the hits a cache
+    /// without prefetch can have, bounded by c for one reader.
+    pub reuse_hits: u64,
+    /// First reads of copies the prefetcher brought in ahead of use.
+    pub prefetch_hits: u64,
+}
+
+/// A cache's totals since it was made. Accesses are reads at offset 0 (one per sample read
+/// whole); bytes count every read. [`CacheStats::since`] gives the totals of an interval.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// The policy.
+    pub policy: CachePolicy,
+    /// Per level, fastest first.
+    pub levels: Vec<LevelStats>,
+    /// Accesses that went to the slow tier.
+    pub misses: u64,
+    /// Bytes served from the cache.
+    pub hit_bytes: u64,
+    /// Bytes read from the slow tier for readers (prefetches not included).
+    pub miss_bytes: u64,
+    /// Objects the prefetcher fetched.
+    pub prefetched: u64,
+    /// Bytes the prefetcher fetched.
+    pub prefetched_bytes: u64,
+    /// Prefetched objects evicted before anyone read them.
+    pub unused_evicted: u64,
+    /// Bytes of those.
+    pub unused_evicted_bytes: u64,
+    /// Copies dropped to make room or because the placement changed.
+    pub evictions: u64,
+    /// Sum over prefetch hits of how long the copy was in the cache before it was read.
+    pub prefetch_lead_seconds: f64,
+}
+
+impl CacheStats {
+    /// Accesses served from the cache (reuse and prefetch hits, every level).
+    pub fn hits(&self) -> u64 {
+        self.levels.iter().map(|l| l.reuse_hits + l.prefetch_hits).sum()
+    }
+
+    /// Reuse hits, every level.
+    pub fn reuse_hits(&self) -> u64 {
+        self.levels.iter().map(|l| l.reuse_hits).sum()
+    }
+
+    /// Hits plus misses.
+    pub fn accesses(&self) -> u64 {
+        self.hits() + self.misses
+    }
+
+    /// Hits over accesses (0 without accesses).
+    pub fn hit_ratio(&self) -> f64 {
+        ratio(self.hits(), self.accesses())
+    }
+
+    /// Reuse hits over accesses: the share a cache without prefetch could serve (bounded by
+    /// the cache's fraction c of the dataset for one reader).
+    pub fn reuse_hit_ratio(&self) -> f64 {
+        ratio(self.reuse_hits(), self.accesses())
+    }
+
+    /// Mean prefetch lead: seconds between a prefetched copy's arrival and its first read.
+    pub fn mean_prefetch_lead_seconds(&self) -> f64 {
+        let n: u64 = self.levels.iter().map(|l| l.prefetch_hits).sum();
+        if n == 0 {
+            0.0
+        } else {
+            self.prefetch_lead_seconds / n as f64
+        }
+    }
+
+    /// The totals since `earlier` (the same cache's stats taken before); levels' used bytes
+    /// are the current ones.
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        let mut d = self.clone();
+        for (l, e) in d.levels.iter_mut().zip(&earlier.levels) {
+            l.reuse_hits -= e.reuse_hits;
+            l.prefetch_hits -= e.prefetch_hits;
+        }
+        d.misses -= earlier.misses;
+        d.hit_bytes -= earlier.hit_bytes;
+        d.miss_bytes -= earlier.miss_bytes;
+        d.prefetched -= earlier.prefetched;
+        d.prefetched_bytes -= earlier.prefetched_bytes;
+        d.unused_evicted -= earlier.unused_evicted;
+        d.unused_evicted_bytes -= earlier.unused_evicted_bytes;
+        d.evictions -= earlier.evictions;
+        d.prefetch_lead_seconds -= earlier.prefetch_lead_seconds;
+        d
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Where a level keeps its copies.
+enum Store {
+    Memory,
+    Dir { tier: PosixTier, root: PathBuf },
+}
+
+/// Object names: ids are dataset indices first, then keys seen on reads.
+#[derive(Default)]
+struct Keys {
+    ids: HashMap<String, u32>,
+    names: Vec<String>,
+    sizes: Vec<u64>,
+}
+
+const UNKNOWN: u64 = u64::MAX;
+
+struct Metrics {
+    hits: Vec<[metrics::Counter; 2]>,
+    misses: metrics::Counter,
+    bytes: Vec<metrics::Gauge>,
+    evictions: metrics::Counter,
+    prefetched: metrics::Counter,
+    unused: metrics::Counter,
+    lead: metrics::Histogram,
+}
+
+struct Inner {
+    backing: Arc<dyn Tier>,
+    cfg: CacheConfig,
+    stores: Vec<Store>,
+    state: Mutex<State>,
+    keys: RwLock<Keys>,
+    /// The rank's order, for the clairvoyant policy.
+    sampler: Option<Sampler>,
+    notify: Arc<Notify>,
+    prefetcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    metrics: Metrics,
+    /// What the metrics have been told so far (the state's counters are the truth).
+    reported: Mutex<super::state::Counters>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.prefetcher.get_mut().ok().and_then(|t| t.take()) {
+            task.abort();
+        }
+        for s in &self.stores {
+            if let Store::Dir { root, .. } = s {
+                if let Err(e) = std::fs::remove_dir_all(root) {
+                    tracing::warn!("removing the cache directory {}: {e}", root.display());
+                }
+            }
+        }
+    }
+}
+
+/// A read-through cache in front of a slow tier (see the [module docs](super)). Cheap to
+/// clone (one shared cache).
+#[derive(Clone)]
+pub struct CachedTier {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for CachedTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedTier").field("backing", &self.inner.backing).field("config", &self.inner.cfg).finish()
+    }
+}
+
+static INSTANCE: AtomicU64 = AtomicU64::new(0);
+
+impl CachedTier {
+    /// A cache over `backing` for any reader (LRU, static or none; the clairvoyant policy needs
+    /// the reader's future: [`CachedTier::for_dataset`]). Directory levels are checked now: one
+    /// that cannot be created or written is a clear error.
+    pub fn new(backing: Arc<dyn Tier>, cfg: CacheConfig) -> Result<Self> {
+        if cfg.policy == CachePolicy::Clairvoyant {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "the clairvoyant cache needs the reader's future order: build it with CachedTier::for_dataset \
+                 (or LoaderConfig::with_cache)",
+            ));
+        }
+        Self::build(backing, cfg, Keys::default(), None)
+    }
+
+    /// A cache over `dataset`'s tier for the rank `sampler` reads for: it knows every sample's
+    /// size, and the clairvoyant policy computes this rank's future from the sampler (the
+    /// shared seed), with no coordination with other ranks. Call [`CachedTier::begin_epoch`]
+    /// when an epoch starts (the loader does).
+    pub fn for_dataset(dataset: &Dataset, sampler: Sampler, cfg: CacheConfig) -> Result<Self> {
+        let mut keys = Keys::default();
+        for (i, s) in dataset.samples().iter().enumerate() {
+            keys.ids.entry(s.key.clone()).or_insert(i as u32);
+            keys.names.push(s.key.clone());
+            keys.sizes.push(s.size);
+        }
+        Self::build(Arc::clone(dataset.tier()), cfg, keys, Some(sampler))
+    }
+
+    fn build(backing: Arc<dyn Tier>, cfg: CacheConfig, keys: Keys, sampler: Option<Sampler>) -> Result<Self> {
+        cfg.validate()?;
+        let levels = if cfg.policy == CachePolicy::None { Vec::new() } else { cfg.levels.clone() };
+        let mut stores = Vec::with_capacity(levels.len());
+        for level in &levels {
+            stores.push(match &level.medium {
+                CacheMedium::Memory => Store::Memory,
+                CacheMedium::Dir(dir) => open_dir(dir)?,
+            });
+        }
+        let names: Vec<&'static str> = levels.iter().map(|l| l.name()).collect();
+        let metrics = Metrics {
+            hits: names
+                .iter()
+                .map(|&n| {
+                    [
+                        metrics::counter!(catalog::CACHE_HITS_TOTAL, "tier" => n, "kind" => "reuse"),
+                        metrics::counter!(catalog::CACHE_HITS_TOTAL, "tier" => n, "kind" => "prefetch"),
+                    ]
+                })
+                .collect(),
+            misses: metrics::counter!(catalog::CACHE_MISSES_TOTAL, "policy" => cfg.policy.as_str()),
+            bytes: names.iter().map(|&n| metrics::gauge!(catalog::CACHE_BYTES, "tier" => n)).collect(),
+            evictions: metrics::counter!(catalog::CACHE_EVICTIONS_TOTAL, "policy" => cfg.policy.as_str()),
+            prefetched: metrics::counter!(catalog::CACHE_PREFETCHED_BYTES_TOTAL),
+            unused: metrics::counter!(catalog::CACHE_PREFETCH_UNUSED_BYTES_TOTAL),
+            lead: metrics::histogram!(catalog::CACHE_PREFETCH_LEAD_SECONDS),
+        };
+        let caps: Vec<u64> = levels.iter().map(|l| l.capacity_bytes).collect();
+        let state = State::new(cfg.policy, caps, cfg.prefetch_budget());
+        let reported = Mutex::new(state.counters.clone());
+        Ok(CachedTier {
+            inner: Arc::new(Inner {
+                backing,
+                cfg,
+                stores,
+                state: Mutex::new(state),
+                keys: RwLock::new(keys),
+                sampler,
+                notify: Arc::new(Notify::new()),
+                prefetcher: Mutex::new(None),
+                metrics,
+                reported,
+            }),
+        })
+    }
+
+    /// The slow tier behind the cache.
+    pub fn backing(&self) -> &Arc<dyn Tier> {
+        &self.inner.backing
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CacheConfig {
+        &self.inner.cfg
+    }
+
+    /// Tells the cache that the reader starts `epoch` at `position`: the clairvoyant policy
+    /// recomputes its placement over the lookahead window from here, drops copies no longer
+    /// placed, and (re)starts prefetching in access order. Must be called inside a tokio
+    /// runtime. Without a sampler (a cache from [`CachedTier::new`]) it does nothing.
+    pub fn begin_epoch(&self, epoch: u64, position: usize) -> Result<()> {
+        let Some(sampler) = &self.inner.sampler else { return Ok(()) };
+        if self.inner.cfg.policy != CachePolicy::Clairvoyant {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "the clairvoyant cache prefetches in the background: start epochs inside a tokio runtime",
+            )
+        })?;
+        let current = sampler.epoch_from(epoch, position)?;
+        let epoch_len = current.len();
+        let mut seq = current;
+        for e in 1..self.inner.cfg.lookahead_epochs {
+            seq.extend(sampler.epoch(epoch + e));
+        }
+        let victims = {
+            let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.inner.lock();
+            st.set_future(seq, epoch_len, keys.sizes.len(), &keys.sizes)
+        };
+        self.inner.report();
+        self.inner.drop_files(victims);
+        let mut task = self.inner.prefetcher.lock().unwrap_or_else(|p| p.into_inner());
+        if task.as_ref().is_none_or(|t| t.is_finished()) {
+            *task = Some(rt.spawn(prefetcher(Arc::downgrade(&self.inner), Arc::clone(&self.inner.notify))));
+        }
+        drop(task);
+        self.inner.notify.notify_waiters();
+        Ok(())
+    }
+
+    /// Totals since the cache was made.
+    pub fn stats(&self) -> CacheStats {
+        let st = self.inner.lock();
+        let c = &st.counters;
+        CacheStats {
+            policy: self.inner.cfg.policy,
+            levels: self
+                .inner
+                .cfg
+                .levels
+                .iter()
+                .take(st.caps.len())
+                .enumerate()
+                .map(|(i, l)| LevelStats {
+                    name: l.name(),
+                    capacity_bytes: l.capacity_bytes,
+                    used_bytes: st.used[i],
+                    reuse_hits: c.hits[i],
+                    prefetch_hits: c.prefetch_hits[i],
+                })
+                .collect(),
+            misses: c.misses,
+            hit_bytes: c.hit_bytes,
+            miss_bytes: c.miss_bytes,
+            prefetched: c.prefetched,
+            prefetched_bytes: c.prefetched_bytes,
+            unused_evicted: c.unused_evicted,
+            unused_evicted_bytes: c.unused_evicted_bytes,
+            evictions: c.evictions,
+            prefetch_lead_seconds: c.lead_seconds_sum,
+        }
+    }
+
+    /// Waits until no prefetch is in flight and none can start (the budget is full or the
+    /// future is all fetched), or `timeout` passes. For tests and benchmarks that want a warm
+    /// cache before they measure.
+    pub async fn settle(&self, timeout: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.lock().inflight.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn open_dir(dir: &std::path::Path) -> Result<Store> {
+    let n = INSTANCE.fetch_add(1, Ordering::Relaxed);
+    let root = dir.join(format!("ringtier-cache-{}-{n}", std::process::id()));
+    let fail = |what: &str, e: std::io::Error| {
+        Error::from_errno(
+            e.raw_os_error().unwrap_or(libc_eio()),
+            format!("cache directory {}: {what}: {e}", dir.display()),
+        )
+        .with_operation(Operation::Write)
+    };
+    std::fs::create_dir_all(&root).map_err(|e| fail("cannot create it", e))?;
+    // A directory we may create but not write into (read-only mount, permissions for others).
+    let probe = root.join(".probe");
+    if let Err(e) = std::fs::write(&probe, b"ringtier") {
+        let _ = std::fs::remove_dir(&root);
+        return Err(fail("cannot write into it", e));
+    }
+    let _ = std::fs::remove_file(&probe);
+    let tier = PosixTier::new(PosixConfig::new(&root).with_name("cache-dir".into()).with_sync(false).with_threads(4))?;
+    Ok(Store::Dir { tier, root })
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+fn dir_key(id: u32) -> String {
+    format!("c{id}")
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id of `key`, assigned on first sight; and its size when known.
+    fn id_of(&self, key: &str) -> (u32, u64) {
+        if let Some(&id) = self.keys.read().unwrap_or_else(|p| p.into_inner()).ids.get(key) {
+            let size = self.keys.read().unwrap_or_else(|p| p.into_inner()).sizes[id as usize];
+            return (id, size);
+        }
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        let next = keys.sizes.len() as u32;
+        let id = *keys.ids.entry(key.to_string()).or_insert(next);
+        if id == next {
+            keys.sizes.push(UNKNOWN);
+            keys.names.push(key.to_string());
+        }
+        (id, keys.sizes[id as usize])
+    }
+
+    fn learn_size(&self, id: u32, size: u64) {
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = keys.sizes.get_mut(id as usize) {
+            *s = size;
+        }
+    }
+
+    /// Brings the metrics up to the state's counters.
+    fn report(&self) {
+        // The reported totals' lock first: two reports never go backwards.
+        let mut rep = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let (now, used) = {
+            let st = self.lock();
+            (st.counters.clone(), st.used.clone())
+        };
+        let m = &self.metrics;
+        for (l, h) in m.hits.iter().enumerate() {
+            h[0].increment(now.hits[l].saturating_sub(rep.hits[l]));
+            h[1].increment(now.prefetch_hits[l].saturating_sub(rep.prefetch_hits[l]));
+        }
+        m.misses.increment(now.misses.saturating_sub(rep.misses));
+        m.evictions.increment(now.evictions.saturating_sub(rep.evictions));
+        m.prefetched.increment(now.prefetched_bytes.saturating_sub(rep.prefetched_bytes));
+        m.unused.increment(now.unused_evicted_bytes.saturating_sub(rep.unused_evicted_bytes));
+        if now.lead_count > rep.lead_count {
+            let n = now.lead_count - rep.lead_count;
+            m.lead.record((now.lead_seconds_sum - rep.lead_seconds_sum) / n as f64);
+        }
+        for (g, u) in m.bytes.iter().zip(used) {
+            g.set(u as f64);
+        }
+        *rep = now;
+    }
+
+    fn drop_files(&self, victims: Vec<Victim>) {
+        let files: Vec<(PosixTier, String)> = victims
+            .into_iter()
+            .filter_map(|v| match &self.stores[v.level] {
+                Store::Dir { tier, .. } => Some((tier.clone(), dir_key(v.id))),
+                Store::Memory => None,
+            })
+            .collect();
+        if files.is_empty() {
+            return;
+        }
+        let fut = async move {
+            for (tier, key) in files {
+                if let Err(e) = tier.delete(&key).await {
+                    if e.kind() != ErrorKind::NotFound {
+                        tracing::warn!("dropping a cached copy: {e}");
+                    }
+                }
+            }
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(fut);
+        }
+    }
+
+    /// Puts `data` (object `id`) into the level the admission chose, carries out its evictions
+    /// and demotions.
+    async fn store(self: &Arc<Self>, id: u32, adm: Admission, data: Arc<[u8]>) {
+        self.drop_files(adm.victims);
+        for d in adm.demotions {
+            let ok = self.write_level(d.id, d.level, d.data.clone()).await;
+            let mut st = self.lock();
+            if ok {
+                st.complete(d.id, self.memory_copy(d.level, &d.data));
+            } else {
+                st.abandon(d.id);
+            }
+        }
+        if let Some(level) = adm.level {
+            let ok = self.write_level(id, level, data.clone()).await;
+            let mut st = self.lock();
+            if ok {
+                st.complete(id, self.memory_copy(level, &data));
+            } else {
+                st.abandon(id);
+            }
+        }
+        self.report();
+        self.notify.notify_waiters();
+    }
+
+    fn memory_copy(&self, level: usize, data: &Arc<[u8]>) -> Option<Arc<[u8]>> {
+        matches!(self.stores[level], Store::Memory).then(|| Arc::clone(data))
+    }
+
+    async fn write_level(&self, id: u32, level: usize, data: Arc<[u8]>) -> bool {
+        match &self.stores[level] {
+            Store::Memory => true,
+            Store::Dir { tier, .. } => match ringtier_core::ops::put(tier, &dir_key(id), &data, 1 << 20).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "writing a copy into the cache directory failed (read from the slow tier instead): {e}"
+                    );
+                    false
+                }
+            },
+        }
+    }
+
+    /// Reads object `key` of `size` bytes whole from the slow tier, in concurrent ranges of at
+    /// most `range_bytes`.
+    async fn fetch_whole(&self, key: &str, size: u64) -> Result<Arc<[u8]>> {
+        let range = self.cfg.range_bytes as u64;
+        let align = self.backing.capabilities().alignment.max(1);
+        let mut batch = ReadBatch::with_capacity(size.div_ceil(range) as usize, 0);
+        let mut off = 0u64;
+        while off < size || (size == 0 && off == 0) {
+            let len = range.min(size - off) as usize;
+            batch.push(key, off, len, AlignedBuf::new((len + 2 * align).next_multiple_of(align), align)?);
+            off += range.max(1);
+            if size == 0 {
+                break;
+            }
+        }
+        let mut batch = self.backing.read_batch(batch).await;
+        let mut out = Vec::with_capacity(size as usize);
+        for (_, off, res, buf) in batch.drain() {
+            let n = res?;
+            let want = range.min(size - off) as usize;
+            if n != want {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("size changed while caching: read {n} of {want} bytes at {off}"),
+                )
+                .context(Operation::Read, key, self.backing.name()));
+            }
+            if let Some(b) = buf {
+                out.extend_from_slice(b.as_slice());
+            }
+        }
+        Ok(Arc::from(out))
+    }
+
+    /// After a read from the slow tier: admit the object if the policy keeps it. A read that
+    /// covered the whole object is copied from; otherwise the object is fetched in ranges.
+    async fn after_miss(self: &Arc<Self>, key: &str, id: u32, offset: u64, len: usize, got: Option<&[u8]>) {
+        let (_, mut size) = self.id_of(key);
+        if let Some(g) = got {
+            self.lock().count_bytes(false, g.len() as u64);
+            if size == UNKNOWN && offset == 0 && g.len() < len {
+                size = g.len() as u64;
+                self.learn_size(id, size);
+            }
+        }
+        if self.cfg.policy == CachePolicy::None || self.stores.is_empty() {
+            self.report();
+            return;
+        }
+        if size == UNKNOWN {
+            match self.backing.stat(key).await {
+                Ok(m) => {
+                    size = m.size;
+                    self.learn_size(id, size);
+                }
+                Err(_) => return,
+            }
+        }
+        let adm = self.lock().admit(id, size, false);
+        if adm.level.is_none() && adm.victims.is_empty() && adm.demotions.is_empty() {
+            self.report();
+            return;
+        }
+        let whole = got.filter(|g| offset == 0 && g.len() as u64 == size).map(Arc::<[u8]>::from);
+        let this = Arc::clone(self);
+        let key = key.to_string();
+        let work = async move {
+            let data = match whole {
+                Some(d) => Ok(d),
+                None => this.fetch_whole(&key, size).await,
+            };
+            match data {
+                Ok(d) => this.store(id, adm, d).await,
+                Err(e) => {
+                    tracing::warn!("caching {key}: {e}");
+                    this.drop_files(adm.victims);
+                    let mut st = this.lock();
+                    if adm.level.is_some() {
+                        st.abandon(id);
+                    }
+                    for d in adm.demotions {
+                        st.complete(d.id, this.memory_copy(d.level, &d.data));
+                    }
+                }
+            }
+        };
+        // In the background: the reader has its bytes already.
+        tokio::spawn(work);
+    }
+
+    /// Serves a read from the cache if it holds the object (waiting for a copy being fetched);
+    /// `Err(buf)` when the reader must go to the slow tier.
+    async fn read_cached(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+        mut buf: AlignedBuf,
+    ) -> std::result::Result<(Result<usize>, AlignedBuf), AlignedBuf> {
+        let (id, _) = self.id_of(key);
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let found = self.lock().lookup(id, offset, len);
+            match found {
+                Lookup::Memory(data) => {
+                    self.notify.notify_waiters(); // a staged copy read: room for the prefetcher
+                    let res =
+                        copy_out(&data, offset, len, &mut buf).map_err(|e| e.context(Operation::Read, key, "cache"));
+                    if let Ok(n) = &res {
+                        self.lock().count_bytes(true, *n as u64);
+                    }
+                    return Ok((res, buf));
+                }
+                Lookup::Dir(level) => {
+                    let Store::Dir { tier, .. } = &self.stores[level] else { return Err(buf) };
+                    let (res, b) = tier.read_at(&dir_key(id), offset, len, buf).await;
+                    self.notify.notify_waiters();
+                    match res {
+                        Ok(n) => {
+                            self.lock().count_bytes(true, n as u64);
+                            return Ok((Ok(n), b));
+                        }
+                        Err(e) => {
+                            // The copy is gone or unreadable: drop it, read the slow tier.
+                            tracing::warn!("reading a cached copy of {key} failed (reading the slow tier): {e}");
+                            let victim = self.lock().evict(id);
+                            self.drop_files(victim.into_iter().collect());
+                            return Err(b);
+                        }
+                    }
+                }
+                Lookup::Pending => notified.await,
+                Lookup::Miss => return Err(buf),
+            }
+        }
+    }
+}
+
+/// Copies `[offset, offset + len)` of `data` (clipped at its end) into `buf`'s window.
+fn copy_out(data: &[u8], offset: u64, len: usize, buf: &mut AlignedBuf) -> Result<usize> {
+    let size = data.len() as u64;
+    if offset > size {
+        return Err(Error::new(ErrorKind::OutOfRange, format!("read at {offset} past the end ({size} bytes)")));
+    }
+    let n = len.min((size - offset) as usize);
+    if n > buf.capacity() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("buffer of {} bytes is too small for a read of {n}", buf.capacity()),
+        ));
+    }
+    buf.set_window(0, n)?;
+    buf.as_mut_slice().copy_from_slice(&data[offset as usize..offset as usize + n]);
+    Ok(n)
+}
+
+/// The clairvoyant prefetcher: takes the next object in access order that may come in, fetches
+/// it (at most `prefetch_depth` at once), and waits for room when the budget is full.
+async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    let permits = {
+        let Some(inner) = weak.upgrade() else { return };
+        Arc::new(Semaphore::new(inner.cfg.prefetch_depth))
+    };
+    loop {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { return };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let Some(inner) = weak.upgrade() else { return };
+            let keys = inner.keys.read().unwrap_or_else(|p| p.into_inner());
+            let next = inner.lock().next_prefetch(&keys.sizes);
+            next.map(|(id, size)| {
+                let key = keys.names.get(id as usize).cloned();
+                (inner.clone(), id, size, key)
+            })
+        };
+        match next {
+            Some((inner, id, size, Some(key))) => {
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let mut guard = InflightGuard { inner: &inner, id, done: false };
+                    let stored = match inner.fetch_whole(&key, size).await {
+                        Ok(d) => {
+                            let level = inner.lock().entries.get(&id).map(|e| e.level);
+                            match level {
+                                Some(l) if inner.write_level(id, l, d.clone()).await => Some(inner.memory_copy(l, &d)),
+                                _ => None,
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!("prefetching {key}: {e}");
+                            None
+                        }
+                    };
+                    guard.done = true;
+                    let mut st = inner.lock();
+                    st.inflight.remove(&id);
+                    match stored {
+                        Some(copy) => st.complete(id, copy),
+                        None => st.abandon(id),
+                    }
+                    drop(st);
+                    inner.report();
+                    inner.notify.notify_waiters();
+                });
+            }
+            Some((inner, id, _, None)) => {
+                let mut st = inner.lock();
+                st.inflight.remove(&id);
+                st.abandon(id);
+            }
+            None => {
+                drop(permit);
+                tokio::select! {
+                    _ = notified => {}
+                    Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                }
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+}
+
+/// Removes a prefetch's reservation if its task is dropped before it finished.
+struct InflightGuard<'a> {
+    inner: &'a Arc<Inner>,
+    id: u32,
+    done: bool,
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut st = self.inner.lock();
+            st.inflight.remove(&self.id);
+            st.abandon(self.id);
+            drop(st);
+            self.inner.notify.notify_waiters();
+        }
+    }
+}
+
+#[async_trait]
+impl Tier for CachedTier {
+    fn name(&self) -> &str {
+        self.inner.backing.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.backing.capabilities()
+    }
+
+    async fn stat(&self, key: &str) -> Result<ObjectMeta> {
+        self.inner.backing.stat(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        self.inner.backing.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.invalidate(key);
+        self.inner.backing.delete(key).await
+    }
+
+    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
+        self.inner.backing.lock(name).await
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        self.inner.backing.space().await
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.backing.buffer_pool()
+    }
+
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
+        if let Err(e) = ringtier_core::key::validate_key(key) {
+            return (Err(e.with_operation(Operation::Read)), buf);
+        }
+        let buf = match self.inner.read_cached(key, offset, len, buf).await {
+            Ok(done) => return done,
+            Err(buf) => buf,
+        };
+        let (res, buf) = self.inner.backing.read_at(key, offset, len, buf).await;
+        if res.is_ok() {
+            let (id, _) = self.inner.id_of(key);
+            self.inner.after_miss(key, id, offset, len, Some(buf.as_slice())).await;
+        }
+        (res, buf)
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
+        self.invalidate(key);
+        self.inner.backing.create(key).await
+    }
+
+    async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
+        // Cached objects first; the rest go to the slow tier as one batch (its own batch path).
+        let mut misses = ReadBatch::new();
+        let mut missed = Vec::new();
+        let (keys, entries) = batch.parts_mut();
+        for (i, e) in entries.iter_mut().enumerate() {
+            if e.is_done() {
+                continue;
+            }
+            let Some(buf) = e.take_buf() else { continue };
+            let key = e.key(keys);
+            match self.inner.read_cached(key, e.offset(), e.len(), buf).await {
+                Ok((res, buf)) => e.finish(res, buf),
+                Err(buf) => {
+                    misses.push(key, e.offset(), e.len(), buf);
+                    missed.push(i);
+                }
+            }
+        }
+        if missed.is_empty() {
+            return batch;
+        }
+        let mut misses = self.inner.backing.read_batch(misses).await;
+        let mut done = Vec::with_capacity(missed.len());
+        for (key, offset, res, buf) in misses.drain() {
+            done.push((key.to_string(), offset, res, buf));
+        }
+        let (_, entries) = batch.parts_mut();
+        for (i, (key, offset, res, buf)) in missed.into_iter().zip(done) {
+            let e = &mut entries[i];
+            if let (Ok(_), Some(b)) = (&res, &buf) {
+                let (id, _) = self.inner.id_of(&key);
+                self.inner.after_miss(&key, id, offset, e.len(), Some(b.as_slice())).await;
+            }
+            match buf {
+                Some(b) => e.finish(res, b),
+                None => e.set_result(res),
+            }
+        }
+        batch
+    }
+}
+
+impl CachedTier {
+    /// Drops the cached copy of `key` (it is being rewritten or deleted on the slow tier).
+    fn invalidate(&self, key: &str) {
+        let id = self.inner.keys.read().unwrap_or_else(|p| p.into_inner()).ids.get(key).copied();
+        if let Some(id) = id {
+            let victim = self.inner.lock().evict(id);
+            self.inner.drop_files(victim.into_iter().collect());
+        }
+    }
+}

@@ -12,7 +12,9 @@ pub use ringtier_core::{buf, key, layers, ops};
 pub use ringtier_loader::manifest;
 
 // The most used names of the other crates, at the top level.
-pub use ringtier_loader::{Batch, Dataset, Epoch, Loader, LoaderConfig};
+pub use ringtier_loader::{
+    Batch, CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Epoch, Loader, LoaderConfig,
+};
 pub use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
 pub use ringtier_stage::{PinnedPool, Stager};
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -27,7 +29,8 @@ pub mod uring {
 }
 
 /// The input pipeline: [`Dataset`], the seeded sharded [`Sampler`](loader::Sampler),
-/// [`Loader`] with bounded prefetch and an optional JPEG decode stage. This is the crate
+/// [`Loader`] with bounded prefetch, an optional JPEG decode stage and an optional cache in
+/// front of a slow tier ([`CachedTier`]: LRU, static or clairvoyant). This is the crate
 /// `ringtier-loader`.
 pub mod loader {
     pub use ringtier_loader::*;

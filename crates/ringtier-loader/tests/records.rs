@@ -257,3 +257,104 @@ async fn webdataset_indexes_span_whole_samples() {
     }
     assert_eq!(keys.len(), n);
 }
+
+/// The first error of an epoch (records before it are dropped).
+async fn first_error(loader: &RecordLoader) -> ringtier_core::Error {
+    let mut e = loader.epoch(0, 0);
+    loop {
+        match e.next().await.expect("an error before the end") {
+            Ok(_) => continue,
+            Err(err) => return err,
+        }
+    }
+}
+
+/// Records delivered and skipped in a skipping epoch.
+async fn skipping(loader: &RecordLoader) -> (usize, u64) {
+    let mut e = loader.epoch(0, 0);
+    let mut n = 0;
+    while let Some(r) = e.next().await {
+        r.expect("skip mode goes on");
+        n += 1;
+    }
+    (n, e.stats().skipped)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_records_and_corrupt_tar_headers_name_shard_and_offset() {
+    // A TFRecord shard cut 3 bytes into its last record's footer: the error names the shard
+    // and the last record's offset; skipping loses that record alone.
+    let (dir, all) = tfrecord_shards();
+    let key = "train-00004-of-00007.tfrecord";
+    let last = all.keys().filter(|(k, _)| k == key).map(|(_, o)| *o).max().expect("last");
+    let path = dir.path().join(key);
+    let len = std::fs::metadata(&path).expect("stat").len();
+    std::fs::OpenOptions::new().write(true).open(&path).expect("open").set_len(len - 3).expect("truncate");
+    let (tier, shards, _) = uring(dir.path()).await;
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, cfg()).expect("loader");
+    let err = first_error(&loader).await;
+    let msg = err.to_string();
+    assert_eq!(err.kind(), ErrorKind::Corrupt);
+    assert!(msg.contains(key) && msg.contains(&format!("byte offset {last}")) && msg.contains("truncated"), "{msg}");
+    let loader =
+        RecordLoader::new(tier, shards, RecordFormat::TfRecord, cfg().with_on_bad(OnBadSample::Skip)).expect("loader");
+    assert_eq!(skipping(&loader).await, (all.len() - 1, 1));
+
+    // WebDataset: a corrupt header in one shard (named with the header's offset; skipping
+    // drops the rest of that shard, counted once), a shard cut inside a member (named with the
+    // member's header offset).
+    let dir = tempfile::Builder::new().prefix("wdsbad").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut headers = Vec::new();
+    for s in 0..3 {
+        let mut tar = Vec::new();
+        let mut h = Vec::new();
+        for i in 0..8 {
+            h.push(tar.len() as u64);
+            write_tar_member(&mut tar, &format!("s{s}/{i:03}.jpg"), &pattern(i, 3000 + (i as usize) * 777));
+            h.push(tar.len() as u64);
+            write_tar_member(&mut tar, &format!("s{s}/{i:03}.cls"), b"1");
+        }
+        write_tar_end(&mut tar);
+        std::fs::write(dir.path().join(format!("shard-{s}.tar")), &tar).expect("write");
+        headers.push(h);
+    }
+    // Shard 1: the header of sample 5's jpg (member 10) gets a flipped name byte.
+    let bad = headers[1][10];
+    let p1 = dir.path().join("shard-1.tar");
+    let mut bytes = std::fs::read(&p1).expect("read");
+    bytes[bad as usize + 3] ^= 0x20;
+    std::fs::write(&p1, &bytes).expect("write");
+    let (tier, _, shards) = uring(dir.path()).await;
+    let one = |s: usize| shards.iter().position(|x| x.key == format!("shard-{s}.tar")).expect("shard");
+    let only = |s: usize| vec![shards[one(s)].clone()];
+    let loader = RecordLoader::new(Arc::clone(&tier), only(1), RecordFormat::WebDataset, cfg().with_shuffle_buffer(0))
+        .expect("loader");
+    let msg = first_error(&loader).await.to_string();
+    assert!(
+        msg.contains("shard-1.tar")
+            && msg.contains(&format!("byte offset {bad}"))
+            && msg.contains("corrupt tar header"),
+        "{msg}"
+    );
+    let skip = cfg().with_shuffle_buffer(0).with_on_bad(OnBadSample::Skip);
+    let loader =
+        RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::WebDataset, skip.clone()).expect("loader");
+    // Samples 0-3 of shard 1 come through (sample 4 may lack fields: not delivered), all of
+    // shards 0 and 2.
+    assert_eq!(skipping(&loader).await, (8 + 4 + 8, 1));
+    // Shard 2 cut in the middle of sample 6's jpg data.
+    let cut = headers[2][12] + 512 + 100;
+    let p2 = dir.path().join("shard-2.tar");
+    std::fs::OpenOptions::new().write(true).open(&p2).expect("open").set_len(cut).expect("truncate");
+    let (tier, _, shards) = uring(dir.path()).await;
+    let s2 = vec![shards.iter().find(|x| x.key == "shard-2.tar").expect("shard").clone()];
+    let loader = RecordLoader::new(Arc::clone(&tier), s2.clone(), RecordFormat::WebDataset, cfg()).expect("loader");
+    let msg = first_error(&loader).await.to_string();
+    let member = headers[2][12];
+    assert!(
+        msg.contains("shard-2.tar") && msg.contains(&format!("byte offset {member}")) && msg.contains("truncated"),
+        "{msg}"
+    );
+    let loader = RecordLoader::new(tier, s2, RecordFormat::WebDataset, skip).expect("loader");
+    assert_eq!(skipping(&loader).await, (6, 1), "samples 0-5 whole, the cut one skipped");
+}

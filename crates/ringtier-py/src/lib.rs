@@ -4,6 +4,7 @@ mod engine;
 mod errors;
 mod loader;
 mod metrics;
+mod records;
 mod store;
 mod view;
 
@@ -16,6 +17,10 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Epoch>()?;
     m.add_class::<loader::Batch>()?;
     m.add_class::<loader::Sample>()?;
+    m.add_class::<records::RecordLoader>()?;
+    m.add_class::<records::RecordEpoch>()?;
+    m.add_class::<records::Record>()?;
+    m.add_class::<records::Field>()?;
     m.add_class::<store::CheckpointStore>()?;
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;

@@ -184,6 +184,11 @@ impl WdsParser {
         };
         if kind == Kind::File {
             self.path = self.next_path.take().unwrap_or(path);
+            // A member of another key: the sample so far is whole, delivered now (not lost
+            // should this member turn out truncated).
+            if self.sample.as_ref().is_some_and(|(k, ..)| k != split_key(&self.path).0) {
+                self.flush(out);
+            }
         } else if kind != Kind::Skip && self.sample_start.is_none() {
             self.sample_start = Some(self.member_start);
         }

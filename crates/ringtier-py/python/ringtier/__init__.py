@@ -4,6 +4,10 @@
   batches with a bounded prefetch; each :class:`Sample` is the pooled buffer the file was read
   into, shared with numpy and torch without a copy (``numpy.frombuffer(sample, numpy.uint8)``,
   ``torch.frombuffer(sample, dtype=torch.uint8)``).
+* :class:`RecordLoader` reads TFRecord and WebDataset (tar) shards: streamed (shards split
+  over ranks and workers, a seeded shuffle buffer) or in one global random order through
+  per-shard indexes; each :class:`Record` (its :class:`RecordField` s) is shared with numpy and
+  torch without a copy.
 * :class:`CheckpointStore` saves dicts of tensors, arrays and bytes (a ``state_dict``) to a
   fast tier, durable when :meth:`~CheckpointStore.save` returns, and drains them to slower
   tiers in the background.
@@ -21,7 +25,21 @@ import os
 from typing import Iterable, Optional, Sequence, Union
 
 from . import errors
-from ._ringtier import Batch, Epoch, Loader, PartBuffer, Sample, SaveFuture, __version__, metrics_text, serve_metrics
+from ._ringtier import (
+    Batch,
+    Epoch,
+    Loader,
+    PartBuffer,
+    Record,
+    RecordEpoch,
+    RecordField,
+    RecordLoader,
+    Sample,
+    SaveFuture,
+    __version__,
+    metrics_text,
+    serve_metrics,
+)
 from .checkpoint import CheckpointStore
 from .errors import (
     BusyError,
@@ -77,6 +95,10 @@ __all__ = [
     "NotFoundError",
     "PartBuffer",
     "PoolExhaustedError",
+    "Record",
+    "RecordEpoch",
+    "RecordField",
+    "RecordLoader",
     "RingtierError",
     "Sample",
     "SaveFuture",

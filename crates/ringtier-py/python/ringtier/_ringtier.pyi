@@ -112,6 +112,128 @@ class Loader:
     def __len__(self) -> int:
         """Samples this rank reads per epoch."""
 
+class RecordField:
+    """One field of a record: a WebDataset member's data (``name`` its extension, ``jpg``,
+    ``cls``) or a TFRecord's data (``name`` empty). Exports its bytes through the buffer
+    protocol (one dimension, ``B``, writable): ``numpy.frombuffer(field, numpy.uint8)`` and
+    ``torch.frombuffer(field, dtype=torch.uint8)`` share its memory."""
+
+    name: str
+    def to_bytes(self) -> bytes:
+        """A copy of the bytes."""
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class Record:
+    """One record of a shard: a TFRecord (one field, whose bytes the record exports directly
+    through the buffer protocol) or a WebDataset sample (one field per member sharing the key:
+    ``record["jpg"]``; the record itself then exports nothing)."""
+
+    shard: int
+    """Index of its shard in :meth:`RecordLoader.shards`."""
+    shard_key: str
+    """Its shard's file name (relative to the directory)."""
+    offset: int
+    """Byte offset of the record (TFRecord) or of its first tar header (WebDataset)."""
+    size: int
+    """Bytes it takes in the shard, framing included."""
+    key: str
+    """The WebDataset sample key (member path without its extension); empty for TFRecord."""
+    @property
+    def fields(self) -> Dict[str, RecordField]:
+        """The fields by name."""
+    def names(self) -> List[str]:
+        """Field names, in shard order."""
+    def to_bytes(self) -> bytes:
+        """A copy of a one-field record's bytes (a TFRecord)."""
+    def __getitem__(self, name: str) -> RecordField: ...
+    def __contains__(self, name: str) -> bool: ...
+    def __len__(self) -> int:
+        """Bytes of all fields."""
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class RecordEpoch:
+    """One epoch's records, in this reader's order; the GIL is released while waiting."""
+
+    def __iter__(self) -> "RecordEpoch": ...
+    def __next__(self) -> Record: ...
+    @property
+    def position(self) -> int:
+        """Records of this reader delivered so far: ``RecordLoader.epoch(epoch, position)``
+        resumes here."""
+    @property
+    def epoch(self) -> int: ...
+    def stats(self) -> Dict[str, int]:
+        """records, bytes (of the fields delivered), skipped (bad records with
+        ``on_bad="skip"``)."""
+
+class RecordLoader:
+    """Reads the records of a directory of TFRecord (``*.tfrecord``, ``*.tfrecords``) or
+    WebDataset (``*.tar``) shards, links followed.
+
+    ``order="stream"``: each epoch the shards are shuffled (``shuffle_shards``, seeded by
+    ``seed`` and the epoch, the same on every rank) and split over readers, ``(rank, worker)``
+    taking every ``world_size x workers``-th shard, so every record is read exactly once per
+    epoch; each shard is read front to back with ``depth`` requests of ``read_size`` bytes in
+    flight (O_DIRECT on the io_uring engine) and its records go through a seeded shuffle buffer
+    of ``shuffle_buffer`` records spanning shard boundaries (0 or 1: shard order).
+
+    ``order="global"``: one seeded random permutation of every record of every shard, read
+    through per-shard indexes (``SHARD.idx`` from ``ringtier index``, DALI's ``tfrecord2idx``
+    and ``wds2idx`` formats, in ``index_dir`` or the shard directory, named ``SHARD.idx`` or
+    ``STEM.idx``; a shard without one is indexed by streaming it once, in memory) with
+    ``depth`` records per batched read; ``(rank, worker)`` takes every ``world_size x
+    workers``-th record; ``read_size`` is raised to fit the largest record.
+
+    Memory: a pool of ``2 x depth x read_size`` bytes plus the records held (shuffle buffer,
+    ``prefetch`` records parsed ahead, and what Python keeps), whatever the shard sizes. Each
+    record is copied once, out of the pooled read buffers; Python shares that memory.
+
+    ``on_bad``: ``"fail"`` (a truncated record, a CRC mismatch, a corrupt tar header, an index
+    that does not match its shard raise :class:`ringtier.CorruptError` naming the shard and
+    byte offset) or ``"skip"`` (counted in :meth:`RecordEpoch.stats`, logged)."""
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        format: str = "tfrecord",
+        order: str = "stream",
+        read_size: int = 4 << 20,
+        depth: int = 8,
+        shuffle_buffer: int = 1024,
+        shuffle_shards: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        workers: int = 1,
+        prefetch: int = 256,
+        on_bad: str = "fail",
+        engine: str = "uring",
+        index_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+    ) -> None: ...
+    def epoch(self, epoch: int = 0, position: int = 0) -> RecordEpoch:
+        """The records of ``epoch``, from ``position`` (records this reader already got) on.
+        Streaming, the skipped records are read and parsed again (not delivered); in a global
+        order they are not read."""
+    def shards(self) -> List[str]:
+        """Shard file names, in the order :attr:`Record.shard` numbers them."""
+    def epoch_shards(self, epoch: int = 0) -> List[str]:
+        """Shards this reader streams in ``epoch``, in order."""
+    @property
+    def format(self) -> str:
+        """``"tfrecord"`` or ``"wds"``."""
+    @property
+    def order(self) -> str:
+        """``"stream"`` or ``"global"``."""
+    @property
+    def read_size(self) -> int: ...
+    @property
+    def pool_bytes(self) -> int: ...
+    def __len__(self) -> int:
+        """Records this reader gets per epoch (global order only: a ``TypeError`` streaming)."""
+
 class SaveFuture:
     """An ``async_save`` in progress."""
 

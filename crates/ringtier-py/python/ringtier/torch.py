@@ -6,6 +6,9 @@ shards (rank r's worker w reads shard ``r * num_workers + w``), so every sample 
 once per epoch across ranks and workers. Its loader is created inside ``__iter__``, in the
 process that iterates (a DataLoader worker after ``fork()``), never inherited.
 
+``RecordDataset`` does the same for TFRecord and WebDataset shards (``ringtier.RecordLoader``),
+streamed or in a global order through per-shard indexes.
+
 ``DistributedCheckpointStore`` gives each rank its own store (prefix ``PREFIX/rankNNNNN``) on
 the same tiers; a step commits when rank 0 writes the global manifest (``PREFIX/global``,
 ``world.json``) after every rank reported its shard durable: the "metadata last" rule of
@@ -292,4 +295,6 @@ class DistributedCheckpointStore:
         self.close()
 
 
-__all__ = ["IterableDataset", "DistributedCheckpointStore"]
+from ._torch_records import RecordDataset  # noqa: E402  (TFRecord / WebDataset shards)
+
+__all__ = ["IterableDataset", "DistributedCheckpointStore", "RecordDataset"]

@@ -1,0 +1,130 @@
+"""``ringtier.torch.RecordDataset``: TFRecord and WebDataset shards for ``DataLoader`` workers
+and ``torchrun`` ranks (see :class:`ringtier.RecordLoader`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import IterableDataset as _TorchIterable
+from torch.utils.data import get_worker_info
+
+from ._ringtier import RecordLoader
+
+PathLike = Any
+
+
+def _field_tensor(field: Any) -> torch.Tensor:
+    """A uint8 tensor over the field's memory (no copy)."""
+    if len(field) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(field, dtype=torch.uint8)
+
+
+class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
+    """The records of a directory of TFRecord or WebDataset shards for
+    ``torch.utils.data.DataLoader``.
+
+    Yields a TFRecord as a uint8 tensor over its bytes, a WebDataset sample as a dict of
+    field name to uint8 tensor (only ``fields`` when given), each sharing the record's memory;
+    ``with_keys=True`` yields ``(key, item)`` (the sample key, or ``shard:offset`` for a
+    TFRecord). Records have different lengths: use ``DataLoader(ds, batch_size=None)`` or a
+    ``collate_fn`` that decodes them.
+
+    The readers are ``world_size x num_workers``: rank r's worker w is reader ``r *
+    num_workers + w``, streaming every such shard of the epoch's shuffled shard order
+    (``order="stream"``) or taking every such record of one global permutation
+    (``order="global"``, through the shards' indexes). ``rank``/``world_size`` default to
+    torch.distributed's (or ``RANK``/``WORLD_SIZE``). Call :meth:`set_epoch` before each epoch;
+    ``position`` resumes a reader after that many of its records. The loader is created inside
+    ``__iter__``, in the process that iterates (a worker after ``fork()``). ``options`` are
+    :class:`ringtier.RecordLoader`'s (``read_size``, ``depth``, ``shuffle_buffer``, ``seed``,
+    ``on_bad``, ``index_dir``, ...).
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        format: str = "tfrecord",
+        order: str = "stream",
+        fields: Optional[Sequence[str]] = None,
+        with_keys: bool = False,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        if not os.path.isdir(self.path):
+            from .errors import NotFoundError
+
+            raise NotFoundError(f"shard directory {self.path} does not exist")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
+        self.format, self.order = format, order
+        self.fields = list(fields) if fields is not None else None
+        self.with_keys = with_keys
+        self.rank, self.world_size = rank, world_size
+        self.options: Dict[str, Any] = dict(options)
+        self.epoch = 0
+        self.position = 0
+        self._loader: Optional[Tuple[int, Tuple[int, int, int, int], RecordLoader]] = None
+
+    def set_epoch(self, epoch: int, position: int = 0) -> None:
+        """The epoch the next iteration reads, from ``position`` of this reader on."""
+        self.epoch, self.position = epoch, position
+
+    def reader(self) -> Tuple[int, int, int, int]:
+        """(rank, world_size, worker, workers) of this process."""
+        from .torch import _rank_world
+
+        rank, world = _rank_world(self.rank, self.world_size)
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return rank, world, worker, workers
+
+    def loader(self) -> RecordLoader:
+        """This process's record loader (created here, on first use in this process)."""
+        reader = self.reader()
+        pid = os.getpid()
+        if self._loader is None or self._loader[0] != pid or self._loader[1] != reader:
+            rank, world, worker, workers = reader
+            loader = RecordLoader(
+                self.path,
+                format=self.format,
+                order=self.order,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                workers=workers,
+                **self.options,
+            )
+            self._loader = (pid, reader, loader)
+        return self._loader[2]
+
+    def __len__(self) -> int:
+        """Records of this rank per epoch, all its workers together (global order only)."""
+        from .torch import _rank_world
+
+        rank, world = _rank_world(self.rank, self.world_size)
+        return len(RecordLoader(self.path, format=self.format, order=self.order, rank=rank, world_size=world, **self.options))
+
+    def _item(self, record: Any) -> Any:
+        if self.format == "tfrecord":
+            return _field_tensor(record)
+        names = self.fields if self.fields is not None else record.names()
+        return {n: _field_tensor(record[n]) for n in names}
+
+    def __iter__(self) -> Iterator[Any]:
+        for record in self.loader().epoch(self.epoch, self.position):
+            item = self._item(record)
+            if self.with_keys:
+                key = record.key or f"{record.shard_key}:{record.offset}"
+                yield key, item
+            else:
+                yield item
+
+
+__all__ = ["RecordDataset"]

@@ -1,0 +1,544 @@
+//! `ringtier.RecordLoader`: TFRecord and WebDataset shards from Python, streamed (shards
+//! shuffled and split across ranks and workers, a seeded shuffle buffer) or in a global order
+//! through per-shard indexes. Each record's bytes are copied once, out of the pooled O_DIRECT
+//! read buffers into the record (`ringtier_loader::records`); Python gets that memory through
+//! the buffer protocol (numpy, torch, memoryview) without another copy.
+
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyBufferError, PyKeyError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use ringtier_core::error::{Error, ErrorKind};
+use ringtier_core::{PosixConfig, PosixTier, Tier};
+use ringtier_loader::records::{self, RecordConfig, RecordFormat, RecordIndex, Shard};
+use ringtier_loader::OnBadSample;
+use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+
+use crate::engine::{wait_plain, Engine, ForkGuarded};
+use crate::errors::{self, IntoPy};
+use crate::view::fill_view;
+
+/// Records moved to Python per wait at most (the GIL is released once per wait).
+const FETCH: usize = 64;
+
+/// Slack above the largest indexed record for the read size of a global order (alignment at
+/// both ends of a record's read).
+const GLOBAL_SLACK: usize = 8192;
+
+/// The tier over a directory of shards, links followed.
+fn shard_tier(dir: &Path, engine: &str, depth: usize) -> PyResult<Arc<dyn Tier>> {
+    match engine {
+        "uring" => {
+            let options = UringTierOptions::default().with_name("records".to_string()).with_follow_links(true);
+            let cfg = UringConfig::default().with_queue_depth(depth.clamp(1, 4096) as u32);
+            Ok(Arc::new(UringTier::with_options(dir, cfg, options).py_err()?))
+        }
+        "posix" => Ok(Arc::new(PosixTier::new(PosixConfig::new(dir).with_follow_links(true)).py_err()?)),
+        other => Err(errors::invalid(format!("engine must be \"uring\" or \"posix\", not {other:?}"))),
+    }
+}
+
+/// The index file of `shard`: `KEY.idx` (what `ringtier index` writes) or, as DALI's tools
+/// name them, the shard's name up to its first dot plus `.idx`, in `dir`.
+fn index_file(dir: &Path, shard: &Shard) -> Option<PathBuf> {
+    let full = dir.join(format!("{}.idx", shard.key));
+    if full.is_file() {
+        return Some(full);
+    }
+    let (parent, name) = match shard.key.rsplit_once('/') {
+        Some((p, n)) => (dir.join(p), n),
+        None => (dir.to_path_buf(), shard.key.as_str()),
+    };
+    let stem = name.split('.').next().filter(|s| !s.is_empty())?;
+    let short = parent.join(format!("{stem}.idx"));
+    short.is_file().then_some(short)
+}
+
+/// Everything of a record loader that must stay in its process.
+#[derive(Debug)]
+struct RecordLoaderState {
+    engine: Arc<Engine>,
+    loader: records::RecordLoader,
+    /// The per-shard indexes of a global order.
+    indexes: Option<Arc<Vec<RecordIndex>>>,
+    shards: Arc<Vec<Shard>>,
+}
+
+/// Reads the records of TFRecord or WebDataset shards (see the stub for the Python
+/// documentation).
+#[pyclass(module = "ringtier._ringtier", name = "RecordLoader")]
+#[derive(Debug)]
+pub(crate) struct RecordLoader {
+    state: ForkGuarded<RecordLoaderState>,
+    format: RecordFormat,
+    global: bool,
+    /// Records this reader delivers per epoch in a global order (unknown when streaming).
+    per_epoch: Option<usize>,
+    read_size: usize,
+}
+
+#[pymethods]
+impl RecordLoader {
+    #[new]
+    #[pyo3(signature = (path, *, format="tfrecord", order="stream", read_size=4 << 20, depth=8,
+        shuffle_buffer=1024, shuffle_shards=true, seed=0, rank=0, world_size=1, worker=0, workers=1,
+        prefetch=256, on_bad="fail", engine="uring", index_dir=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        format: &str,
+        order: &str,
+        read_size: usize,
+        depth: usize,
+        shuffle_buffer: usize,
+        shuffle_shards: bool,
+        seed: u64,
+        rank: usize,
+        world_size: usize,
+        worker: usize,
+        workers: usize,
+        prefetch: usize,
+        on_bad: &str,
+        engine: &str,
+        index_dir: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let format = match format {
+            "tfrecord" => RecordFormat::TfRecord,
+            "wds" | "webdataset" => RecordFormat::WebDataset,
+            other => return Err(errors::invalid(format!("format must be \"tfrecord\" or \"wds\", not {other:?}"))),
+        };
+        let global = match order {
+            "stream" => false,
+            "global" => true,
+            other => return Err(errors::invalid(format!("order must be \"stream\" or \"global\", not {other:?}"))),
+        };
+        let on_bad = match on_bad {
+            "skip" => OnBadSample::Skip,
+            "fail" => OnBadSample::Fail,
+            other => return Err(errors::invalid(format!("on_bad must be \"skip\" or \"fail\", not {other:?}"))),
+        };
+        if world_size == 0 || rank >= world_size {
+            return Err(errors::invalid(format!("rank {rank} is not below world_size {world_size}")));
+        }
+        if !path.is_dir() {
+            let why = if path.exists() { "is not a directory" } else { "does not exist" };
+            return Err(errors::to_py(Error::new(
+                ErrorKind::NotFound,
+                format!("shard directory {} {why}", path.display()),
+            )));
+        }
+        let cfg = RecordConfig::default()
+            .with_read_size(read_size)
+            .with_depth(depth)
+            .with_shuffle_buffer(shuffle_buffer)
+            .with_shuffle_shards(shuffle_shards)
+            .with_seed(seed)
+            .with_rank(rank)
+            .with_world(world_size)
+            .with_worker(worker)
+            .with_workers(workers)
+            .with_prefetch(prefetch)
+            .with_on_bad(on_bad);
+        let eng = crate::engine::engine()?;
+        let _enter = eng.handle().enter();
+        let tier = shard_tier(&path, engine, depth)?;
+        let shards = wait_plain(py, &eng, records::list_shards(tier.as_ref(), format))?.py_err()?;
+        let mut loader = records::RecordLoader::new(Arc::clone(&tier), shards.clone(), format, cfg.clone()).py_err()?;
+        let mut indexes = None;
+        let mut per_epoch = None;
+        let mut read = read_size;
+        if global {
+            let dir = index_dir.unwrap_or_else(|| path.clone());
+            let mut idx = Vec::with_capacity(shards.len());
+            for (i, s) in shards.iter().enumerate() {
+                let one = match index_file(&dir, s) {
+                    Some(file) => {
+                        let text = std::fs::read_to_string(&file)
+                            .map_err(|e| errors::from_io(&format!("reading {}", file.display()), e))?;
+                        RecordIndex::parse(&text, &file.display().to_string(), s.size).py_err()?
+                    }
+                    // No index: one streaming pass over the shard builds it (in memory).
+                    None => wait_plain(py, &eng, loader.build_index(i))?.py_err()?,
+                };
+                idx.push(one);
+            }
+            let max = idx.iter().map(RecordIndex::max_len).max().unwrap_or(0) as usize;
+            if max + GLOBAL_SLACK > read_size {
+                read = (max + GLOBAL_SLACK).next_multiple_of(4096);
+                loader = records::RecordLoader::new(tier, shards.clone(), format, cfg.with_read_size(read)).py_err()?;
+            }
+            let total: usize = idx.iter().map(|i| i.entries.len()).sum();
+            let readers = world_size * workers;
+            let me = rank * workers + worker;
+            per_epoch = Some(total / readers + usize::from(me < total % readers));
+            indexes = Some(Arc::new(idx));
+        }
+        let state = RecordLoaderState { engine: eng.clone(), loader, indexes, shards: Arc::new(shards) };
+        Ok(RecordLoader { state: ForkGuarded::new("RecordLoader", state), format, global, per_epoch, read_size: read })
+    }
+
+    /// The records of `epoch`, from `position` (records of this reader already delivered) on.
+    #[pyo3(signature = (epoch=0, position=0))]
+    fn epoch(&self, epoch: u64, position: u64) -> PyResult<RecordEpoch> {
+        let st = self.state.get()?;
+        let _enter = st.engine.handle().enter();
+        let inner = match &st.indexes {
+            Some(idx) => st.loader.global_epoch(Arc::clone(idx), epoch, position).py_err()?,
+            None => st.loader.epoch(epoch, position),
+        };
+        let state = RecordEpochState {
+            engine: Arc::clone(&st.engine),
+            epoch: inner,
+            shards: Arc::clone(&st.shards),
+            ready: std::collections::VecDeque::new(),
+        };
+        Ok(RecordEpoch { state: ForkGuarded::new("RecordEpoch", state), epoch, done: false })
+    }
+
+    /// The shard keys, in the order `Record.shard` numbers them.
+    fn shards(&self) -> PyResult<Vec<String>> {
+        Ok(self.state.get()?.shards.iter().map(|s| s.key.clone()).collect())
+    }
+
+    /// Shards this reader streams in `epoch`, in order (every shard in a global order).
+    #[pyo3(signature = (epoch=0))]
+    fn epoch_shards(&self, epoch: u64) -> PyResult<Vec<String>> {
+        let st = self.state.get()?;
+        if self.global {
+            return self.shards();
+        }
+        Ok(st.loader.epoch_shards(epoch).into_iter().map(|i| st.shards[i].key.clone()).collect())
+    }
+
+    /// `"tfrecord"` or `"wds"`.
+    #[getter]
+    fn format(&self) -> &'static str {
+        self.format.as_str()
+    }
+
+    /// `"stream"` or `"global"`.
+    #[getter]
+    fn order(&self) -> &'static str {
+        if self.global {
+            "global"
+        } else {
+            "stream"
+        }
+    }
+
+    /// Bytes per read request (raised to fit the largest record in a global order).
+    #[getter]
+    fn read_size(&self) -> usize {
+        self.read_size
+    }
+
+    /// Bytes of the read buffer pool.
+    #[getter]
+    fn pool_bytes(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.loader.pool_bytes())
+    }
+
+    /// Records this reader delivers per epoch in a global order (from the indexes).
+    fn __len__(&self) -> PyResult<usize> {
+        self.per_epoch.ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "a streaming RecordLoader does not know its record count before reading; use order=\"global\" \
+                 (indexes) for len()",
+            )
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        match self.state.get() {
+            Ok(st) => format!(
+                "ringtier.RecordLoader(format={:?}, order={:?}, shards={}, read_size={})",
+                self.format.as_str(),
+                self.order(),
+                st.shards.len(),
+                self.read_size
+            ),
+            Err(_) => "ringtier.RecordLoader(<inherited through fork>)".into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecordEpochState {
+    engine: Arc<Engine>,
+    epoch: records::RecordEpoch,
+    shards: Arc<Vec<Shard>>,
+    /// Records taken in the last wait, not yet handed out.
+    ready: std::collections::VecDeque<records::Record>,
+}
+
+/// One epoch's records: an iterator of [`Record`].
+#[pyclass(module = "ringtier._ringtier", name = "RecordEpoch")]
+#[derive(Debug)]
+pub(crate) struct RecordEpoch {
+    state: ForkGuarded<RecordEpochState>,
+    epoch: u64,
+    done: bool,
+}
+
+#[pymethods]
+impl RecordEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Record>> {
+        let st = self.state.get_mut()?;
+        if st.ready.is_empty() && !self.done {
+            let engine = Arc::clone(&st.engine);
+            let (epoch, ready) = (&mut st.epoch, &mut st.ready);
+            // The first record waited for; those already parsed taken with it, up to FETCH.
+            let fut = async move {
+                let mut err = None;
+                let mut end = false;
+                match epoch.next().await {
+                    None => end = true,
+                    Some(Err(e)) => err = Some(e),
+                    Some(Ok(r)) => ready.push_back(r),
+                }
+                while !end && err.is_none() && ready.len() < FETCH {
+                    tokio::select! {
+                        biased;
+                        next = epoch.next() => match next {
+                            None => end = true,
+                            Some(Err(e)) => err = Some(e),
+                            Some(Ok(r)) => ready.push_back(r),
+                        },
+                        () = std::future::ready(()) => break,
+                    }
+                }
+                (end, err)
+            };
+            let (end, err) = wait_plain(py, &engine, fut)?;
+            if end {
+                self.done = true;
+            }
+            if let Some(e) = err {
+                // Records parsed before the error are dropped: the epoch failed there.
+                st.ready.clear();
+                self.done = true;
+                return Err(errors::to_py(e));
+            }
+        }
+        let Some(r) = st.ready.pop_front() else { return Ok(None) };
+        let key = st.shards.get(r.shard).map(|s| s.key.clone()).unwrap_or_default();
+        Record::new(py, r, key).map(Some)
+    }
+
+    /// Records of this reader delivered in this epoch, counting the resumed-from position:
+    /// pass it to `RecordLoader.epoch(epoch, position)` to resume after a restart.
+    #[getter]
+    fn position(&self) -> PyResult<u64> {
+        let st = self.state.get()?;
+        Ok(st.epoch.position() - st.ready.len() as u64)
+    }
+
+    /// The epoch number.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Totals so far: records, bytes (of the fields), skipped.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.state.get()?;
+        let s = st.epoch.stats();
+        let held: u64 = st.ready.iter().map(records::Record::bytes).sum();
+        let d = PyDict::new(py);
+        d.set_item("records", s.records - st.ready.len() as u64)?;
+        d.set_item("bytes", s.bytes - held)?;
+        d.set_item("skipped", s.skipped)?;
+        Ok(d)
+    }
+}
+
+/// Where a field's bytes are, taken once from its Vec.
+#[derive(Debug, Clone, Copy)]
+struct FieldPtr(*mut u8);
+
+// SAFETY: the pointer is into the Vec a `Field` owns, never resized or moved while the `Field`
+// lives; Python reaches it only through buffer views that keep the `Field` alive.
+unsafe impl Send for FieldPtr {}
+// SAFETY: as above; Rust forms a reference to the bytes only in `Field::to_bytes`, under the GIL.
+unsafe impl Sync for FieldPtr {}
+
+/// One field of a record (a WebDataset member, the data of a TFRecord), exposed through the
+/// buffer protocol (writable, one-dimensional, unsigned bytes).
+#[pyclass(module = "ringtier._ringtier", name = "RecordField", frozen)]
+#[derive(Debug)]
+pub(crate) struct Field {
+    /// The member's extension (`jpg`, `cls`); empty for TFRecord.
+    #[pyo3(get)]
+    name: String,
+    data: Vec<u8>,
+    ptr: FieldPtr,
+    exports: AtomicUsize,
+}
+
+impl Field {
+    fn new(name: String, mut data: Vec<u8>) -> Self {
+        let ptr = FieldPtr(data.as_mut_ptr());
+        Field { name, data, ptr, exports: AtomicUsize::new(0) }
+    }
+
+    /// Fills `view` for `owner` (this field's Python object).
+    ///
+    /// # Safety
+    ///
+    /// `owner` is this field's Python object; `view` as in [`fill_view`].
+    unsafe fn export(
+        &self,
+        py: Python<'_>,
+        owner: *mut pyo3::ffi::PyObject,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        // SAFETY: the Vec's memory lives as long as the field object, which the view
+        // references through `view.obj`.
+        unsafe { fill_view(py, owner, view, self.ptr.0.cast::<c_void>(), self.data.len(), flags, &self.exports) }
+    }
+}
+
+#[pymethods]
+impl Field {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    /// A copy of the bytes.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        // SAFETY: `ptr..ptr+len` is the field's own Vec, alive while `self` is.
+        PyBytes::new(py, unsafe { std::slice::from_raw_parts(self.ptr.0, self.data.len()) })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ringtier.RecordField(name={:?}, bytes={})", self.name, self.data.len())
+    }
+
+    /// Exposes the bytes: one dimension, format `B`, writable.
+    unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        // SAFETY: `slf` is this field's object.
+        unsafe { slf.export(slf.py(), slf.as_ptr(), view, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One record of a shard: a TFRecord (one unnamed field) or a WebDataset sample (a field per
+/// member sharing its key).
+#[pyclass(module = "ringtier._ringtier", name = "Record", frozen)]
+#[derive(Debug)]
+pub(crate) struct Record {
+    /// Index of its shard (see `RecordLoader.shards()`).
+    #[pyo3(get)]
+    shard: usize,
+    /// Key of its shard.
+    #[pyo3(get)]
+    shard_key: String,
+    /// Byte offset of the record (TFRecord) or of its first tar header (WebDataset).
+    #[pyo3(get)]
+    offset: u64,
+    /// Bytes it takes in the shard, framing included.
+    #[pyo3(get)]
+    size: u64,
+    /// The WebDataset sample key; empty for TFRecord.
+    #[pyo3(get)]
+    key: String,
+    fields: Vec<Py<Field>>,
+}
+
+impl Record {
+    fn new(py: Python<'_>, r: records::Record, shard_key: String) -> PyResult<Self> {
+        let fields =
+            r.fields.into_iter().map(|f| Py::new(py, Field::new(f.name, f.data))).collect::<PyResult<Vec<_>>>()?;
+        Ok(Record { shard: r.shard, shard_key, offset: r.offset, size: r.len, key: r.key, fields })
+    }
+
+    fn only(&self) -> PyResult<&Py<Field>> {
+        match self.fields.as_slice() {
+            [one] => Ok(one),
+            many => Err(PyBufferError::new_err(format!(
+                "record {:?} of shard {} has {} fields ({}): take one with record[name]",
+                self.key,
+                self.shard_key,
+                many.len(),
+                self.names().join(", ")
+            ))),
+        }
+    }
+}
+
+#[pymethods]
+impl Record {
+    /// The field names, in shard order.
+    fn names(&self) -> Vec<String> {
+        self.fields.iter().map(|f| f.get().name.clone()).collect()
+    }
+
+    /// The fields by name.
+    #[getter]
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for f in &self.fields {
+            d.set_item(f.get().name.as_str(), f.clone_ref(py))?;
+        }
+        Ok(d)
+    }
+
+    fn __getitem__(&self, py: Python<'_>, name: &str) -> PyResult<Py<Field>> {
+        self.fields.iter().find(|f| f.get().name == name).map(|f| f.clone_ref(py)).ok_or_else(|| {
+            PyKeyError::new_err(format!(
+                "record {:?} of shard {} has no field {name:?} (it has: {})",
+                self.key,
+                self.shard_key,
+                self.names().join(", ")
+            ))
+        })
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.fields.iter().any(|f| f.get().name == name)
+    }
+
+    /// Bytes of all fields.
+    fn __len__(&self) -> usize {
+        self.fields.iter().map(|f| f.get().data.len()).sum()
+    }
+
+    /// A copy of the bytes of a record with one field (a TFRecord).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(self.only()?.get().to_bytes(py))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ringtier.Record(shard={:?}, offset={}, key={:?}, fields={:?}, bytes={})",
+            self.shard_key,
+            self.offset,
+            self.key,
+            self.names(),
+            self.__len__()
+        )
+    }
+
+    /// A record with one field (a TFRecord) exposes its bytes directly: the view belongs to
+    /// the field.
+    unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let py = slf.py();
+        let field = slf.only()?.bind(py);
+        // SAFETY: `field` is the field's own object; the view references it, so the bytes
+        // outlive the view, and its `__releasebuffer__` is the one called on release.
+        unsafe { field.get().export(py, field.as_ptr(), view, flags) }
+    }
+}

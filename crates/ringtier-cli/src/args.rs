@@ -88,6 +88,10 @@ pub(crate) enum BenchCommand {
     /// The S3 tier against boto3 on one S3 server on loopback: checkpoint drain versus
     /// upload_file, small-object reads versus a thread pool, and a latency-throttled file tier.
     S3(crate::s3bench::S3BenchArgs),
+    /// Cache policies (none, LRU, static, clairvoyant) in front of a slow tier: epoch time,
+    /// stall share and hit ratio per policy, one rank and several (processes, each with its own
+    /// cache and shard, the same seed), caches of 10% and 25% of the dataset.
+    Cache(crate::cachebench::CacheBenchArgs),
 }
 
 #[derive(Args, Debug)]

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod cachebench;
 mod ckpt;
 mod dataset;
 mod decodebench;
@@ -72,6 +73,7 @@ fn run(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Decode(a)) => decodebench::command(a),
         Command::Bench(BenchCommand::Stage(a)) => stagebench::command(a),
         Command::Bench(BenchCommand::S3(a)) => s3bench::command(a),
+        Command::Bench(BenchCommand::Cache(a)) => cachebench::command(a),
         Command::Bench(BenchCommand::Ckpt(a)) => ckpt::bench_command(a),
         Command::Ckpt(a) => ckpt::command(a),
         Command::Metrics(MetricsCommand::Catalog) => {

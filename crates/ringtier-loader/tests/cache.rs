@@ -96,7 +96,8 @@ async fn a_large_object_is_cached_whole_from_ranged_reads() {
     let cfg = CacheConfig::new(CachePolicy::Static, vec![CacheLevel::memory(4 << 20)]).with_range_bytes(64 << 10);
     let cache = CachedTier::new(backing.clone(), cfg).expect("cache");
     let (key, data) = &objects[1];
-    // A piece in the middle: the object is fetched whole in 64 KiB ranges, in the background.
+    // A piece in the middle: the object is fetched whole in 64 KiB ranges, in the background
+    // (its room is reserved at once).
     assert_eq!(read(&cache, key, 300_000, 70_000).await, data[300_000..370_000]);
     for _ in 0..100 {
         if cache.stats().levels[0].used_bytes == data.len() as u64 {
@@ -113,7 +114,10 @@ async fn a_large_object_is_cached_whole_from_ranged_reads() {
     }
     assert_eq!(&whole, data);
     let d = cache.stats().since(&before);
-    assert_eq!((d.reuse_hits(), d.misses), (1, 0), "one access (offset 0), served from memory: {d:?}");
+    // One access (offset 0), served from memory: at once, or after waiting for the copy still
+    // on its way in (a late fetch counts as a miss that did not go to the slow tier).
+    assert_eq!(d.reuse_hits() + d.late_prefetches, 1, "{d:?}");
+    assert_eq!(d.misses, d.late_prefetches, "nothing read from the slow tier: {d:?}");
     assert_eq!(d.hit_bytes, data.len() as u64);
 }
 

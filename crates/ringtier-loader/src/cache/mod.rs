@@ -131,7 +131,8 @@ pub struct CacheConfig {
     /// placed (each is dropped once read); the placement gets the rest. `None` (the default):
     /// a quarter of the first level. Must be below the first level's capacity.
     pub prefetch_bytes: Option<u64>,
-    /// Objects the clairvoyant prefetcher reads from the slow tier at once. Default 32.
+    /// Objects the clairvoyant prefetcher reads from the slow tier at once (in batches of up to
+    /// 16). Default 128.
     pub prefetch_depth: usize,
     /// Largest request when an object is fetched whole into the cache (larger objects are read
     /// in ranges of this size). Default 8 MiB.
@@ -145,7 +146,7 @@ impl Default for CacheConfig {
             levels: Vec::new(),
             lookahead_epochs: 3,
             prefetch_bytes: None,
-            prefetch_depth: 32,
+            prefetch_depth: 128,
             range_bytes: 8 << 20,
         }
     }

@@ -49,6 +49,8 @@ pub(crate) struct Counters {
     pub(crate) hits: Vec<u64>,
     pub(crate) prefetch_hits: Vec<u64>,
     pub(crate) misses: u64,
+    /// Misses that waited for a copy on its way in (a prefetch that came too late).
+    pub(crate) late: u64,
     pub(crate) hit_bytes: u64,
     pub(crate) miss_bytes: u64,
     pub(crate) prefetched: u64,
@@ -152,11 +154,12 @@ impl State {
     }
 
     /// A read of `[offset, offset + len)` of object `id` (of `size` bytes when known): counts a
-    /// hit or a miss (reads at offset 0 are the accesses), moves the clairvoyant cursor, and
+    /// hit or a miss (reads at offset 0 are the accesses; one that had to wait for its copy to
+    /// arrive, `waited`, is a miss and a late prefetch), moves the clairvoyant cursor, and
     /// drops a staged sample once read to its end.
-    pub(crate) fn lookup(&mut self, id: u32, offset: u64, len: usize) -> Lookup {
+    pub(crate) fn lookup(&mut self, id: u32, offset: u64, len: usize, waited: bool) -> Lookup {
         let access = offset == 0;
-        if access {
+        if access && !waited {
             if let Some(&p) = self.future.pos.get(id as usize) {
                 if p != NO_POS {
                     self.future.cursor = self.future.cursor.max(p as usize + 1);
@@ -176,7 +179,11 @@ impl State {
             return Lookup::Pending;
         }
         let (level, size) = (e.level, e.size);
-        if access {
+        if access && waited {
+            e.used = true;
+            self.counters.misses += 1;
+            self.counters.late += 1;
+        } else if access {
             if !e.used {
                 e.used = true;
                 if let Some(at) = e.prefetched {
@@ -475,7 +482,7 @@ mod tests {
     fn replay(st: &mut State, order: &[u32], size: u64) -> u64 {
         let before: u64 = st.counters.hits.iter().sum();
         for &id in order {
-            if let Lookup::Miss = st.lookup(id, 0, size as usize + 1) {
+            if let Lookup::Miss = st.lookup(id, 0, size as usize + 1, false) {
                 let adm = st.admit(id, size, false);
                 if let Some(level) = adm.level {
                     st.complete(id, (level == 0).then(|| Arc::from(vec![0u8; size as usize])));
@@ -567,7 +574,7 @@ mod tests {
         st.inflight.remove(&3);
         st.complete(3, Some(Arc::from(vec![0u8; 10])));
         // Reading 3 to its end frees the budget; the prefetcher goes on with 2.
-        assert!(matches!(st.lookup(3, 0, 11), Lookup::Memory(..)));
+        assert!(matches!(st.lookup(3, 0, 11, false), Lookup::Memory(..)));
         assert_eq!(st.counters.prefetch_hits[0], 1);
         assert_eq!(st.staged, 0);
         assert_eq!(st.next_prefetch(&sizes), Some((2, 10)));

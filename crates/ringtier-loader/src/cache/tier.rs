@@ -46,8 +46,11 @@ pub struct CacheStats {
     pub policy: CachePolicy,
     /// Per level, fastest first.
     pub levels: Vec<LevelStats>,
-    /// Accesses that went to the slow tier.
+    /// Accesses not served from the cache at once: those that went to the slow tier, and those
+    /// that waited for a prefetch still in flight (also counted in `late_prefetches`).
     pub misses: u64,
+    /// Accesses that found their prefetch still in flight and waited for it.
+    pub late_prefetches: u64,
     /// Bytes served from the cache.
     pub hit_bytes: u64,
     /// Bytes read from the slow tier for readers (prefetches not included).
@@ -112,6 +115,7 @@ impl CacheStats {
             l.prefetch_hits -= e.prefetch_hits;
         }
         d.misses -= earlier.misses;
+        d.late_prefetches -= earlier.late_prefetches;
         d.hit_bytes -= earlier.hit_bytes;
         d.miss_bytes -= earlier.miss_bytes;
         d.prefetched -= earlier.prefetched;
@@ -348,6 +352,7 @@ impl CachedTier {
                 })
                 .collect(),
             misses: c.misses,
+            late_prefetches: c.late,
             hit_bytes: c.hit_bytes,
             miss_bytes: c.miss_bytes,
             prefetched: c.prefetched,
@@ -536,35 +541,54 @@ impl Inner {
     /// Reads object `key` of `size` bytes whole from the slow tier, in concurrent ranges of at
     /// most `range_bytes`.
     async fn fetch_whole(&self, key: &str, size: u64) -> Result<Arc<[u8]>> {
-        let range = self.cfg.range_bytes as u64;
+        self.fetch_many(&[(key.to_string(), size)])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::new(ErrorKind::Shutdown, "not read")))
+    }
+
+    /// Reads objects whole from the slow tier as one batch (the slow tier's batch path: one
+    /// round trip on a throttled tier, concurrent requests on S3), each in ranges of at most
+    /// `range_bytes`. One result per object, in order.
+    async fn fetch_many(&self, objects: &[(String, u64)]) -> Vec<Result<Arc<[u8]>>> {
+        let range = self.cfg.range_bytes.max(1) as u64;
         let align = self.backing.capabilities().alignment.max(1);
-        let mut batch = ReadBatch::with_capacity(size.div_ceil(range) as usize, 0);
-        let mut off = 0u64;
-        while off < size || (size == 0 && off == 0) {
-            let len = range.min(size - off) as usize;
-            batch.push(key, off, len, AlignedBuf::new((len + 2 * align).next_multiple_of(align), align)?);
-            off += range.max(1);
-            if size == 0 {
-                break;
+        let mut out: Vec<Result<Vec<u8>>> =
+            objects.iter().map(|(_, size)| Ok(Vec::with_capacity(*size as usize))).collect();
+        let mut batch = ReadBatch::with_capacity(objects.len(), objects.iter().map(|(k, _)| k.len()).sum());
+        let mut owner = Vec::with_capacity(objects.len());
+        for (i, (key, size)) in objects.iter().enumerate() {
+            let mut off = 0u64;
+            while off < *size {
+                let len = range.min(size - off) as usize;
+                match AlignedBuf::new((len + 2 * align).next_multiple_of(align), align) {
+                    Ok(buf) => {
+                        batch.push(key, off, len, buf);
+                        owner.push((i, len));
+                    }
+                    Err(e) => out[i] = Err(e),
+                }
+                off += range;
             }
         }
-        let mut batch = self.backing.read_batch(batch).await;
-        let mut out = Vec::with_capacity(size as usize);
-        for (_, off, res, buf) in batch.drain() {
-            let n = res?;
-            let want = range.min(size - off) as usize;
-            if n != want {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!("size changed while caching: read {n} of {want} bytes at {off}"),
-                )
-                .context(Operation::Read, key, self.backing.name()));
-            }
-            if let Some(b) = buf {
-                out.extend_from_slice(b.as_slice());
+        if !batch.is_empty() {
+            let mut batch = self.backing.read_batch(batch).await;
+            for ((key, off, res, buf), (i, want)) in batch.drain().zip(owner) {
+                let Ok(data) = &mut out[i] else { continue };
+                match (res, buf) {
+                    (Ok(n), Some(b)) if n == want => data.extend_from_slice(b.as_slice()),
+                    (Ok(n), _) => {
+                        out[i] = Err(Error::new(
+                            ErrorKind::Corrupt,
+                            format!("size changed while caching: read {n} of {want} bytes at {off}"),
+                        )
+                        .context(Operation::Read, key, self.backing.name()))
+                    }
+                    (Err(e), _) => out[i] = Err(e),
+                }
             }
         }
-        Ok(Arc::from(out))
+        out.into_iter().map(|r| r.map(Arc::from)).collect()
     }
 
     /// After a read from the slow tier: admit the object if the policy keeps it. A read that
@@ -633,11 +657,12 @@ impl Inner {
         mut buf: AlignedBuf,
     ) -> std::result::Result<(Result<usize>, AlignedBuf), AlignedBuf> {
         let (id, _) = self.id_of(key);
+        let mut waited = false;
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let found = self.lock().lookup(id, offset, len);
+            let found = self.lock().lookup(id, offset, len, waited);
             match found {
                 Lookup::Memory(data) => {
                     self.notify.notify_waiters(); // a staged copy read: room for the prefetcher
@@ -666,7 +691,13 @@ impl Inner {
                         }
                     }
                 }
-                Lookup::Pending => notified.await,
+                Lookup::Pending => {
+                    if !waited && offset == 0 {
+                        // Counted as a miss once, when the copy arrives.
+                        waited = true;
+                    }
+                    notified.await
+                }
                 Lookup::Miss => return Err(buf),
             }
         }
@@ -691,8 +722,12 @@ fn copy_out(data: &[u8], offset: u64, len: usize, buf: &mut AlignedBuf) -> Resul
     Ok(n)
 }
 
-/// The clairvoyant prefetcher: takes the next object in access order that may come in, fetches
-/// it (at most `prefetch_depth` at once), and waits for room when the budget is full.
+/// Objects one prefetch request batch holds at most.
+const PREFETCH_GROUP: usize = 16;
+
+/// The clairvoyant prefetcher: takes the next objects in access order that may come in, fetches
+/// them in batches of up to [`PREFETCH_GROUP`] (at most `prefetch_depth` objects in flight), and
+/// waits for room when the budget is full.
 async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
     let mut tasks = tokio::task::JoinSet::new();
     let permits = {
@@ -700,29 +735,53 @@ async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
         Arc::new(Semaphore::new(inner.cfg.prefetch_depth))
     };
     loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { return };
+        let Ok(mut permit) = Arc::clone(&permits).acquire_owned().await else { return };
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let next = {
-            let Some(inner) = weak.upgrade() else { return };
+        let Some(inner) = weak.upgrade() else { return };
+        let group: Vec<(u32, String, u64)> = {
             let keys = inner.keys.read().unwrap_or_else(|p| p.into_inner());
-            let next = inner.lock().next_prefetch(&keys.sizes);
-            next.map(|(id, size)| {
-                let key = keys.names.get(id as usize).cloned();
-                (inner.clone(), id, size, key)
-            })
+            let mut st = inner.lock();
+            let mut group = Vec::new();
+            while group.len() < PREFETCH_GROUP {
+                if !group.is_empty() {
+                    match Arc::clone(&permits).try_acquire_owned() {
+                        Ok(p) => permit.merge(p),
+                        Err(_) => break,
+                    }
+                }
+                let Some((id, size)) = st.next_prefetch(&keys.sizes) else { break };
+                match keys.names.get(id as usize) {
+                    Some(key) => group.push((id, key.clone(), size)),
+                    None => {
+                        st.inflight.remove(&id);
+                        st.abandon(id);
+                    }
+                }
+            }
+            group
         };
-        match next {
-            Some((inner, id, size, Some(key))) => {
-                tasks.spawn(async move {
-                    let _permit = permit;
-                    let mut guard = InflightGuard { inner: &inner, id, done: false };
-                    let stored = match inner.fetch_whole(&key, size).await {
+        if group.is_empty() {
+            drop(permit);
+            drop(inner);
+            tokio::select! {
+                _ = notified => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        } else {
+            tasks.spawn(async move {
+                let _permit = permit;
+                let mut guard = InflightGuard { inner: &inner, ids: group.iter().map(|g| g.0).collect(), done: false };
+                let objects: Vec<(String, u64)> = group.iter().map(|(_, k, s)| (k.clone(), *s)).collect();
+                let fetched = inner.fetch_many(&objects).await;
+                let mut stored = Vec::with_capacity(group.len());
+                for ((id, key, _), data) in group.iter().zip(fetched) {
+                    let copy = match data {
                         Ok(d) => {
-                            let level = inner.lock().entries.get(&id).map(|e| e.level);
+                            let level = inner.lock().entries.get(id).map(|e| e.level);
                             match level {
-                                Some(l) if inner.write_level(id, l, d.clone()).await => Some(inner.memory_copy(l, &d)),
+                                Some(l) if inner.write_level(*id, l, d.clone()).await => Some(inner.memory_copy(l, &d)),
                                 _ => None,
                             }
                         }
@@ -731,30 +790,21 @@ async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
                             None
                         }
                     };
-                    guard.done = true;
-                    let mut st = inner.lock();
+                    stored.push((*id, copy));
+                }
+                guard.done = true;
+                let mut st = inner.lock();
+                for (id, copy) in stored {
                     st.inflight.remove(&id);
-                    match stored {
+                    match copy {
                         Some(copy) => st.complete(id, copy),
                         None => st.abandon(id),
                     }
-                    drop(st);
-                    inner.report();
-                    inner.notify.notify_waiters();
-                });
-            }
-            Some((inner, id, _, None)) => {
-                let mut st = inner.lock();
-                st.inflight.remove(&id);
-                st.abandon(id);
-            }
-            None => {
-                drop(permit);
-                tokio::select! {
-                    _ = notified => {}
-                    Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
                 }
-            }
+                drop(st);
+                inner.report();
+                inner.notify.notify_waiters();
+            });
         }
         while tasks.try_join_next().is_some() {}
     }
@@ -763,7 +813,7 @@ async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
 /// Removes a prefetch's reservation if its task is dropped before it finished.
 struct InflightGuard<'a> {
     inner: &'a Arc<Inner>,
-    id: u32,
+    ids: Vec<u32>,
     done: bool,
 }
 
@@ -771,8 +821,10 @@ impl Drop for InflightGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
             let mut st = self.inner.lock();
-            st.inflight.remove(&self.id);
-            st.abandon(self.id);
+            for &id in &self.ids {
+                st.inflight.remove(&id);
+                st.abandon(id);
+            }
             drop(st);
             self.inner.notify.notify_waiters();
         }

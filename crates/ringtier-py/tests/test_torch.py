@@ -89,3 +89,27 @@ def test_distributed_store_on_one_rank(tiers):
     with pytest.raises(ValueError, match="not committed"):
         other.load(9)
     other.close()
+
+
+def test_distributed_async_save_on_one_rank(tiers):
+    store = rt.DistributedCheckpointStore(tiers, rank=0, world_size=1)
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bfloat16)}
+    want = {k: v.clone() for k, v in state.items()}
+    fut = store.async_save(1, state)
+    state["w"].zero_()  # the staging copy was taken: the change is not saved
+    assert fut.step == 1
+    fut._local.result(timeout=60)  # this rank's shard durable ...
+    assert fut.done() and store.latest() is None, "... but the step is committed only by result()"
+    report = fut.result(timeout=60)
+    assert report["ok"] and report["step"] == 1 and report["bytes"] > 0 and report["commit_seconds"] >= 0
+    assert fut.done() and fut.result() is report
+    assert store.latest() == 1
+    got = store.load(1)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    # A failed save (the step exists) raises from result(), every time, and commits nothing.
+    again = store.async_save(1, state)
+    for _ in range(2):
+        with pytest.raises(Exception, match="1"):
+            again.result(timeout=60)
+    assert [c["step"] for c in store.list()] == [1]
+    store.close()

@@ -1,6 +1,7 @@
 """Two ranks under torchrun (gloo, CPU): every sample once per epoch across ranks and
 DataLoader workers; a checkpoint step commits only when every rank's shard is durable; a rank
-killed mid-save leaves the previous step loadable; another world size is refused."""
+killed mid-save leaves the previous step loadable; async_save commits once every rank's
+result() has its shard; another world size is refused."""
 
 from __future__ import annotations
 
@@ -63,7 +64,10 @@ def test_two_ranks(tmp_path):
         assert r["latest"] == 2 and 3 not in r["steps"], r
         assert r["loaded_ok"], "each rank loads its own shard of step 2"
         assert r["after_save"] == 4
-    assert committed(fast, "global", 4)
+        assert r["async_report"]["ok"] and r["async_report"]["step"] == 5 and r["async_report"]["bytes"] > 0, r
+        assert r["async_done"] and r["async_latest"] == 5 and r["async_loaded_ok"], r
+        assert r["again_error"] and "5" in r["again_error"] and r["again_latest"] == 5, r
+    assert committed(fast, "global", 4) and committed(fast, "global", 5)
 
     run = torchrun(1, "reshard", str(data), tiers, str(out))
     assert run.returncode == 0, run.stdout + run.stderr

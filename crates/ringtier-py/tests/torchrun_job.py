@@ -4,7 +4,8 @@
 
 MODE: `train` (read two epochs through the IterableDataset with 2 DataLoader workers per rank,
 then save steps 1 and 2 through the DistributedCheckpointStore), `kill` (save step 3; rank 1
-SIGKILLs itself mid-save), `restore` (load the latest step, check it, save step 4). Each rank
+SIGKILLs itself mid-save), `restore` (load the latest step, check it, save step 4, async_save
+step 5 changing the tensors at once, then async_save step 5 again). Each rank
 writes OUT/MODE-RANK.json.
 """
 
@@ -85,6 +86,24 @@ def main() -> None:
         result["loaded_ok"] = same(store.load(), shard_state(rank, 2))
         store.save(4, shard_state(rank, 4))
         result["after_save"] = store.latest()
+        # async_save: the tensors may change once it returns; result() commits the step.
+        state = shard_state(rank, 5)
+        fut = store.async_save(5, state)
+        state["model"]["w"].fill_(7)
+        state["model"]["b"].zero_()
+        report = fut.result(timeout=120)
+        result["async_report"] = {k: report[k] for k in ("ok", "step", "bytes")}
+        result["async_done"] = fut.done()
+        result["async_latest"] = store.latest()
+        result["async_loaded_ok"] = same(store.load(5), shard_state(rank, 5))
+        # A step saved again fails on every rank and commits nothing new.
+        again = store.async_save(5, shard_state(rank, 5))
+        try:
+            again.result(timeout=120)
+            result["again_error"] = None
+        except Exception as e:
+            result["again_error"] = f"{type(e).__name__}: {e}"
+        result["again_latest"] = store.latest()
         store.close()
     elif mode == "reshard":
         store = rt.DistributedCheckpointStore(tiers)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset as _TorchIterable
 from torch.utils.data import get_worker_info
 
-from ._ringtier import Loader
+from ._ringtier import Loader, SaveFuture
 from .checkpoint import CheckpointStore, PathLike, _step
 
 
@@ -154,8 +154,9 @@ class DistributedCheckpointStore:
 
     A rank that dies mid-save leaves the step uncommitted (its partial shard is removed when its
     store is next opened) and the previous step loadable. Loading with another world size is an
-    error (no resharding). Every rank must call :meth:`save`, :meth:`load`, :meth:`latest` and
-    :meth:`close` together (they use collectives of ``group``).
+    error (no resharding). Every rank must call :meth:`save`, :meth:`load`, :meth:`latest`,
+    :meth:`close` and an :meth:`async_save`'s ``result()`` together (they use collectives of
+    ``group``).
 
     Multi-node: the global manifest and every rank's shard must be visible to the rank that
     loads it, so keep the tiers on shared storage (one fast tier per node works for saving:
@@ -216,10 +217,31 @@ class DistributedCheckpointStore:
         try:
             report: Dict[str, Any] = {"ok": True, **self.shards.save(step, state)}
         except Exception as e:  # reported to every rank, then raised here
-            report = {"ok": False, "error": f"{type(e).__name__}: {e}", "step": step, "bytes": 0}
-            failure: Optional[BaseException] = e
-        else:
-            failure = None
+            return self._commit(step, t0, None, e)
+        return self._commit(step, t0, report, None)
+
+    def async_save(self, step: int, state: Mapping[str, Any]) -> "DistributedSaveFuture":
+        """Copies this rank's ``state`` into a staging buffer and returns at once (the caller
+        may change its tensors then), saving the shard in the background: the shape of
+        ``torch.distributed.checkpoint.async_save``. ``future.result()`` is collective: every
+        rank calls it; it waits for this rank's shard, then commits the step as :meth:`save`
+        does (every rank's report gathered, rank 0 writes the global manifest, a barrier)."""
+        step = _step(step)
+        t0 = time.perf_counter()
+        try:
+            local: Optional[SaveFuture] = self.shards.async_save(step, state)
+        except Exception as e:  # the staging copy failed: reported at result(), on every rank
+            return DistributedSaveFuture(self, step, t0, None, e)
+        return DistributedSaveFuture(self, step, t0, local, None)
+
+    def _commit(
+        self, step: int, t0: float, report: Optional[Dict[str, Any]], failure: Optional[BaseException]
+    ) -> Dict[str, Any]:
+        """The collective end of a save: gathers every rank's outcome; rank 0 writes the global
+        manifest when every shard is durable; a barrier; raises this rank's error or names the
+        ranks that failed."""
+        if report is None:
+            report = {"ok": False, "error": f"{type(failure).__name__}: {failure}", "step": step, "bytes": 0}
         reports = self._gather(report)
         bad = [(r, rep["error"]) for r, rep in enumerate(reports) if not rep["ok"]]
         if not bad and self.global_store is not None:
@@ -295,6 +317,55 @@ class DistributedCheckpointStore:
         self.close()
 
 
+class DistributedSaveFuture:
+    """A :meth:`DistributedCheckpointStore.async_save` in progress. :meth:`done` says whether
+    this rank's shard is durable; the step is committed only by :meth:`result`, which every
+    rank must call (it is collective)."""
+
+    def __init__(
+        self,
+        store: DistributedCheckpointStore,
+        step: int,
+        t0: float,
+        local: Optional[SaveFuture],
+        failure: Optional[BaseException],
+    ) -> None:
+        self.step = step
+        self._store = store
+        self._t0 = t0
+        self._local = local
+        self._failure = failure
+        self._outcome: Optional[Tuple[Optional[Dict[str, Any]], Optional[BaseException]]] = None
+
+    def done(self) -> bool:
+        """True once this rank's shard is durable (or its save failed)."""
+        return self._outcome is not None or self._local is None or self._local.done()
+
+    def result(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Waits for this rank's shard (``TimeoutError`` after ``timeout`` seconds, before any
+        collective: call it again), then commits the step on every rank: returns this rank's
+        report, or raises its error, or ``RuntimeError`` naming the ranks that failed."""
+        if self._outcome is None:
+            report: Optional[Dict[str, Any]] = None
+            failure = self._failure
+            if self._local is not None and failure is None:
+                try:
+                    report = {"ok": True, **self._local.result(timeout)}
+                except TimeoutError:
+                    raise
+                except Exception as e:  # reported to every rank, then raised here
+                    failure = e
+            try:
+                self._outcome = (self._store._commit(self.step, self._t0, report, failure), None)
+            except Exception as e:
+                self._outcome = (None, e)
+        done, err = self._outcome
+        if err is not None:
+            raise err
+        assert done is not None
+        return done
+
+
 from ._torch_records import RecordDataset  # noqa: E402  (TFRecord / WebDataset shards)
 
-__all__ = ["IterableDataset", "DistributedCheckpointStore", "RecordDataset"]
+__all__ = ["IterableDataset", "DistributedCheckpointStore", "DistributedSaveFuture", "RecordDataset"]

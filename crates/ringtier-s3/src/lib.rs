@@ -2,6 +2,7 @@
 
 mod config;
 mod error;
+mod parts;
 mod tier;
 mod uploads;
 mod writer;

@@ -20,6 +20,7 @@ use ringtier_core::{
 
 use crate::config::S3Config;
 use crate::error::{map_err, Retry};
+use crate::parts::PartPool;
 use crate::writer::S3Writer;
 
 /// The tier's own tokio runtime: every request runs on it, so callers may use any executor
@@ -63,6 +64,8 @@ pub(crate) struct Inner {
     /// Resolved region and endpoint (for requests object_store has no call for).
     pub(crate) region: String,
     pub(crate) endpoint: Option<String>,
+    /// Part buffers of this tier's uploads, reused.
+    pub(crate) parts: Arc<PartPool>,
 }
 
 impl Inner {
@@ -276,7 +279,9 @@ impl S3Tier {
         let io = IoRuntime::new(cfg.io_threads, &cfg.name)?;
         let root = if cfg.prefix.is_empty() { String::new() } else { format!("{}/", cfg.prefix) };
         let retry = Retry { initial: cfg.initial_backoff, max: cfg.max_backoff, deadline: cfg.retry_deadline };
-        Ok(S3Tier { inner: Arc::new(Inner { store: Arc::new(store), io, retry, root, region, endpoint, cfg }) })
+        // Enough for the parts in flight plus the one being filled.
+        let parts = PartPool::new(cfg.upload_concurrency + 1, cfg.part_size);
+        Ok(S3Tier { inner: Arc::new(Inner { store: Arc::new(store), io, retry, root, region, endpoint, parts, cfg }) })
     }
 
     /// Like [`S3Tier::new`], then checks that the bucket exists and the credentials work

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use object_store::client::{HttpConnector, HttpRequestBody, ReqwestConnector};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
 use ringtier_core::{Error, ErrorKind, Operation, Result};
 
 use crate::tier::Inner;
@@ -188,32 +188,46 @@ pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64
             let step = me.cfg.part_size as u64;
             let ranges: Vec<_> = (0..size.div_ceil(step)).map(|i| i * step..((i + 1) * step).min(size)).collect();
             let stored = me.retry.run(|| async { me.store.head(&path).await.map_err(|e| me.err(e, Operation::Commit, &key)) }).await?;
-            let mut got = 0u32;
+            let (mut got, mut read) = (0u32, 0u64);
             if stored.size == size {
                 let mut reads = futures::stream::iter(ranges)
                     .map(|r| {
                         let (me, path, key) = (&me, &path, &key);
                         async move {
+                            // The body is checked chunk by chunk as it arrives, never gathered
+                            // into one buffer (a fresh part-sized allocation per range cost more
+                            // CPU in page faults than the CRC).
                             me.retry
                                 .run(|| async {
-                                    me.store.get_range(path, r.clone()).await.map_err(|e| me.err(e, Operation::Commit, key))
+                                    let opts = GetOptions::new().with_range(Some(GetRange::Bounded(r.clone())));
+                                    let res = me.store.get_opts(path, opts).await;
+                                    let mut body = res.map_err(|e| me.err(e, Operation::Commit, key))?.into_stream();
+                                    let (mut crc, mut len) = (0u32, 0u64);
+                                    while let Some(chunk) = body.next().await {
+                                        let chunk = chunk.map_err(|e| me.err(e, Operation::Commit, key))?;
+                                        crc = crc32c::crc32c_append(crc, &chunk);
+                                        len += chunk.len() as u64;
+                                    }
+                                    Ok((crc, len))
                                 })
                                 .await
                         }
                     })
                     .buffered(me.cfg.upload_concurrency);
-                while let Some(chunk) = reads.next().await {
-                    got = crc32c::crc32c_append(got, &chunk?);
+                while let Some(range) = reads.next().await {
+                    let (range_crc, len) = range?;
+                    got = crc32c::crc32c_combine(got, range_crc, usize::try_from(len).unwrap_or(usize::MAX));
+                    read += len;
                 }
             }
-            if stored.size == size && got == crc {
+            if stored.size == size && read == size && got == crc {
                 return Ok(());
             }
             let _ = me.store.delete(&path).await;
             Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
-                    "s3://{}/{path} does not hold what was written (read back {} bytes, crc32c {got:08x}; wrote {size} bytes, crc32c {crc:08x}); deleted",
+                    "s3://{}/{path} does not hold what was written (the server lists {} bytes, read back {read} bytes, crc32c {got:08x}; wrote {size} bytes, crc32c {crc:08x}); deleted",
                     me.cfg.bucket, stored.size
                 ),
             )

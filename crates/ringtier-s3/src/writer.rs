@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use object_store::multipart::{MultipartStore, PartId};
@@ -36,8 +36,8 @@ pub(crate) struct S3Writer {
     inner: Arc<Inner>,
     key: String,
     path: Path,
-    /// Bytes from `cur_start` on, not yet sent.
-    cur: BytesMut,
+    /// Bytes from `cur_start` on, not yet sent (a buffer of the tier's part pool).
+    cur: Vec<u8>,
     cur_start: u64,
     /// Writes past the end of `cur`, by offset.
     ahead: BTreeMap<u64, Vec<u8>>,
@@ -60,11 +60,12 @@ impl fmt::Debug for S3Writer {
 
 impl S3Writer {
     pub(crate) fn new(inner: Arc<Inner>, key: String, path: Path) -> Self {
+        let cur = inner.parts.take();
         S3Writer {
             inner,
             key,
             path,
-            cur: BytesMut::new(),
+            cur,
             cur_start: 0,
             ahead: BTreeMap::new(),
             upload: None,
@@ -195,9 +196,13 @@ impl S3Writer {
     async fn flush_full_parts(&mut self) -> Result<()> {
         let part = self.inner.cfg.part_size;
         while self.cur.len() >= part {
-            let data = self.cur.split_to(part).freeze();
+            // The bytes past the part start the next buffer; the full one goes out as is.
+            let mut next = self.inner.parts.take();
+            next.extend_from_slice(&self.cur[part..]);
+            self.cur.truncate(part);
+            let full = std::mem::replace(&mut self.cur, next);
             self.cur_start += part as u64;
-            self.send_part(data).await?;
+            self.send_part(self.inner.parts.freeze(full)).await?;
         }
         Ok(())
     }
@@ -222,7 +227,7 @@ impl S3Writer {
         let size = self.end();
         if self.upload.is_none() && self.cur.len() <= self.inner.cfg.single_put_max.max(self.inner.cfg.part_size) {
             // Small object: one PUT, atomic by nature.
-            let data = std::mem::take(&mut self.cur).freeze();
+            let data = self.inner.parts.freeze(std::mem::take(&mut self.cur));
             self.crc = crc32c::crc32c_append(self.crc, &data);
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
@@ -230,7 +235,7 @@ impl S3Writer {
         } else {
             self.flush_full_parts().await?;
             if !self.cur.is_empty() {
-                let last = std::mem::take(&mut self.cur).freeze();
+                let last = self.inner.parts.freeze(std::mem::take(&mut self.cur));
                 self.cur_start += last.len() as u64;
                 self.send_part(last).await?;
             }
@@ -278,11 +283,23 @@ impl ObjectWriter for S3Writer {
         if let Err(e) = self.check_failed(Operation::Write) {
             return (Err(e), buf);
         }
-        if let Err(e) = self.place(offset, buf.as_slice()) {
-            return (Err(e), buf);
+        // Placed up to each part boundary at a time (parts start at multiples of the part
+        // size), so a part buffer never grows past one part.
+        let part = self.inner.cfg.part_size as u64;
+        let data = buf.as_slice();
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let n = ((part - at % part) as usize).min(data.len() - done);
+            if let Err(e) = self.place(at, &data[done..done + n]) {
+                return (Err(e), buf);
+            }
+            if let Err(e) = self.flush_full_parts().await {
+                return (Err(e), buf);
+            }
+            done += n;
         }
-        let res = self.flush_full_parts().await;
-        (res, buf)
+        (Ok(()), buf)
     }
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {
@@ -303,6 +320,7 @@ impl ObjectWriter for S3Writer {
 
 impl Drop for S3Writer {
     fn drop(&mut self) {
+        self.inner.parts.put(std::mem::take(&mut self.cur));
         if self.done {
             return;
         }

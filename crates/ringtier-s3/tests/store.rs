@@ -189,3 +189,128 @@ async fn a_dataset_on_s3_sharded_over_two_ranks_reads_each_object_once() {
     assert_eq!(seen.len(), 50, "every object read");
     assert!(seen.values().all(|&n| n == 1), "each object read exactly once per epoch: {seen:?}");
 }
+
+/// Until `cond` holds (polled every 5 ms), at most `secs` seconds.
+fn wait_until(secs: u64, cond: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_killed_mid_drain_loses_nothing_and_leaves_no_upload() {
+    let s3_dir = tempfile::tempdir().expect("tempdir");
+    let fast_dir = tempfile::tempdir().expect("tempdir");
+    let fast = || -> Arc<dyn Tier> {
+        Arc::new(PosixTier::new(PosixConfig::new(fast_dir.path()).with_name("fast".into())).expect("fast tier"))
+    };
+    let data = pattern(11, 6 * PART + 3);
+    // Round 1: the server is killed once the drain's multipart upload has begun and comes
+    // back within the retry deadline: the drain goes on and completes.
+    // Round 2: it is killed the same way and stays down past the deadline: the drain fails,
+    // the checkpoint stays acknowledged on the fast tier and is not listed on S3; the next
+    // open (server back) aborts what was left and drains it.
+    for (round, deadline, down) in [(1u64, 30u64, 1500u64), (2, 2, 0)] {
+        let mut server = Some(S3sFsServer::start(s3_dir.path()).expect("s3s-fs"));
+        let port = server.as_ref().map(|s| s.port()).expect("port");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let slow = || -> Arc<dyn Tier> {
+            let cfg = test_config(&endpoint, "ckpt", "run")
+                .with_part_size(PART)
+                .with_upload_concurrency(2)
+                .with_retry_deadline(Duration::from_secs(deadline))
+                .with_request_timeout(Duration::from_secs(2))
+                .named("s3");
+            Arc::new(S3Tier::new(cfg).expect("s3 tier"))
+        };
+        if round == 1 {
+            S3Tier::new(test_config(&endpoint, "ckpt", "run")).expect("tier").create_bucket().await.expect("bucket");
+        }
+        {
+            let store = CheckpointStore::open(vec![fast()], cfg()).await.expect("open fast only");
+            store.save(round, vec![Part::bytes("model", &data)]).await.expect("save acknowledged");
+        }
+        let root = s3_dir.path().to_path_buf();
+        let Some(running) = server.take() else { unreachable!() };
+        let killer = std::thread::spawn(move || {
+            // Once the upload and its marker exist (a kill between the two leaves an upload
+            // that only ListMultipartUploads finds, which s3s-fs lacks: see docs/S3.md).
+            let markers = root.join("ckpt/run/.ringtier-uploads");
+            let begun = || s3s_uploads(&root) > 0 && std::fs::read_dir(&markers).is_ok_and(|mut d| d.next().is_some());
+            assert!(wait_until(60, begun), "round {round}: the upload never began");
+            running.kill();
+            if down > 0 {
+                std::thread::sleep(Duration::from_millis(down));
+                Some(S3sFsServer::start_on(&root, port).expect("restart"))
+            } else {
+                None
+            }
+        });
+        let store = CheckpointStore::open(vec![fast(), slow()], cfg()).await.expect("open with S3");
+        let drained = store.drain().await;
+        server = killer.join().expect("killer thread");
+        let on_s3 = |list: &[ringtier_migrate::CheckpointInfo]| {
+            list.iter().any(|c| c.step == round && c.tiers.contains(&"s3".to_string()))
+        };
+        if round == 1 {
+            drained.expect("the drain rides out the restart");
+            assert!(on_s3(&store.list().await.expect("list")), "round 1 drained");
+        } else {
+            let e = drained.expect_err("the server stays down past the deadline");
+            assert!(e.to_string().contains(&format!("step {round}")), "{e}");
+            // With S3 down, listing fails (it lists every tier) with an error that says so.
+            match store.list().await {
+                Ok(list) => assert!(!on_s3(&list), "listed on S3 though incomplete: {list:?}"),
+                Err(e) => assert!(e.is_temporary() && e.to_string().contains("s3://ckpt/run/"), "{e}"),
+            }
+            drop(store);
+            // (Reading through a store that has S3 among its tiers asks S3 too, and fails
+            // while it is down; the fast tier alone has the checkpoint, whole.)
+            let fast_only = CheckpointStore::open(vec![fast()], cfg()).await.expect("open fast only");
+            assert!(fast_only.read_part(round, "model").await.expect("the fast copy is kept") == data);
+            drop(fast_only);
+            server = Some(S3sFsServer::start_on(s3_dir.path(), port).expect("restart"));
+            let store = CheckpointStore::open(vec![fast(), slow()], cfg()).await.expect("reopen");
+            store.drain().await.expect("drained once the server is back");
+            assert!(on_s3(&store.list().await.expect("list")), "round 2 drained after reopen");
+        }
+        assert_eq!(s3s_uploads(s3_dir.path()), 0, "round {round}: no orphaned upload");
+        // What S3 holds is the checkpoint, whole: read it from S3 alone.
+        let only_s3 = CheckpointStore::open(vec![slow()], cfg()).await.expect("open S3 only");
+        assert!(only_s3.read_part(round, "model").await.expect("read from S3") == data, "round {round}");
+        drop(server);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_or_wrong_credentials_lose_no_checkpoint() {
+    let s = Setup::new();
+    let data = pattern(12, 1000);
+    {
+        let store = CheckpointStore::open(vec![s.fast()], cfg()).await.expect("open fast only");
+        store.save(3, vec![Part::bytes("model", &data)]).await.expect("save");
+    }
+    let endpoint = s.server.endpoint();
+    S3Tier::new(test_config(&endpoint, "ckpt", "run")).expect("tier").create_bucket().await.expect("bucket");
+    for (what, cfg_s3) in [
+        ("no-such-bucket", test_config(&endpoint, "no-such-bucket", "run")),
+        ("credentials", test_config(&endpoint, "ckpt", "run").with_credentials("ringtier-test", "wrong-secret")),
+    ] {
+        let slow: Arc<dyn Tier> = Arc::new(S3Tier::new(cfg_s3.named("s3")).expect("tier"));
+        let e = match CheckpointStore::open(vec![s.fast(), slow], cfg()).await {
+            Err(e) => e,
+            Ok(store) => store.drain().await.expect_err("nothing can be drained"),
+        };
+        let msg = format!("{e:#}");
+        assert!(msg.contains(what) || msg.to_lowercase().contains("credentials"), "{what}: {msg}");
+        // The checkpoint is still there and whole on the fast tier.
+        let store = CheckpointStore::open(vec![s.fast()], cfg()).await.expect("reopen fast only");
+        assert_eq!(store.read_part(3, "model").await.expect("kept"), data, "{what}");
+    }
+    assert_eq!(s3s_uploads(s.s3_dir.path()), 0);
+}

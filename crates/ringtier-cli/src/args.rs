@@ -134,6 +134,12 @@ pub(crate) struct PaperArgs {
     /// Tiny sizes, for tests of the command itself (not meaningful figures).
     #[arg(long, hide = true)]
     pub(crate) tiny: bool,
+    /// Also the remote-storage experiment (a fourth report section): small objects read from
+    /// an S3 server on loopback by ringtier's S3 tier (one driver thread, requests in flight
+    /// swept) and by a boto3 thread pool (threads swept), and from a file tier with 4 ms per
+    /// request (the latency-bound regime of a parallel file system). Needs python3 with boto3.
+    #[arg(long)]
+    pub(crate) remote: bool,
 }
 
 #[derive(Args, Debug)]

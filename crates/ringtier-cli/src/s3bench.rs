@@ -56,7 +56,7 @@ enum S3BenchAction {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
-enum Server {
+pub(crate) enum Server {
     /// s3s-fs (Rust, files under the work directory), a child process of this binary.
     S3sFs,
     /// moto_server (Python, objects in memory).
@@ -212,9 +212,9 @@ fn s3_config(endpoint: &str, bucket: &str, prefix: &str) -> S3Config {
         .with_allow_http(true)
 }
 
-fn baseline(common: &Common, endpoint: &str, bucket: &str, extra: &[String]) -> Result<(f64, f64, u64)> {
+fn baseline(script: &Path, endpoint: &str, bucket: &str, extra: &[String]) -> Result<(f64, f64, u64)> {
     let out = Command::new("python3")
-        .arg(&common.baseline)
+        .arg(script)
         .args(extra)
         .args(["--endpoint", endpoint, "--bucket", bucket, "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
         .output()
@@ -291,15 +291,75 @@ pub(crate) fn command(a: S3BenchArgs) -> Result<()> {
             }
         }
         S3BenchAction::Drain(d) => drain(d),
-        S3BenchAction::Read(r) => read(r),
+        S3BenchAction::Read(r) => {
+            let sweep = ReadSweep {
+                server: r.common.server,
+                work: r.common.work,
+                repeats: r.common.repeats,
+                json: r.common.json,
+                baseline: r.common.baseline,
+                objects: r.objects,
+                object_size: r.object_size,
+                depths: r.depths,
+                threads: r.threads,
+                latency_ms: r.latency_ms,
+            };
+            read(&sweep).map(|_| ())
+        }
     }
 }
 
-fn work_dir(common: &Common) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
-    Ok(match &common.work {
+/// The remote-storage read experiment's settings (`ringtier bench s3 read`, and
+/// `ringtier paper --remote`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReadSweep {
+    /// The S3 server, started on loopback for the run.
+    pub server: Server,
+    /// Work directory (default: a new temp dir, removed afterwards).
+    pub work: Option<PathBuf>,
+    pub repeats: usize,
+    /// Write the report as JSON here.
+    pub json: Option<PathBuf>,
+    /// The boto3 baseline script.
+    pub baseline: PathBuf,
+    pub objects: usize,
+    pub object_size: u64,
+    /// Requests in flight swept for the ringtier tiers.
+    pub depths: Vec<usize>,
+    /// boto3 pool threads swept.
+    pub threads: Vec<usize>,
+    /// Per-request latency of the throttled file tier, in milliseconds.
+    pub latency_ms: f64,
+}
+
+/// The boto3 baseline script, built into the binary (for `ringtier paper --remote`, which
+/// may run anywhere): written to `dir` and its path returned.
+pub(crate) fn write_baseline_script(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("boto3_baseline.py");
+    std::fs::write(&path, include_str!("../../../bench/s3/boto3_baseline.py"))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Checks that `python3` can import boto3 (the baseline's client), with a message saying how
+/// to get it when it cannot.
+pub(crate) fn check_boto3() -> Result<()> {
+    let out = Command::new("python3").args(["-c", "import boto3"]).output();
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => bail!(
+            "the remote experiment's baseline needs boto3 in python3 (`pip install boto3`): {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => bail!("the remote experiment's baseline needs python3 with boto3: {e}"),
+    }
+}
+
+fn work_dir(work: Option<&Path>) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match work {
         Some(w) => {
             std::fs::create_dir_all(w)?;
-            (w.clone(), None)
+            (w.to_path_buf(), None)
         }
         None => {
             let t = tempfile::Builder::new().prefix("ringtier-s3bench").tempdir()?;
@@ -309,7 +369,7 @@ fn work_dir(common: &Common) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
 }
 
 fn drain(d: DrainArgs) -> Result<()> {
-    let (work, _tmp) = work_dir(&d.common)?;
+    let (work, _tmp) = work_dir(d.common.work.as_deref())?;
     let server = start_server(d.common.server, &work)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let bucket = "bench";
@@ -400,7 +460,7 @@ fn drain(d: DrainArgs) -> Result<()> {
                 "--chunk".into(),
                 d.part_size.to_string(),
             ];
-            let (secs, cpu, bytes) = baseline(&d.common, &server.endpoint, bucket, &extra)?;
+            let (secs, cpu, bytes) = baseline(&d.common.baseline, &server.endpoint, bucket, &extra)?;
             if bytes != d.size {
                 bail!("boto3 uploaded {bytes} bytes, not {}", d.size);
             }
@@ -468,9 +528,10 @@ async fn read_all(tier: &dyn Tier, keys: &[String], size: usize, depth: usize) -
     Ok(total)
 }
 
-fn read(r: ReadArgs) -> Result<()> {
-    let (work, _tmp) = work_dir(&r.common)?;
-    let server = start_server(r.common.server, &work)?;
+/// Runs the read sweep; prints the table, writes the JSON if asked, returns it.
+pub(crate) fn read(r: &ReadSweep) -> Result<serde_json::Value> {
+    let (work, _tmp) = work_dir(r.work.as_deref())?;
+    let server = start_server(r.server, &work)?;
     let bucket = "bench";
     let size = usize::try_from(r.object_size)?;
     let keys: Vec<String> = (0..r.objects).map(|i| format!("ds/{i:06}.bin")).collect();
@@ -480,11 +541,11 @@ fn read(r: ReadArgs) -> Result<()> {
         "bench s3 read: {} objects of {} KB, server {:?}, depths {:?}, boto3 threads {:?}, throttled file tier {} ms per request, {} repeats",
         r.objects,
         r.object_size / 1000,
-        r.common.server,
+        r.server,
         r.depths,
         r.threads,
         r.latency_ms,
-        r.common.repeats
+        r.repeats
     );
     // The dataset: the same bytes on S3 and in local files.
     let setup = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -519,7 +580,7 @@ fn read(r: ReadArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let latency = Duration::from_secs_f64(r.latency_ms / 1000.0);
     let mut runs = Vec::new();
-    for rep in 0..r.common.repeats {
+    for rep in 0..r.repeats {
         for &depth in &r.depths {
             let tier: Arc<dyn Tier> = Arc::new(S3Tier::new(
                 s3_config(&server.endpoint, bucket, "").with_io_threads(1).with_read_concurrency(depth),
@@ -564,7 +625,7 @@ fn read(r: ReadArgs) -> Result<()> {
                 "--threads".into(),
                 threads.to_string(),
             ];
-            let (secs, cpu, bytes) = baseline(&r.common, &server.endpoint, bucket, &extra)?;
+            let (secs, cpu, bytes) = baseline(&r.baseline, &server.endpoint, bucket, &extra)?;
             println!("  rep {rep} boto3 pool threads {threads}: {:.1} MB/s", bytes as f64 / secs / 1e6);
             runs.push(Run {
                 client: "boto3 thread pool".into(),
@@ -596,13 +657,14 @@ fn read(r: ReadArgs) -> Result<()> {
     let report = Report {
         benchmark: "s3 read",
         machine: Machine::probe(),
-        server: r.common.server,
+        server: r.server,
         storage: format!("dataset files and server files on {} ({})", work.display(), storage_of(&work)),
-        config: serde_json::json!({"objects": r.objects, "object_size": r.object_size, "depths": r.depths, "threads": r.threads, "latency_ms": r.latency_ms, "repeats": r.common.repeats}),
+        config: serde_json::json!({"objects": r.objects, "object_size": r.object_size, "depths": r.depths, "threads": r.threads, "latency_ms": r.latency_ms, "repeats": r.repeats}),
         rows,
         runs,
         bandwidth_ratio: rb / bb,
         cpu_per_gib_ratio: rc / bc,
     };
-    write_json(r.common.json.as_deref(), &report)
+    write_json(r.json.as_deref(), &report)?;
+    Ok(serde_json::to_value(&report)?)
 }

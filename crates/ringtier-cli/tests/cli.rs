@@ -617,3 +617,77 @@ fn ckpt_restore_streams_parts_falls_back_and_rejects_bad_input() {
     }
     assert!(!out_dir("x").join("a").exists() && !out_dir("x").join("b").exists(), "nothing restored");
 }
+
+/// Whether `python3` has boto3 (the S3 benchmarks' baseline); where it has not, a test that
+/// needs it is skipped with a message, unless `RINGTIER_REQUIRE_MOTO=1` (CI installs both).
+fn boto3_or_skip() -> bool {
+    let ok = Command::new("python3").args(["-c", "import boto3"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("RINGTIER_REQUIRE_MOTO").map_or(true, |v| v != "1"),
+            "python3 has no boto3 though RINGTIER_REQUIRE_MOTO=1"
+        );
+        eprintln!("skipped: python3 has no boto3 (pip install boto3)");
+    }
+    ok
+}
+
+#[test]
+fn bench_s3_read_sweeps_s3_boto3_and_a_throttled_file_tier_on_the_same_objects() {
+    if !boto3_or_skip() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("cli-s3read").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let json = dir.path().join("read.json");
+    let run = ringtier()
+        .args(["bench", "s3", "read", "--objects", "24", "--object-size", "20K", "--repeats", "1"])
+        .args(["--depths", "1,8", "--threads", "1,8", "--latency-ms", "2", "--work"])
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/../..")
+        .output()
+        .expect("run ringtier");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("throttled file tier: depth 1 -> 8"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let runs = v["runs"].as_array().expect("runs");
+    // 2 settings x (S3 tier, throttled files, boto3 pool), each reading every byte.
+    assert_eq!(runs.len(), 6, "{v}");
+    for r in runs {
+        assert_eq!(r["bytes"].as_u64(), Some(24 * 20 * 1024), "every object read whole: {r}");
+        assert!(r["seconds"].as_f64().is_some_and(|s| s > 0.0) && r["cpu_seconds"].as_f64().is_some(), "{r}");
+    }
+    // 2 ms per request, one request in flight: at least 24 x 2 ms.
+    let files_1 = runs
+        .iter()
+        .find(|r| r["client"].as_str().is_some_and(|c| c.starts_with("ringtier files")) && r["setting"] == 1);
+    assert!(files_1.and_then(|r| r["seconds"].as_f64()).is_some_and(|s| s >= 0.048), "{v}");
+    assert!(v["bandwidth_ratio"].as_f64().is_some_and(f64::is_finite), "{v}");
+}
+
+#[test]
+fn paper_remote_without_boto3_fails_at_once_saying_what_it_needs() {
+    // A python3 that cannot import boto3 (a stand-in script): the run stops before any
+    // experiment, with the fix in the message.
+    let dir = tempfile::Builder::new().prefix("cli-noboto").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let py = bin.join("python3");
+    std::fs::write(&py, "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'boto3'\" >&2\nexit 1\n")
+        .expect("script");
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = dir.path().join("report");
+    let run = ringtier()
+        .args(["paper", "--tiny", "--repeats", "1", "--remote", "--out"])
+        .arg(&out)
+        .env("PATH", path)
+        .output()
+        .expect("run ringtier");
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("needs boto3") && stderr.contains("pip install boto3"), "{stderr}");
+    assert!(!stderr.contains("== 1/"), "no experiment ran: {stderr}");
+}

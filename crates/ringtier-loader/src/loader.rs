@@ -33,8 +33,9 @@ pub enum OnBadSample {
 pub struct LoaderConfig {
     /// Samples per batch. Default 64.
     pub batch_size: usize,
-    /// Batches read ahead of the consumer; 0 reads each batch when asked (no overlap).
-    /// Default 2.
+    /// Batches read ahead of the consumer: up to `prefetch + 1` batches' reads in flight at
+    /// once (each in its own task, its buffers taken in batch order), delivered in order; 0
+    /// reads each batch when asked (no overlap). Default 2.
     pub prefetch: usize,
     /// Drop a last batch smaller than `batch_size`. Default false.
     pub drop_last: bool,

@@ -97,6 +97,8 @@ pub(crate) struct Future {
     pub(crate) pos: Vec<u32>,
     /// Reads of the current epoch seen so far (the furthest position read, plus one).
     pub(crate) cursor: usize,
+    /// Length of the current epoch's part of `seq`.
+    pub(crate) epoch_len: usize,
     /// Where the prefetcher goes on from.
     pub(crate) next: usize,
     /// Where the prefetcher's look for placed objects past a wait for the budget goes on from.
@@ -360,7 +362,7 @@ impl State {
         for (p, &id) in seq[..epoch_len].iter().enumerate() {
             pos[id as usize] = p as u32;
         }
-        self.future = Future { seq, pos, cursor: 0, next: 0, next_placed: 0 };
+        self.future = Future { seq, epoch_len, pos, cursor: 0, next: 0, next_placed: 0 };
         let mut victims = Vec::new();
         if self.policy != CachePolicy::Clairvoyant {
             return victims;
@@ -442,9 +444,11 @@ impl State {
         if !blocked {
             return None;
         }
-        // Placed objects further on do not wait for the budget.
+        // Placed objects further on in this epoch do not wait for the budget. (Those of later
+        // epochs come in order: fetched early they would take the slow tier's bandwidth from
+        // this epoch's reads, and the placement may change before they are read.)
         let mut q = self.future.next_placed.max(p + 1);
-        while q < self.future.seq.len() {
+        while q < self.future.epoch_len {
             let id = self.future.seq[q];
             q += 1;
             if !self.placement.contains(&id) || self.entries.contains_key(&id) || self.inflight.contains(&id) {

@@ -229,6 +229,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
             depths: if cfg.tiny { vec![1, 8] } else { vec![1, 4, 16, 64, 128] },
             threads: if cfg.tiny { vec![1, 8] } else { vec![1, 4, 16, 64] },
             latency_ms: 4.0,
+            server_latency_ms: 4.0,
         };
         let v = crate::s3bench::read(&sweep)?;
         let _ = std::fs::remove_dir_all(&dir);
@@ -488,10 +489,11 @@ fn remote_section(md: &mut String, rv: &Value) -> Result<()> {
     let rows = list(rv, rj, "rows")?;
     let _ = writeln!(md, "## 4. Remote storage: the latency-bound regime\n");
     let latency = num(rv, rj, "config.latency_ms")?;
+    let server_latency = num(rv, rj, "config.server_latency_ms")?;
     let _ = writeln!(
         md,
-        "{} objects of {:.0} KB, read cold three ways: from an S3 server on loopback (s3s-fs, a separate process) \
-         by ringtier's S3 tier with one driver thread and the requests in flight swept, and by a boto3 \
+        "{} objects of {:.0} KB, read cold three ways: from an S3 server on loopback (s3s-fs, a separate process, \
+         answering each request {server_latency} ms late, as a remote endpoint's round trip) by ringtier's S3 tier with one driver thread and the requests in flight swept, and by a boto3 \
          `ThreadPoolExecutor` (what a Python user would write) with its threads swept; and the same bytes from \
          local files through ringtier's file tier behind the throttled layer adding {latency} ms per request, \
          as a parallel file system's round trip does. Storage: {}. CPU: the client process's user+system time. \
@@ -628,7 +630,7 @@ mod tests {
         let remote = json!({
             "benchmark": "s3 read", "machine": machine(), "server": "S3sFs",
             "storage": "dataset files and server files on /w/remote (xfs /dev/x)",
-            "config": {"objects": 1024, "object_size": 114_688, "latency_ms": 4.0},
+            "config": {"objects": 1024, "object_size": 114_688, "latency_ms": 4.0, "server_latency_ms": 4.0},
             "rows": [row("boto3 thread pool", 1, 3.0, 28.0), row("boto3 thread pool", 64, 40.0, 20.0),
                      row("ringtier S3 tier", 1, 2.5, 5.0), row("ringtier S3 tier", 64, 80.0, 2.0),
                      row("ringtier files +4ms/request", 1, 20.0, 2.0),
@@ -662,6 +664,7 @@ mod tests {
         assert!(!md.contains("NaN") && !md.contains("ext4"), "{md}");
         assert!(md.contains("## 4. Remote storage"), "{md}");
         assert!(md.contains("adding 4 ms per request"), "{md}");
+        assert!(md.contains("answering each request 4 ms late"), "{md}");
         assert!(md.contains("raise the file tier's bandwidth 15.0x from one driver thread; on S3 32.0x"), "{md}");
         assert!(md.contains("reaches 2.00x the boto3 pool's best bandwidth at 0.10x its CPU per GiB"), "{md}");
         assert!(md.contains("| ringtier S3 tier | 64 | 80.0 (72.0..88.0) | 32.0 | 2.00 |"), "{md}");

@@ -52,6 +52,9 @@ enum S3BenchAction {
         /// Port.
         #[arg(long)]
         port: u16,
+        /// Added to every request before it is served, in milliseconds.
+        #[arg(long, default_value_t = 0.0)]
+        latency_ms: f64,
     },
 }
 
@@ -123,6 +126,10 @@ struct ReadArgs {
     /// Per-request latency of the throttled file tier, in milliseconds.
     #[arg(long, default_value_t = 4.0)]
     latency_ms: f64,
+    /// Latency the S3 server adds to every request, in milliseconds (s3s-fs only): a remote
+    /// endpoint's round trip, the same for ringtier and boto3.
+    #[arg(long, default_value_t = 0.0)]
+    server_latency_ms: f64,
 }
 
 /// One measured run.
@@ -176,14 +183,18 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
-fn start_server(kind: Server, work: &Path) -> Result<ServerProc> {
+fn start_server(kind: Server, work: &Path, latency_ms: f64) -> Result<ServerProc> {
+    if latency_ms > 0.0 && !matches!(kind, Server::S3sFs) {
+        bail!("a server latency needs the s3s-fs server");
+    }
     let port = free_port()?;
     let mut cmd = match kind {
         Server::S3sFs => {
             let root = work.join("s3");
             std::fs::create_dir_all(&root)?;
             let mut c = Command::new(std::env::current_exe()?);
-            c.args(["bench", "s3", "serve", "--port", &port.to_string(), "--root"]).arg(&root);
+            c.args(["bench", "s3", "serve", "--port", &port.to_string(), "--latency-ms", &latency_ms.to_string()]);
+            c.arg("--root").arg(&root);
             c
         }
         Server::Moto => {
@@ -284,8 +295,9 @@ fn storage_of(path: &Path) -> String {
 /// Runs `ringtier bench s3`.
 pub(crate) fn command(a: S3BenchArgs) -> Result<()> {
     match a.action {
-        S3BenchAction::Serve { root, port } => {
-            let _server = ringtier_s3::testing::S3sFsServer::start_on(&root, port)?;
+        S3BenchAction::Serve { root, port, latency_ms } => {
+            let latency = Duration::from_secs_f64(latency_ms.max(0.0) / 1000.0);
+            let _server = ringtier_s3::testing::S3sFsServer::start_with_latency(&root, port, latency)?;
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -303,6 +315,7 @@ pub(crate) fn command(a: S3BenchArgs) -> Result<()> {
                 depths: r.depths,
                 threads: r.threads,
                 latency_ms: r.latency_ms,
+                server_latency_ms: r.server_latency_ms,
             };
             read(&sweep).map(|_| ())
         }
@@ -330,6 +343,8 @@ pub(crate) struct ReadSweep {
     pub threads: Vec<usize>,
     /// Per-request latency of the throttled file tier, in milliseconds.
     pub latency_ms: f64,
+    /// Latency the S3 server adds to every request, in milliseconds (s3s-fs only).
+    pub server_latency_ms: f64,
 }
 
 /// The boto3 baseline script, built into the binary (for `ringtier paper --remote`, which
@@ -370,7 +385,7 @@ fn work_dir(work: Option<&Path>) -> Result<(PathBuf, Option<tempfile::TempDir>)>
 
 fn drain(d: DrainArgs) -> Result<()> {
     let (work, _tmp) = work_dir(d.common.work.as_deref())?;
-    let server = start_server(d.common.server, &work)?;
+    let server = start_server(d.common.server, &work, 0.0)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let bucket = "bench";
     let part_size = usize::try_from(d.part_size)?;
@@ -531,20 +546,21 @@ async fn read_all(tier: &dyn Tier, keys: &[String], size: usize, depth: usize) -
 /// Runs the read sweep; prints the table, writes the JSON if asked, returns it.
 pub(crate) fn read(r: &ReadSweep) -> Result<serde_json::Value> {
     let (work, _tmp) = work_dir(r.work.as_deref())?;
-    let server = start_server(r.server, &work)?;
+    let server = start_server(r.server, &work, r.server_latency_ms)?;
     let bucket = "bench";
     let size = usize::try_from(r.object_size)?;
     let keys: Vec<String> = (0..r.objects).map(|i| format!("ds/{i:06}.bin")).collect();
     let ds_dir = work.join("ds-files");
     std::fs::create_dir_all(ds_dir.join("ds"))?;
     println!(
-        "bench s3 read: {} objects of {} KB, server {:?}, depths {:?}, boto3 threads {:?}, throttled file tier {} ms per request, {} repeats",
+        "bench s3 read: {} objects of {} KB, server {:?}, depths {:?}, boto3 threads {:?}, throttled file tier {} ms per request, server latency {} ms, {} repeats",
         r.objects,
         r.object_size / 1000,
         r.server,
         r.depths,
         r.threads,
         r.latency_ms,
+        r.server_latency_ms,
         r.repeats
     );
     // The dataset: the same bytes on S3 and in local files.
@@ -659,7 +675,7 @@ pub(crate) fn read(r: &ReadSweep) -> Result<serde_json::Value> {
         machine: Machine::probe(),
         server: r.server,
         storage: format!("dataset files and server files on {} ({})", work.display(), storage_of(&work)),
-        config: serde_json::json!({"objects": r.objects, "object_size": r.object_size, "depths": r.depths, "threads": r.threads, "latency_ms": r.latency_ms, "repeats": r.repeats}),
+        config: serde_json::json!({"objects": r.objects, "object_size": r.object_size, "depths": r.depths, "threads": r.threads, "latency_ms": r.latency_ms, "server_latency_ms": r.server_latency_ms, "repeats": r.repeats}),
         rows,
         runs,
         bandwidth_ratio: rb / bb,

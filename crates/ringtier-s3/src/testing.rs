@@ -35,6 +35,12 @@ impl S3sFsServer {
     /// Starts a server over `root` on `port` (0: any free port); used to restart a stopped
     /// server on the same address.
     pub fn start_on(root: &Path, port: u16) -> std::io::Result<Self> {
+        Self::start_with_latency(root, port, Duration::ZERO)
+    }
+
+    /// Like [`S3sFsServer::start_on`], answering every request `latency` late (before it is
+    /// served): a remote endpoint's round trip, the same for every client (benchmarks).
+    pub fn start_with_latency(root: &Path, port: u16, latency: Duration) -> std::io::Result<Self> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
 
@@ -63,7 +69,20 @@ impl S3sFsServer {
                     tokio::select! {
                         res = listener.accept() => {
                             let Ok((socket, _)) = res else { continue };
-                            let conn = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
+                            // As S3 endpoints do: without it, a response's last small
+                            // segment waits for the client's delayed ACK (40 ms a request).
+                            let _ = socket.set_nodelay(true);
+                            let service = service.clone();
+                            let delayed = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                                let service = service.clone();
+                                async move {
+                                    if !latency.is_zero() {
+                                        tokio::time::sleep(latency).await;
+                                    }
+                                    hyper::service::Service::call(&service, req).await
+                                }
+                            });
+                            let conn = http.serve_connection(TokioIo::new(socket), delayed).into_owned();
                             tokio::spawn(async move { let _ = conn.await; });
                         }
                         _ = &mut stop_rx => break,

@@ -54,7 +54,7 @@ pub(crate) enum Command {
     Ckpt(CkptArgs),
     /// The paper's three experiments (read sweep, mini-app with and without prefetch,
     /// checkpoints burst versus direct) on generated data, with a report directory (the
-    /// default).
+    /// default); --remote adds the remote-storage regime (S3 on loopback against boto3).
     Paper(PaperArgs),
     /// The metric catalog.
     #[command(subcommand)]

@@ -1,4 +1,6 @@
-//! `ringtier paper`: the paper's three experiments in one command, with a report directory.
+//! `ringtier paper`: the paper's three experiments in one command, with a report directory;
+//! with `--remote` a fourth, the remote-storage regime (S3 on loopback, a latency-throttled
+//! file tier; `crate::s3bench`).
 //!
 //! The experiments write their JSON; the report is rendered from that JSON alone (plus the few
 //! facts of the run that no experiment records), and a field it needs that is missing or not
@@ -90,7 +92,8 @@ struct Results {
     remote: Option<Value>,
 }
 
-/// Runs the three experiments and writes `OUT/report.md`, JSON and the plot.
+/// Runs the three experiments (four with `remote`) and writes `OUT/report.md`, JSON and the
+/// plot.
 pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
     std::fs::create_dir_all(&cfg.out).with_context(|| format!("creating {}", cfg.out.display()))?;
     std::fs::create_dir_all(&cfg.work).with_context(|| format!("creating {}", cfg.work.display()))?;

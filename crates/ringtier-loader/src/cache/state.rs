@@ -353,9 +353,10 @@ impl State {
     }
 
     /// Installs the rank's future (`seq`: the rest of the current epoch, `epoch_len` long, then
-    /// the next epochs) and, for the clairvoyant policy, places the samples read most often in
-    /// it (ties: those already cached, then the earliest read) within the levels' capacity
-    /// minus the prefetch budget. Returns the copies dropped: placed ones no longer placed, and
+    /// the next epochs) and, for the clairvoyant policy, places the samples with the most reads
+    /// in it that a kept copy would serve (all of a cached sample's, all but the first of
+    /// another's; ties: those already cached, then the soonest such read) within the levels'
+    /// capacity minus the prefetch budget. Returns the copies dropped: placed ones no longer placed, and
     /// staged ones not read in the rest of this epoch.
     pub(crate) fn set_future(&mut self, seq: Vec<u32>, epoch_len: usize, ids: usize, sizes: &[u64]) -> Vec<Victim> {
         let mut pos = vec![NO_POS; ids];
@@ -367,16 +368,27 @@ impl State {
         if self.policy != CachePolicy::Clairvoyant {
             return victims;
         }
+        // Reads in the window that a copy kept now would serve: every read of a sample cached
+        // now, all but the first of one that is not (that read brings it in, or the prefetcher
+        // does, at the same cost to the slow tier). Ties: cached first, then the soonest such read.
         let mut freq = vec![0u32; ids];
         let mut first = vec![u32::MAX; ids];
+        let mut second = vec![u32::MAX; ids];
         for (p, &id) in self.future.seq.iter().enumerate() {
-            freq[id as usize] += 1;
-            first[id as usize] = first[id as usize].min(p as u32);
+            let i = id as usize;
+            freq[i] += 1;
+            if first[i] == u32::MAX {
+                first[i] = p as u32;
+            } else if second[i] == u32::MAX {
+                second[i] = p as u32;
+            }
         }
-        let mut order: Vec<u32> = (0..ids as u32).filter(|&i| freq[i as usize] > 0).collect();
+        let cached: Vec<bool> = (0..ids as u32).map(|i| self.entries.get(&i).is_some_and(|e| e.placed)).collect();
+        let served = |i: usize| freq[i].saturating_sub(u32::from(!cached[i]));
+        let mut order: Vec<u32> = (0..ids as u32).filter(|&i| served(i as usize) > 0).collect();
         order.sort_by_key(|&i| {
-            let cached = self.entries.get(&i).is_some_and(|e| e.placed);
-            (std::cmp::Reverse(freq[i as usize]), !cached, first[i as usize])
+            let i = i as usize;
+            (std::cmp::Reverse(served(i)), !cached[i], if cached[i] { first[i] } else { second[i] })
         });
         let mut room = self.caps.iter().sum::<u64>().saturating_sub(self.budget);
         let mut placement = HashSet::new();

@@ -36,12 +36,25 @@ impl Inner {
 }
 
 impl CheckpointStore {
-    /// Every checkpoint with a committed copy somewhere, by step.
+    /// Every checkpoint with a committed copy somewhere, by step. A tier that cannot be listed
+    /// (an S3 tier while the server is down) is left out with a warning, so that what the
+    /// other tiers hold stays listed and loadable; the error is returned only when no tier
+    /// answers.
     pub async fn list(&self) -> Result<Vec<CheckpointInfo>> {
         let inner = &self.inner;
         let mut out: BTreeMap<u64, CheckpointInfo> = BTreeMap::new();
+        let (mut failed, mut failures) = (None, 0);
         for t in 0..inner.tiers.len() {
-            for (step, f) in inner.scan(t).await? {
+            let scanned = match inner.scan(t).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(tier = inner.tiers[t].name(), "listing checkpoints: tier left out: {e}");
+                    failed.get_or_insert(e);
+                    failures += 1;
+                    continue;
+                }
+            };
+            for (step, f) in scanned {
                 if !f.manifest {
                     continue;
                 }
@@ -49,7 +62,10 @@ impl CheckpointStore {
                 e.tiers.push(inner.tiers[t].name().to_string());
             }
         }
-        Ok(out.into_values().collect())
+        match failed {
+            Some(e) if failures == inner.tiers.len() => Err(e),
+            _ => Ok(out.into_values().collect()),
+        }
     }
 
     /// The newest step with a committed copy.
@@ -131,10 +147,15 @@ impl CheckpointStore {
         let inner = &self.inner;
         let mut out = Vec::new();
         for t in 0..inner.tiers.len() {
-            if inner.is_committed(t, step).await? {
-                let mut sink = DiscardSink;
-                let res = inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink).await;
-                out.push((inner.tiers[t].name().to_string(), res.map(|_| ())));
+            match inner.is_committed(t, step).await {
+                Ok(true) => {
+                    let mut sink = DiscardSink;
+                    let res = inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink).await;
+                    out.push((inner.tiers[t].name().to_string(), res.map(|_| ())));
+                }
+                Ok(false) => {}
+                // A tier that cannot be asked is a line of the report, not the end of it.
+                Err(e) => out.push((inner.tiers[t].name().to_string(), Err(e))),
             }
         }
         Ok(out)
@@ -490,18 +511,13 @@ impl Inner {
         sink: &mut S,
     ) -> Result<RestoreReport> {
         let started = Instant::now();
-        let mut held = Vec::new();
-        for t in 0..self.tiers.len() {
-            if only.is_none_or(|o| o == t) && self.is_committed(t, step).await? {
-                held.push(t);
-            }
-        }
-        if held.is_empty() {
-            return Err(Error::new(ErrorKind::NotFound, format!("no committed copy of checkpoint {step} on any tier"))
-                .with_operation(Operation::Read));
-        }
+        // The tiers that may hold a copy, fastest first. Slower ones are asked only when a
+        // faster copy is missing or bad: a restore from the fast tier neither waits for nor
+        // fails on a slow tier that is unreachable (S3 down).
+        let mut held: Vec<usize> = (0..self.tiers.len()).filter(|&t| only.is_none_or(|o| o == t)).collect();
         // The manifest: from the fastest copy whose manifest reads.
         let mut fallbacks = Vec::new();
+        let mut unreachable: Option<Error> = None;
         let mut manifest = None;
         while let Some(&t) = held.first() {
             match self.manifest(t, step).await {
@@ -509,18 +525,35 @@ impl Inner {
                     manifest = Some(m);
                     break;
                 }
+                // Not committed on this tier.
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    held.remove(0);
+                }
                 Err(e) => {
                     self.m.fallbacks[t].increment(1);
                     fallbacks.push(format!("copy on tier {:?} unusable: {e}", self.tiers[t].name()));
+                    if unreachable.is_none() && e.is_temporary() {
+                        unreachable = Some(e);
+                    }
                     held.remove(0);
                 }
             }
         }
         let Some(manifest) = manifest else {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; ")),
-            ));
+            if fallbacks.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("no committed copy of checkpoint {step} on any tier"),
+                )
+                .with_operation(Operation::Read));
+            }
+            let msg = format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; "));
+            // A tier that could not be asked (temporarily) may still hold a good copy: the
+            // error is temporary then, so a caller can retry.
+            return Err(match unreachable {
+                Some(e) => Error::new(e.kind(), msg),
+                None => Error::new(ErrorKind::Corrupt, msg),
+            });
         };
         // The parts asked for, in save order.
         let mut selected: Vec<PartInfo> = Vec::new();

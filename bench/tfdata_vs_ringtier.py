@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+from benchlib import evict, fs_type, hogs, summary
+
 TF_CHILD = r"""
 import json, sys, time, glob, os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -87,15 +89,6 @@ def python_pass(a, fmt, repeat):
     return res, float(user) + float(sys_), int(rss) * 1024
 
 
-def evict(files):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def timed(cmd):
     with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
         out = subprocess.run(["/usr/bin/time", "-o", t.name, "-f", "%e %U %S %M"] + cmd,
@@ -104,20 +97,6 @@ def timed(cmd):
             sys.exit(f"{cmd[0]} failed: {out.stderr[-2000:]}")
         wall, user, sys_, rss = t.read().split()[-4:]
     return out.stdout, float(wall), float(user) + float(sys_), int(rss) * 1024
-
-
-def hogs(n):
-    """n busy-looping processes (CPU contention for both sides alike)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def fs_type(path):
-    out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def summary(v):
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main():

@@ -25,6 +25,8 @@ import statistics
 import sys
 import tarfile
 import tempfile
+
+from benchlib import evict, fs_type, hogs, summary
 import time
 import subprocess
 
@@ -41,15 +43,6 @@ for rec in loader.epoch(int(sys.argv[4])):
     b += len(rec)
 print(json.dumps({"records": n, "payload_bytes": b, "wall": time.perf_counter() - t0}))
 """
-
-
-def evict(files):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def worker(shards, q):
@@ -101,20 +94,6 @@ def cpu_children():
 def cpu_self():
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def hogs(n):
-    """n busy-looping processes (CPU contention for both sides alike)."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def fs_type(path):
-    out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def summary(v):
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main():

@@ -1,0 +1,33 @@
+"""Helpers shared by the record-format comparison scripts (tfdata_vs_ringtier.py,
+wds_tarfile_vs_ringtier.py): cold files, CPU contention, the file system's name, summaries."""
+
+import os
+import statistics
+import subprocess
+import sys
+
+
+def evict(files):
+    """Drops every file of `files` from the page cache (works without root)."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def hogs(n):
+    """n busy-looping processes (CPU contention for both sides alike)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def fs_type(path):
+    """The file system type of `path`, as `stat -f` names it."""
+    out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def summary(v):
+    """min / median / max of a list of numbers."""
+    return {"min": min(v), "median": statistics.median(v), "max": max(v)}

@@ -34,7 +34,7 @@ def test_every_sample_once_with_the_files_bytes(dataset):
 
 
 def test_samples_are_writable_views_of_the_pooled_buffer(dataset):
-    import torch
+    torch = pytest.importorskip("torch")
 
     root, files = dataset
     loader = ringtier.Loader(root, batch_size=8)

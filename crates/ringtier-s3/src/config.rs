@@ -69,15 +69,59 @@ pub struct S3Config {
     /// check on receipt (where it checks: AWS does, moto does not); default none, since the
     /// SigV4 signature already covers every body's SHA-256.
     pub checksum: UploadChecksum,
-    /// After each upload completes, read the object back and compare its CRC-32C with that of
-    /// the bytes written; a mismatch deletes the object and fails the commit with a temporary
-    /// `Corrupt` error (so a drain sends it again). Costs one read of every byte; default on.
-    /// (SigV4 already signs every body's SHA-256, which AWS and s3s-fs check, moto does not.)
-    pub verify_uploads: bool,
-    /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`): saves one SHA-256 pass
-    /// over every byte uploaded; integrity then rests on the read-back check, TLS, or
-    /// [`checksum`](Self::checksum). Default off.
-    pub unsigned_payload: bool,
+    /// How each upload is checked as stored before its commit returns; default
+    /// [`UploadVerify::Checksums`].
+    pub verify: UploadVerify,
+    /// Whether request bodies go unsigned (`UNSIGNED-PAYLOAD`) instead of with their SHA-256
+    /// in the SigV4 signature (one SHA-256 pass over every byte, most of an upload's CPU).
+    /// `None` (default): parts and single PUTs sent with a signed `x-amz-checksum-crc32c`
+    /// ([`UploadVerify::Checksums`]) go unsigned, as the AWS SDKs send them over HTTPS, and
+    /// every other request is signed; `Some(true)`: every request unsigned; `Some(false)`:
+    /// every request signed (the checksummed parts too: then they carry both).
+    pub unsigned_payload: Option<bool>,
+}
+
+/// How an upload is checked as stored (every part's bytes) before its commit returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum UploadVerify {
+    /// Every part (and every single PUT) carries its CRC-32C in `x-amz-checksum-crc32c`; a
+    /// server that checks it (AWS S3, and the test server) refuses a body that does not match
+    /// (`BadDigest`, retried) and answers with the checksum of what it stored, which must be
+    /// ours; then the object's size is checked (HEAD). Free on the client: the CRC-32C is
+    /// computed anyway. Whether the server checks part checksums is probed once per tier
+    /// (one part sent with a wrong checksum must be refused); where it does not (moto,
+    /// s3s-fs alone) or a part's answer lacks the checksum, the object is read back instead
+    /// ([`UploadVerify::ReadBack`]).
+    #[default]
+    Checksums,
+    /// Read the object back after the upload (ranges of a part, several at once) and compare
+    /// its size and CRC-32C with the bytes written: works with any server, costs a read of
+    /// every byte.
+    ReadBack,
+    /// No check beyond the transport's (and the server's own checks of what it is sent).
+    Off,
+}
+
+impl UploadVerify {
+    /// The URL spelling: `checksums`, `readback`, `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UploadVerify::Checksums => "checksums",
+            UploadVerify::ReadBack => "readback",
+            UploadVerify::Off => "off",
+        }
+    }
+
+    /// Parses `checksums`, `readback`, `off` (also `1` for the default and `0` for `off`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "checksums" | "1" => Some(UploadVerify::Checksums),
+            "readback" | "read-back" => Some(UploadVerify::ReadBack),
+            "off" | "0" => Some(UploadVerify::Off),
+            _ => None,
+        }
+    }
 }
 
 /// The checksum each upload carries (`x-amz-checksum-*`), checked by the server on receipt.
@@ -109,7 +153,8 @@ impl fmt::Debug for S3Config {
             .field("retry_deadline", &self.retry_deadline)
             .field("name", &self.name)
             .field("checksum", &self.checksum)
-            .field("verify_uploads", &self.verify_uploads)
+            .field("verify", &self.verify)
+            .field("unsigned_payload", &self.unsigned_payload)
             .finish_non_exhaustive()
     }
 }
@@ -139,14 +184,14 @@ impl S3Config {
             io_threads: 2,
             name: "s3".to_string(),
             checksum: UploadChecksum::None,
-            verify_uploads: true,
-            unsigned_payload: false,
+            verify: UploadVerify::Checksums,
+            unsigned_payload: None,
         }
     }
 
     /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`), with optional
     /// settings after `?`, `&`-separated: `endpoint=URL`, `region=R`, `part_size=BYTES`,
-    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=0|1`, `unsigned_payload=0|1` (credentials
+    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=checksums|readback|off` (`1`, `0`), `unsigned_payload=0|1` (credentials
     /// come from the environment only, never from a URL). For example
     /// `s3://ckpt/run1?endpoint=http://127.0.0.1:9000&region=us-east-1`.
     pub fn from_url(url: &str) -> Result<Self> {
@@ -173,8 +218,12 @@ impl S3Config {
                 "part_size" => cfg.part_size = num(v)?,
                 "upload_concurrency" => cfg.upload_concurrency = num(v)?,
                 "read_concurrency" => cfg.read_concurrency = num(v)?,
-                "verify" => cfg.verify_uploads = v != "0",
-                "unsigned_payload" => cfg.unsigned_payload = v != "0",
+                "verify" => {
+                    cfg.verify = UploadVerify::parse(v).ok_or_else(|| {
+                        bad(format!("{url:?}: verify={v:?} is not one of checksums, readback, off"))
+                    })?
+                }
+                "unsigned_payload" => cfg.unsigned_payload = Some(v != "0"),
                 _ => {
                     return Err(bad(format!(
                         "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify, unsigned_payload)"
@@ -291,15 +340,22 @@ impl S3Config {
         self
     }
 
-    /// Turns the read-back check after each upload on or off.
-    pub fn with_verify_uploads(mut self, verify: bool) -> Self {
-        self.verify_uploads = verify;
+    /// Sets how uploads are checked as stored (see [`UploadVerify`]).
+    pub fn with_verify(mut self, verify: UploadVerify) -> Self {
+        self.verify = verify;
         self
     }
 
-    /// Signs requests without hashing their bodies (see [`unsigned_payload`](Self::unsigned_payload)).
+    /// Turns the check of each upload on (the default, [`UploadVerify::Checksums`]) or off.
+    pub fn with_verify_uploads(mut self, verify: bool) -> Self {
+        self.verify = if verify { UploadVerify::Checksums } else { UploadVerify::Off };
+        self
+    }
+
+    /// Sends every request's body unsigned (`true`) or signed (`false`) instead of the default
+    /// (see [`unsigned_payload`](Self::unsigned_payload)).
     pub fn with_unsigned_payload(mut self, unsigned: bool) -> Self {
-        self.unsigned_payload = unsigned;
+        self.unsigned_payload = Some(unsigned);
         self
     }
 
@@ -339,13 +395,25 @@ mod tests {
                 .expect("url with settings");
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(
-            (c.region.as_deref(), c.part_size, c.verify_uploads, c.prefix.as_str()),
-            (Some("eu-west-1"), 6_000_000, false, "p")
+            (c.region.as_deref(), c.part_size, c.verify, c.prefix.as_str()),
+            (Some("eu-west-1"), 6_000_000, UploadVerify::Off, "p")
         );
+        assert_eq!(S3Config::from_url("s3://b/p").expect("default").verify, UploadVerify::Checksums);
+        let c = S3Config::from_url("s3://b/p?verify=readback&unsigned_payload=0").expect("readback");
+        assert_eq!((c.verify, c.unsigned_payload), (UploadVerify::ReadBack, Some(false)));
+        assert_eq!(S3Config::from_url("s3://b/p?verify=1").expect("1").verify, UploadVerify::Checksums);
         assert!(S3Config::from_url("s3://bkt/p?secret=x").is_err());
         let c = S3Config::from_url("s3://bkt").expect("url");
         assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
-        for bad in ["/nvme/x", "s3://", "s3:///x", "s3://b/../x", "s3://b/a//c", "s3://b/p?part_size=x"] {
+        for bad in [
+            "/nvme/x",
+            "s3://",
+            "s3:///x",
+            "s3://b/../x",
+            "s3://b/a//c",
+            "s3://b/p?part_size=x",
+            "s3://b/p?verify=maybe",
+        ] {
             assert_eq!(S3Config::from_url(bad).expect_err(bad).kind(), ErrorKind::InvalidInput, "{bad}");
         }
         assert!(S3Config::new("b", "").with_part_size(1 << 20).validate().is_err());

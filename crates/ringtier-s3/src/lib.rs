@@ -7,7 +7,7 @@ mod tier;
 mod uploads;
 mod writer;
 
-pub use config::{S3Config, UploadChecksum, MAX_PARTS, MIN_PART_SIZE};
+pub use config::{S3Config, UploadChecksum, UploadVerify, MAX_PARTS, MIN_PART_SIZE};
 pub use tier::S3Tier;
 pub use uploads::UploadRecovery;
 

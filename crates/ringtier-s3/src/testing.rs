@@ -41,11 +41,20 @@ impl S3sFsServer {
     /// Like [`S3sFsServer::start_on`], answering every request `latency` late (before it is
     /// served): a remote endpoint's round trip, the same for every client (benchmarks).
     pub fn start_with_latency(root: &Path, port: u16, latency: Duration) -> std::io::Result<Self> {
+        Self::start_with(root, port, latency, true)
+    }
+
+    /// Like [`S3sFsServer::start_with_latency`]; `part_checksums` says whether UploadPart
+    /// checks the body against its `x-amz-checksum-*` header (BadDigest on a mismatch) and
+    /// returns the checksum, as AWS S3 does. s3s-fs 0.14 checks them on PutObject only; the
+    /// check on parts is this server's (a layer over s3s-fs, [`PartChecksumFs`]). Off: a
+    /// server that ignores part checksums, as s3s-fs alone does.
+    pub fn start_with(root: &Path, port: u16, latency: Duration, part_checksums: bool) -> std::io::Result<Self> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
 
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?;
-        let mut b = s3s::service::S3ServiceBuilder::new(fs);
+        let mut b = s3s::service::S3ServiceBuilder::new(PartChecksumFs { inner: fs, check: part_checksums });
         b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let std_listener = bind_retry(port)?;
@@ -421,3 +430,114 @@ fn serve_one(
 pub fn forget_live_uploads() {
     crate::uploads::forget_live_uploads();
 }
+
+/// s3s-fs with AWS S3's check of UploadPart checksums: a part whose body does not match its
+/// `x-amz-checksum-crc32|crc32c|sha1|sha256|crc64nvme` header is refused with `BadDigest`
+/// (400), and an accepted part's response carries the checksum the server computed, as AWS
+/// does. s3s-fs 0.14 checks these headers on PutObject but ignores them on UploadPart.
+/// Every other operation is s3s-fs's own.
+#[derive(Debug)]
+pub struct PartChecksumFs {
+    inner: s3s_fs::FileSystem,
+    check: bool,
+}
+
+macro_rules! part_checksum_fs {
+    ($($op:ident: $input:ident => $output:ident),* $(,)?) => {
+        #[async_trait::async_trait]
+        impl s3s::S3 for PartChecksumFs {
+            $(
+                async fn $op(
+                    &self,
+                    req: s3s::S3Request<s3s::dto::$input>,
+                ) -> s3s::S3Result<s3s::S3Response<s3s::dto::$output>> {
+                    self.inner.$op(req).await
+                }
+            )*
+
+            async fn upload_part(
+                &self,
+                mut req: s3s::S3Request<s3s::dto::UploadPartInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::UploadPartOutput>> {
+                use futures::TryStreamExt;
+                let i = &req.input;
+                let want = (
+                    i.checksum_crc32.clone(),
+                    i.checksum_crc32c.clone(),
+                    i.checksum_sha1.clone(),
+                    i.checksum_sha256.clone(),
+                    i.checksum_crc64nvme.clone(),
+                );
+                if !self.check || want == (None, None, None, None, None) {
+                    return self.inner.upload_part(req).await;
+                }
+                let mut hasher = s3s::checksum::ChecksumHasher::default();
+                if want.0.is_some() {
+                    hasher.crc32 = Some(Default::default());
+                }
+                if want.1.is_some() {
+                    hasher.crc32c = Some(Default::default());
+                }
+                if want.2.is_some() {
+                    hasher.sha1 = Some(Default::default());
+                }
+                if want.3.is_some() {
+                    hasher.sha256 = Some(Default::default());
+                }
+                if want.4.is_some() {
+                    hasher.crc64nvme = Some(Default::default());
+                }
+                let hasher = Arc::new(Mutex::new(Some(hasher)));
+                if let Some(body) = req.input.body.take() {
+                    let h = Arc::clone(&hasher);
+                    let body = body
+                        .inspect_ok(move |b| {
+                            if let Some(h) = h.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                                h.update(b);
+                            }
+                        })
+                        .map_err(std::io::Error::other);
+                    req.input.body = Some(s3s::dto::StreamingBlob::wrap(body));
+                }
+                let mut resp = self.inner.upload_part(req).await?;
+                let got = hasher.lock().unwrap_or_else(|p| p.into_inner()).take().map(|h| h.finalize()).unwrap_or_default();
+                let have = (
+                    got.checksum_crc32.clone(),
+                    got.checksum_crc32c.clone(),
+                    got.checksum_sha1.clone(),
+                    got.checksum_sha256.clone(),
+                    got.checksum_crc64nvme.clone(),
+                );
+                if have != want {
+                    // The part's file stays under the upload until it is overwritten, completed
+                    // without it (a client never lists a refused part) or aborted.
+                    return Err(s3s::s3_error!(BadDigest, "the part's checksum does not match its body"));
+                }
+                let o = &mut resp.output;
+                (o.checksum_crc32, o.checksum_crc32c, o.checksum_sha1, o.checksum_sha256, o.checksum_crc64nvme) = have;
+                Ok(resp)
+            }
+        }
+    };
+}
+
+part_checksum_fs!(
+    create_bucket: CreateBucketInput => CreateBucketOutput,
+    copy_object: CopyObjectInput => CopyObjectOutput,
+    delete_bucket: DeleteBucketInput => DeleteBucketOutput,
+    delete_object: DeleteObjectInput => DeleteObjectOutput,
+    delete_objects: DeleteObjectsInput => DeleteObjectsOutput,
+    get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput,
+    get_object: GetObjectInput => GetObjectOutput,
+    head_bucket: HeadBucketInput => HeadBucketOutput,
+    head_object: HeadObjectInput => HeadObjectOutput,
+    list_buckets: ListBucketsInput => ListBucketsOutput,
+    list_objects: ListObjectsInput => ListObjectsOutput,
+    list_objects_v2: ListObjectsV2Input => ListObjectsV2Output,
+    put_object: PutObjectInput => PutObjectOutput,
+    create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput,
+    upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput,
+    list_parts: ListPartsInput => ListPartsOutput,
+    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput,
+    abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,
+);

@@ -66,6 +66,10 @@ pub(crate) struct Inner {
     pub(crate) endpoint: Option<String>,
     /// Part buffers of this tier's uploads, reused.
     pub(crate) parts: Arc<PartPool>,
+    /// HTTP client of the requests sent without object_store (parts with checksums).
+    pub(crate) http: object_store::client::HttpClient,
+    /// Whether the server refuses a part whose checksum does not match (probed once).
+    pub(crate) part_checks: tokio::sync::OnceCell<bool>,
 }
 
 impl Inner {
@@ -253,7 +257,7 @@ impl S3Tier {
         if endpoint.is_some() {
             b = b.with_virtual_hosted_style_request(false);
         }
-        b = b.with_unsigned_payload(cfg.unsigned_payload);
+        b = b.with_unsigned_payload(cfg.unsigned_payload == Some(true));
         b = match cfg.checksum {
             crate::config::UploadChecksum::None => b,
             crate::config::UploadChecksum::Crc64Nvme => b.with_checksum_algorithm(Checksum::CRC64NVME),
@@ -271,6 +275,14 @@ impl S3Tier {
             retry_timeout: cfg.retry_deadline,
             max_retries: 3,
         };
+        let http = {
+            use object_store::client::HttpConnector;
+            object_store::client::ReqwestConnector::default().connect(&client).map_err(|e| {
+                Error::new(ErrorKind::InvalidInput, format!("HTTP client for {}: {e}", cfg.url()))
+                    .with_operation(Operation::Setup)
+                    .with_tier(&cfg.name)
+            })?
+        };
         let store = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
             Error::new(ErrorKind::InvalidInput, format!("S3 configuration for {}: {e}", cfg.url()))
                 .with_operation(Operation::Setup)
@@ -281,7 +293,19 @@ impl S3Tier {
         let retry = Retry { initial: cfg.initial_backoff, max: cfg.max_backoff, deadline: cfg.retry_deadline };
         // Enough for the parts in flight plus the one being filled.
         let parts = PartPool::new(cfg.upload_concurrency + 1, cfg.part_size);
-        Ok(S3Tier { inner: Arc::new(Inner { store: Arc::new(store), io, retry, root, region, endpoint, parts, cfg }) })
+        let inner = Inner {
+            store: Arc::new(store),
+            io,
+            retry,
+            root,
+            region,
+            endpoint,
+            parts,
+            http,
+            part_checks: tokio::sync::OnceCell::new(),
+            cfg,
+        };
+        Ok(S3Tier { inner: Arc::new(inner) })
     }
 
     /// Like [`S3Tier::new`], then checks that the bucket exists and the credentials work

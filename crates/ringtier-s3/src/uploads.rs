@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::client::{HttpConnector, HttpRequestBody, ReqwestConnector};
 use object_store::multipart::{MultipartStore, PartId};
@@ -178,6 +179,31 @@ pub(crate) async fn abort(inner: &Arc<Inner>, path: &Path, key: &str, live: Live
     res
 }
 
+/// Checks that the object at `path` has `size` bytes (HEAD); on a mismatch deletes it and
+/// fails with a temporary `Corrupt` error.
+pub(crate) async fn check_size(inner: &Arc<Inner>, path: &Path, key: &str, size: u64) -> Result<()> {
+    let me = Arc::clone(inner);
+    let (path, key) = (path.clone(), key.to_string());
+    inner
+        .spawn(async move {
+            let stored = me
+                .retry
+                .run(|| async { me.store.head(&path).await.map_err(|e| me.err(e, Operation::Commit, &key)) })
+                .await?;
+            if stored.size == size {
+                return Ok(());
+            }
+            let _ = me.store.delete(&path).await;
+            Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("s3://{}/{path} holds {} bytes, not the {size} written; deleted", me.cfg.bucket, stored.size),
+            )
+            .set_temporary(true)
+            .context(Operation::Commit, &key, &me.cfg.name))
+        })
+        .await?
+}
+
 /// Reads the object at `path` back (ranges of a part, several at once, in order) and checks
 /// its size and CRC-32C; on a mismatch deletes it and fails with a temporary `Corrupt` error.
 pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64, crc: u32) -> Result<()> {
@@ -235,6 +261,151 @@ pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64
             .context(Operation::Commit, &key, &me.cfg.name))
         })
         .await?
+}
+
+/// Standard base64 of `bytes` (the `x-amz-checksum-*` header encoding).
+pub(crate) fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n =
+            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The URL of object `path` (path style at a configured endpoint, else virtual-hosted AWS).
+fn object_url(inner: &Inner, path: &Path) -> String {
+    let key: Vec<String> = path.as_ref().split('/').map(encode).collect();
+    format!("{}/{}", bucket_url(inner), key.join("/"))
+}
+
+/// Sends `data` as part `idx` (0-based) of upload `upload_id` (`Some`), or as the whole object
+/// (`None`: a PutObject), with its CRC-32C in a signed `x-amz-checksum-crc32c` header; the body
+/// is unsigned unless [`S3Config::unsigned_payload`](crate::S3Config::unsigned_payload) is
+/// `Some(false)`. Returns the part's ETag and whether the server answered with the same
+/// checksum (a server that checks part checksums does; one that ignores them does not).
+/// A body the server refuses as not matching (`BadDigest`) is a temporary `Corrupt` error:
+/// sent again, it may arrive whole.
+pub(crate) async fn put_checked(
+    inner: &Inner,
+    path: &Path,
+    part: Option<(&str, usize)>,
+    data: Bytes,
+    crc: u32,
+    key: &str,
+    op: Operation,
+) -> Result<(PartId, bool)> {
+    let fail = |kind: ErrorKind, m: String| Error::new(kind, m).context(op, key, &inner.cfg.name);
+    let cred = inner.store.credentials().get_credential().await.map_err(|e| inner.err(e, op, key))?;
+    let url = match part {
+        Some((id, idx)) => format!("{}?partNumber={}&uploadId={}", object_url(inner, path), idx + 1, encode(id)),
+        None => object_url(inner, path),
+    };
+    let sum = base64(&crc.to_be_bytes());
+    let mut req = http::Request::builder()
+        .method("PUT")
+        .uri(&url)
+        .header("x-amz-checksum-crc32c", &sum)
+        .header(http::header::CONTENT_LENGTH, data.len())
+        .body(HttpRequestBody::from(data))
+        .map_err(|e| fail(ErrorKind::InvalidInput, format!("request {url}: {e}")))?;
+    object_store::aws::AwsAuthorizer::new(&cred, "s3", &inner.region)
+        .with_sign_payload(inner.cfg.unsigned_payload == Some(false))
+        .try_authorize(&mut req, None)
+        .map_err(|e| fail(ErrorKind::Io, format!("signing {url}: {e}")))?;
+    let resp = inner
+        .http
+        .execute(req)
+        .await
+        .map_err(|e| fail(ErrorKind::Io, format!("PUT {url}: {e}")).set_temporary(true))?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    if (200..300).contains(&status) {
+        let etag = headers.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let Some(etag) = etag else {
+            return Err(fail(ErrorKind::Io, format!("PUT {url}: the answer has no ETag")).set_temporary(true));
+        };
+        let echoed = headers.get("x-amz-checksum-crc32c").and_then(|v| v.to_str().ok());
+        return Ok((PartId { content_id: etag }, echoed == Some(sum.as_str())));
+    }
+    let body = resp.into_body().bytes().await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let code = elements(&body, "Code").first().map(|c| c.to_string()).unwrap_or_default();
+    let where_ = format!("s3://{}/{path}", inner.cfg.bucket);
+    let msg = format!("{where_}: HTTP {status} {code}: {}", elements(&body, "Message").first().copied().unwrap_or(""));
+    Err(match (status, code.as_str()) {
+        (400, "BadDigest" | "InvalidDigest" | "XAmzContentSHA256Mismatch") => fail(
+            ErrorKind::Corrupt,
+            format!("{msg} (the server refused the body as not matching its checksum: damaged on the way)"),
+        )
+        .set_temporary(true),
+        (401 | 403, _) => fail(ErrorKind::PermissionDenied, format!("{msg} (check the credentials)")),
+        (404, "NoSuchBucket") => {
+            fail(ErrorKind::NotFound, format!("bucket {:?} does not exist ({msg})", inner.cfg.bucket))
+        }
+        (404, _) => fail(ErrorKind::NotFound, msg),
+        (408 | 429, _) | (500.., _) => fail(ErrorKind::Io, msg).set_temporary(true),
+        _ => fail(ErrorKind::Io, msg),
+    })
+}
+
+/// Whether the server checks part checksums: sends one small part with a wrong
+/// `x-amz-checksum-crc32c` to a throwaway upload (aborted after) and expects `BadDigest`.
+/// Asked once per tier, the answer kept.
+pub(crate) async fn server_checks_parts(inner: &Arc<Inner>) -> Result<bool> {
+    let me = Arc::clone(inner);
+    inner
+        .part_checks
+        .get_or_try_init(|| async move {
+            let spawned = Arc::clone(&me);
+            me.spawn(async move {
+                let me = spawned;
+                let path = Path::parse(format!("{}{MARKER_DIR}/checksum-probe-{}", me.root, std::process::id()))
+                    .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("probe path: {e}")))?;
+                let key = "(part checksum probe)";
+                let id = me
+                    .retry
+                    .run(|| async {
+                        me.store.create_multipart(&path).await.map_err(|e| me.err(e, Operation::Write, key))
+                    })
+                    .await?;
+                // Live: a recovery running meanwhile leaves it alone.
+                live_set().lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
+                let body = Bytes::from_static(b"ringtier: does this server check part checksums?");
+                let wrong = crc32c::crc32c(&body) ^ 1;
+                let res = me
+                    .retry
+                    .run(|| async {
+                        match put_checked(&me, &path, Some((&id, 0)), body.clone(), wrong, key, Operation::Write).await
+                        {
+                            Err(e) if e.kind() == ErrorKind::Corrupt => Ok(true),
+                            Err(e) => Err(e),
+                            Ok(_) => Ok(false),
+                        }
+                    })
+                    .await;
+                let _ = me.store.abort_multipart(&path, &id).await;
+                live_set().lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                let checks = res?;
+                if !checks {
+                    tracing::info!(
+                        tier = %me.cfg.name,
+                        "s3: the server does not check part checksums; uploads are read back to check them"
+                    );
+                }
+                Ok(checks)
+            })
+            .await?
+        })
+        .await
+        .copied()
 }
 
 /// What [`S3Tier::recover_uploads`](crate::S3Tier::recover_uploads) did.

@@ -14,10 +14,13 @@ use object_store::PutPayload;
 use ringtier_core::{AlignedBuf, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result};
 use tokio::task::JoinHandle;
 
+use crate::config::UploadVerify;
 use crate::tier::Inner;
 use crate::uploads::{self, LiveUpload};
 
-type PartTask = JoinHandle<(usize, Result<PartId>)>;
+/// A part's index and its result: the part id and whether the server answered with the
+/// part's checksum.
+type PartTask = JoinHandle<(usize, Result<(PartId, bool)>)>;
 
 /// A multipart upload under way: its id (registered as live, with a marker object) and the
 /// parts so far.
@@ -25,6 +28,8 @@ struct Upload {
     live: LiveUpload,
     parts: Vec<Option<PartId>>,
     in_flight: FuturesUnordered<PartTask>,
+    /// Parts whose stored checksum the server did not confirm.
+    unconfirmed: usize,
 }
 
 /// A staged S3 object. Bytes are written in order into a part buffer; each full part
@@ -46,6 +51,8 @@ pub(crate) struct S3Writer {
     done: bool,
     /// CRC-32C of the bytes sent so far, in order.
     crc: u32,
+    /// False once a byte went to the server without a checksum it confirmed.
+    confirmed: bool,
 }
 
 impl fmt::Debug for S3Writer {
@@ -72,6 +79,7 @@ impl S3Writer {
             failed: None,
             done: false,
             crc: 0,
+            confirmed: true,
         }
     }
 
@@ -125,8 +133,12 @@ impl S3Writer {
         if self.upload.is_some() {
             return Ok(());
         }
+        if self.checksums() {
+            // Asked once per tier: whether a confirmed checksum proves anything here.
+            self.confirmed &= uploads::server_checks_parts(&self.inner).await?;
+        }
         let live = uploads::start(&self.inner, &self.path, &self.key).await?;
-        self.upload = Some(Upload { live, parts: Vec::new(), in_flight: FuturesUnordered::new() });
+        self.upload = Some(Upload { live, parts: Vec::new(), in_flight: FuturesUnordered::new(), unconfirmed: 0 });
         Ok(())
     }
 
@@ -144,7 +156,10 @@ impl S3Writer {
                 )
             })?;
             match res {
-                Ok(part) => up.parts[idx] = Some(part),
+                Ok((part, confirmed)) => {
+                    up.parts[idx] = Some(part);
+                    up.unconfirmed += usize::from(!confirmed);
+                }
                 Err(e) => {
                     self.failed = Some(e.to_string());
                     return Err(e);
@@ -163,23 +178,35 @@ impl S3Writer {
         let Some(up) = self.upload.as_mut() else {
             return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Write));
         };
-        self.crc = crc32c::crc32c_append(self.crc, &data);
+        let part_crc = crc32c::crc32c(&data);
+        self.crc = crc32c::crc32c_combine(self.crc, part_crc, data.len());
         let idx = up.parts.len();
         up.parts.push(None);
         let inner = Arc::clone(&self.inner);
         let path = self.path.clone();
         let id = up.live.id().to_string();
         let key = self.key.clone();
-        let payload = PutPayload::from(data);
+        let checksums = self.inner.cfg.verify == UploadVerify::Checksums;
         up.in_flight.push(self.inner.io_handle().spawn(async move {
             let res = inner
                 .retry
                 .run(|| async {
-                    inner
-                        .store
-                        .put_part(&path, &id, idx, payload.clone())
+                    if checksums {
+                        uploads::put_checked(
+                            &inner,
+                            &path,
+                            Some((&id, idx)),
+                            data.clone(),
+                            part_crc,
+                            &key,
+                            Operation::Write,
+                        )
                         .await
-                        .map_err(|e| inner.err(e, Operation::Write, &key))
+                    } else {
+                        let payload = PutPayload::from(data.clone());
+                        let part = inner.store.put_part(&path, &id, idx, payload).await;
+                        Ok((part.map_err(|e| inner.err(e, Operation::Write, &key))?, false))
+                    }
                 })
                 .await
                 .map_err(|e| {
@@ -207,6 +234,10 @@ impl S3Writer {
         Ok(())
     }
 
+    fn checksums(&self) -> bool {
+        self.inner.cfg.verify == UploadVerify::Checksums
+    }
+
     fn check_failed(&self, op: Operation) -> Result<()> {
         match &self.failed {
             Some(why) => Err(self.err(ErrorKind::Io, format!("an earlier part failed: {why}"), op)),
@@ -231,7 +262,24 @@ impl S3Writer {
             self.crc = crc32c::crc32c_append(self.crc, &data);
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
-            self.inner.spawn(async move { inner.put_retrying(&path, data, &key).await }).await??;
+            if self.checksums() {
+                self.confirmed &= uploads::server_checks_parts(&self.inner).await?;
+                let crc = self.crc;
+                let (_, confirmed) = self
+                    .inner
+                    .spawn(async move {
+                        inner
+                            .retry
+                            .run(|| {
+                                uploads::put_checked(&inner, &path, None, data.clone(), crc, &key, Operation::Commit)
+                            })
+                            .await
+                    })
+                    .await??;
+                self.confirmed &= confirmed;
+            } else {
+                self.inner.spawn(async move { inner.put_retrying(&path, data, &key).await }).await??;
+            }
         } else {
             self.flush_full_parts().await?;
             if !self.cur.is_empty() {
@@ -249,14 +297,21 @@ impl S3Writer {
             if parts.len() != up.parts.len() {
                 return Err(self.err(ErrorKind::Io, "a part of the upload has no result", Operation::Commit));
             }
+            self.confirmed &= up.unconfirmed == 0;
             uploads::complete(&self.inner, &self.path, &self.key, &up.live, parts, size).await?;
         }
         if let Some(up) = self.upload.take() {
             up.live.finish(&self.inner).await;
         }
         self.done = true;
-        if self.inner.cfg.verify_uploads {
-            uploads::verify(&self.inner, &self.path, &self.key, size, self.crc).await?;
+        match self.inner.cfg.verify {
+            UploadVerify::Off => {}
+            // Every part's checksum checked by a server that refuses a mismatch: what is
+            // stored is what was sent; the object must hold all of it.
+            UploadVerify::Checksums if self.confirmed => {
+                uploads::check_size(&self.inner, &self.path, &self.key, size).await?;
+            }
+            _ => uploads::verify(&self.inner, &self.path, &self.key, size, self.crc).await?,
         }
         Ok(ObjectMeta { key: self.key.clone(), size, modified: Some(std::time::SystemTime::now()) })
     }

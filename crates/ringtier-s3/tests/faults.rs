@@ -249,6 +249,48 @@ async fn a_part_damaged_on_the_way_is_refused_and_sent_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_server_that_checks_part_checksums_nothing_is_read_back() {
+    // The default check (part checksums) on a server that checks them: the drain's bytes
+    // are confirmed by the server's answers, and no GET of the object is made (any would
+    // fail here).
+    let (_t, server, _dir) = s3s("x").await;
+    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
+    let tier = S3Tier::new(test_config(&proxy.endpoint(), "bkt", "nrb").with_part_size(PART)).expect("tier");
+    proxy.fail_matching("GET /bkt/nrb/obj", Fault::Status(500));
+    let data = pattern(10, 2 * PART + 3);
+    write_all(&tier, "obj", &data, 1 << 20).await.expect("write, not read back");
+    write_all(&tier, "small", &data[..1000], 1000).await.expect("single PUT, not read back");
+    proxy.clear();
+    assert!(ops::get(&tier, "obj").await.expect("get") == data);
+    assert!(ops::get(&tier, "small").await.expect("get") == data[..1000]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_part_on_a_server_that_ignores_part_checksums_is_caught_by_the_read_back() {
+    // s3s-fs alone ignores UploadPart checksums: the probe finds that out, the damaged part is
+    // stored, the read-back catches it, the object is deleted, never committed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = S3sFsServer::start_with(dir.path(), 0, Duration::ZERO, false).expect("s3s-fs");
+    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
+    let tier = S3Tier::new(test_config(&proxy.endpoint(), "bkt", "dmg").with_part_size(PART)).expect("tier");
+    tier.create_bucket().await.expect("bucket");
+    let data = pattern(11, 2 * PART + 3);
+    proxy.fail_matching_n("partNumber=2&", Fault::CorruptBody, 1);
+    let e = write_all(&tier, "obj", &data, 1 << 20).await.expect_err("damage caught");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.is_temporary() && e.to_string().contains("s3://bkt/dmg/obj"), "{e}");
+    assert_eq!(tier.stat("obj").await.expect_err("deleted").kind(), ErrorKind::NotFound);
+    write_all(&tier, "obj", &data, 1 << 20).await.expect("sent again");
+    assert!(ops::get(&tier, "obj").await.expect("get") == data);
+    // With the check off and bodies unsigned, the damage is stored: what the check is for.
+    let cfg = test_config(&proxy.endpoint(), "bkt", "dmg").with_part_size(PART);
+    let off = S3Tier::new(cfg.with_verify_uploads(false).with_unsigned_payload(true)).expect("tier");
+    proxy.fail_matching_n("partNumber=2&", Fault::CorruptBody, 1);
+    write_all(&off, "unchecked", &data, 1 << 20).await.expect("unchecked write");
+    assert!(ops::get(&off, "unchecked").await.expect("get") != data, "the proxy damaged nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_damaged_on_the_way_is_caught_after_upload_moto() {
     // moto checks neither signatures nor checksums: the damaged part is stored, and the
     // read-back after the upload catches it.

@@ -418,7 +418,9 @@ impl ShapeArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct GenArgs {
-    /// Directory to write the dataset into (created).
+    /// Directory to write the dataset into (created); or an S3 prefix,
+    /// `s3://bucket/prefix[?endpoint=URL]` (credentials from AWS_* variables): the dataset is
+    /// generated in a temporary directory and uploaded there, one object per file.
     #[arg(long)]
     pub(crate) dir: PathBuf,
     /// Dataset shape: imagenet (16,384 files, median 112 KB), caltech101 (9,144, median 12 KB).
@@ -537,7 +539,11 @@ pub(crate) struct DemoArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct ReadArgs {
-    /// The dataset directory (from `ringtier gen`, or any directory of files).
+    /// The dataset directory (from `ringtier gen`, or any directory of files); or an S3
+    /// dataset, `s3://bucket/prefix[?endpoint=URL]` (every object under the prefix, e.g. from
+    /// `ringtier gen --dir s3://...`; credentials from AWS_* variables), read through the S3
+    /// tier's concurrent read_batch with one driver thread, --depths swept (--engines,
+    /// --threads and the io_uring options do not apply there).
     #[arg(long)]
     pub(crate) dir: PathBuf,
     #[command(flatten)]

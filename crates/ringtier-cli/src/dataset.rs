@@ -356,6 +356,16 @@ impl Scene {
 
 /// `ringtier gen`.
 pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
+    if let Some(url) = a.dir.to_str().filter(|d| ringtier_s3::S3Config::is_s3_url(d)).map(str::to_string) {
+        // Generated in a temporary directory, then uploaded, then removed.
+        let tmp = tempfile::Builder::new().prefix("ringtier-gen-").tempdir().context("creating a temp dir")?;
+        let local = crate::args::GenArgs { dir: tmp.path().join("ds"), force: true, ..a };
+        gen_command(local)?;
+        let t0 = std::time::Instant::now();
+        let (n, bytes) = crate::s3bench::upload_dir(&tmp.path().join("ds"), &url)?;
+        println!("uploaded {n} objects, {:.1} MB, to {url} in {:.1} s", bytes as f64 / 1e6, t0.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let spec = a.shape.spec(a.preset)?;
     let t0 = std::time::Instant::now();
     if matches!(spec.format, Format::Tfrecord | Format::Wds) {

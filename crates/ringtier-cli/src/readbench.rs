@@ -446,6 +446,12 @@ fn plot(report: &Report, path: &Path) -> Result<()> {
 
 /// `ringtier bench read`.
 pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
+    if let Some(url) = a.dir.to_str().filter(|d| ringtier_s3::S3Config::is_s3_url(d)) {
+        if a.format != crate::recbench::ReadFormat::Files {
+            bail!("--format {:?} reads local shards; an S3 dataset is read as objects (--format files)", a.format);
+        }
+        return crate::s3bench::read_dataset(url, &a);
+    }
     if a.format != crate::recbench::ReadFormat::Files {
         return crate::recbench::bench(&a);
     }

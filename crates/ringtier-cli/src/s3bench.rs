@@ -471,6 +471,8 @@ fn drain(d: DrainArgs) -> Result<()> {
                 cpu_seconds: cpu,
                 bytes: d.size,
             });
+            // Each upload is measured, then dropped: the disk holds one copy at a time.
+            forget_uploaded(d.common.server, &work, bucket, &s3_prefix);
         }
         for &c in &d.concurrency {
             let _ = drop_caches();
@@ -495,6 +497,7 @@ fn drain(d: DrainArgs) -> Result<()> {
                 cpu / (d.size as f64 / GIB)
             );
             runs.push(Run { client: "boto3 upload_file".into(), setting: c, seconds: secs, cpu_seconds: cpu, bytes });
+            forget_uploaded(d.common.server, &work, bucket, &format!("boto3/{rep}-{c}"));
         }
         std::fs::remove_dir_all(fast_dir.join(&prefix)).ok();
     }
@@ -526,6 +529,16 @@ fn drain(d: DrainArgs) -> Result<()> {
         cpu_per_gib_ratio: rc / bc,
     };
     write_json(d.common.json.as_deref(), &report)
+}
+
+/// Removes what a measured upload left in the s3s-fs server's directory (objects are files
+/// there), so a long run holds one uploaded copy at a time on disk; moto keeps objects in
+/// memory, where they go with the server.
+fn forget_uploaded(server: Server, work: &Path, bucket: &str, key_or_prefix: &str) {
+    if matches!(server, Server::S3sFs) {
+        let p = work.join("s3").join(bucket).join(key_or_prefix);
+        let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+    }
 }
 
 /// One configuration of ringtier's drain in `bench s3 drain`.
@@ -709,4 +722,209 @@ pub(crate) fn read(r: &ReadSweep) -> Result<serde_json::Value> {
     };
     write_json(r.json.as_deref(), &report)?;
     Ok(serde_json::to_value(&report)?)
+}
+
+/// The tier for an `s3://` dataset URL (settings in the URL; credentials, and the endpoint
+/// where the URL names none, from the AWS environment variables).
+fn dataset_tier(url: &str, depth: usize) -> Result<S3Tier> {
+    let cfg = S3Config::from_url(url)?.with_io_threads(1).with_read_concurrency(depth);
+    Ok(S3Tier::new(cfg)?)
+}
+
+/// `ringtier gen --dir s3://...`: uploads the dataset generated in `local` (every file but the
+/// manifest, whose `.ringtier` name is reserved; keys relative to `local`) to the S3 prefix;
+/// returns (objects, bytes).
+pub(crate) fn upload_dir(local: &Path, url: &str) -> Result<(usize, u64)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".ringtier")) {
+                // The manifest (a reserved name) stays local: the objects are the dataset.
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(local, &mut files)?;
+    files.sort();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let tier = S3Tier::open(S3Config::from_url(url)?).await.with_context(|| format!("opening {url}"))?;
+        let (mut tasks, mut bytes) = (Vec::new(), 0u64);
+        for f in &files {
+            let key = f.strip_prefix(local)?.to_string_lossy().into_owned();
+            let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            bytes += data.len() as u64;
+            let t = tier.clone();
+            tasks.push(tokio::spawn(async move { t.put_object(&key, data.into()).await.map(|_| ()) }));
+            if tasks.len() >= 32 {
+                for t in tasks.drain(..) {
+                    t.await??;
+                }
+            }
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok((files.len(), bytes))
+    })
+}
+
+/// One point of the S3 dataset sweep.
+#[derive(Debug, Serialize)]
+struct DatasetPoint {
+    depth: usize,
+    mb_per_sec: Summary,
+    files_per_sec: Summary,
+    cpu_seconds_per_gib: Summary,
+    /// Per repeat: this depth's MB/s over depth 1's (when depth 1 is in the sweep).
+    speedup_vs_depth_1: Option<Summary>,
+    runs: Vec<Run>,
+}
+
+/// `ringtier bench read --dir s3://bucket/prefix[?endpoint=...]`: one shuffled epoch over
+/// every object under the prefix per pass, through the S3 tier's concurrent `read_batch` (one
+/// driver thread: a current-thread runtime, and one I/O worker), `depth` requests in flight,
+/// depths swept, repeats interleaved.
+pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
+    let depths = a.depths.clone().unwrap_or_else(|| a.concurrency.clone());
+    if depths.is_empty() || depths.contains(&0) {
+        bail!("--depths must be at least 1");
+    }
+    if a.io.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The dataset: every object under the prefix (empty ones left out).
+    let objects: Vec<(String, usize)> = rt.block_on(async {
+        let tier = S3Tier::open(S3Config::from_url(url)?).await.with_context(|| format!("opening {url}"))?;
+        let listed = tier.list("").await.with_context(|| format!("listing {url}"))?;
+        listed
+            .into_iter()
+            .filter(|m| m.size > 0)
+            .map(|m| Ok((m.key, usize::try_from(m.size)?)))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    if objects.is_empty() {
+        bail!("{url} holds no objects (upload a dataset with `ringtier gen --dir {url}`)");
+    }
+    let total: u64 = objects.iter().map(|o| o.1 as u64).sum();
+    let max = objects.iter().map(|o| o.1).max().unwrap_or(0);
+    let mut sizes: Vec<usize> = objects.iter().map(|o| o.1).collect();
+    sizes.sort_unstable();
+    println!(
+        "bench read {url}: {} objects, {:.1} MB (median {:.0} KB), S3 tier, one driver thread, depths {depths:?}, {} repeats",
+        objects.len(),
+        total as f64 / 1e6,
+        sizes[sizes.len() / 2] as f64 / 1e3,
+        a.io.repeats
+    );
+    let mut runs: Vec<Vec<Run>> = depths.iter().map(|_| Vec::new()).collect();
+    for rep in 0..a.io.repeats {
+        let mut order: Vec<usize> = (0..objects.len()).collect();
+        Rng::new(a.seed + rep as u64).shuffle(&mut order);
+        for (i, &depth) in depths.iter().enumerate() {
+            let tier = dataset_tier(url, depth)?;
+            let mut bufs: Vec<AlignedBuf> =
+                (0..depth).map(|_| AlignedBuf::new(max + 4096, 4096)).collect::<ringtier_core::Result<_>>()?;
+            let mut pass = |keys: &[usize]| -> Result<u64> {
+                rt.block_on(async {
+                    let mut total = 0u64;
+                    let mut batch = ReadBatch::with_capacity(depth, depth * 64);
+                    for chunk in keys.chunks(depth) {
+                        for &k in chunk {
+                            let Some(b) = bufs.pop() else { bail!("buffer pool empty") };
+                            batch.push(&objects[k].0, 0, objects[k].1, b);
+                        }
+                        batch = tier.read_batch(batch).await;
+                        for (key, _, res, buf) in batch.drain() {
+                            total += res.with_context(|| format!("reading {key}"))? as u64;
+                            if let Some(b) = buf {
+                                bufs.push(b);
+                            }
+                        }
+                    }
+                    Ok(total)
+                })
+            };
+            // Warm the connection pool (not measured).
+            pass(&order[..depth.min(order.len())])?;
+            if a.io.drop_caches {
+                drop_caches().context("dropping the page cache (needs root)")?;
+            }
+            let (t0, c0) = (Instant::now(), process_cpu());
+            let bytes = pass(&order)?;
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), (process_cpu() - c0).as_secs_f64());
+            if bytes != total {
+                bail!("a pass read {bytes} bytes of {total}");
+            }
+            eprintln!(
+                "  repeat {}/{}: depth {depth:>4} {:>8.1} MB/s {:>8.0} objects/s {:>6.2} CPU s/GiB",
+                rep + 1,
+                a.io.repeats,
+                bytes as f64 / secs / 1e6,
+                objects.len() as f64 / secs,
+                cpu / (bytes as f64 / GIB)
+            );
+            runs[i].push(Run {
+                client: "ringtier S3 tier".into(),
+                setting: depth,
+                seconds: secs,
+                cpu_seconds: cpu,
+                bytes,
+            });
+        }
+    }
+    let base = depths.iter().position(|&d| d == 1);
+    let mb = |r: &Run| r.bytes as f64 / r.seconds / 1e6;
+    let points: Vec<DatasetPoint> = depths
+        .iter()
+        .enumerate()
+        .map(|(i, &depth)| {
+            let s = |f: &dyn Fn(&Run) -> f64| Summary::of(&runs[i].iter().map(f).collect::<Vec<_>>());
+            DatasetPoint {
+                depth,
+                mb_per_sec: s(&mb),
+                files_per_sec: s(&|r| objects.len() as f64 / r.seconds),
+                cpu_seconds_per_gib: s(&|r| r.cpu_seconds / (r.bytes as f64 / GIB)),
+                speedup_vs_depth_1: base.map(|b| {
+                    Summary::of(&runs[i].iter().zip(&runs[b]).map(|(x, y)| mb(x) / mb(y)).collect::<Vec<_>>())
+                }),
+                runs: runs[i].clone(),
+            }
+        })
+        .collect();
+    println!(
+        "{:>6} {:>26} {:>12} {:>26} {:>10}",
+        "depth", "MB/s min/median/max", "objects/s", "CPU s/GiB min/median/max", "vs depth 1"
+    );
+    for p in &points {
+        println!(
+            "{:>6} {:>8.1}/{:>8.1}/{:>8.1} {:>12.0} {:>8.2}/{:>7.2}/{:>7.2} {:>10}",
+            p.depth,
+            p.mb_per_sec.min,
+            p.mb_per_sec.median,
+            p.mb_per_sec.max,
+            p.files_per_sec.median,
+            p.cpu_seconds_per_gib.min,
+            p.cpu_seconds_per_gib.median,
+            p.cpu_seconds_per_gib.max,
+            p.speedup_vs_depth_1.as_ref().map_or("-".to_string(), |s| format!("{:.2}x", s.median))
+        );
+    }
+    // The URL's settings may name the endpoint; credentials never appear in it.
+    let report = serde_json::json!({
+        "schema": "ringtier.bench.read.s3/1",
+        "machine": Machine::probe(),
+        "storage": {"url": url, "tier": "s3"},
+        "dataset": {"objects": objects.len(), "bytes": total, "median_object_bytes": sizes[sizes.len() / 2], "max_object_bytes": max},
+        "repeats": a.io.repeats,
+        "driver_threads": 1,
+        "seed": a.seed,
+        "points": points,
+    });
+    write_json(a.io.json.as_deref(), &report)
 }

@@ -1,0 +1,89 @@
+//! `ringtier gen` and `ringtier bench read` against an S3 dataset on an s3s-fs server on
+//! loopback: the dataset uploaded by `gen --dir s3://...`, read back by the concurrency sweep,
+//! and clear errors for a missing bucket and an empty prefix.
+
+use std::process::Command;
+
+use ringtier_s3::testing::{S3sFsServer, ACCESS_KEY, SECRET_KEY};
+
+fn ringtier() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringtier"));
+    c.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_ENDPOINT")
+        .env_remove("AWS_SESSION_TOKEN");
+    c
+}
+
+fn run(c: &mut Command) -> (bool, String) {
+    let out = c.output().expect("run ringtier");
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn bench_read_sweeps_depths_over_an_s3_dataset_uploaded_by_gen() {
+    let dir = tempfile::Builder::new().prefix("cli-s3ds").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("s3")).expect("server dir");
+    let server = S3sFsServer::start(&dir.path().join("s3")).expect("s3s-fs");
+    server.create_bucket("bkt").expect("bucket");
+    let url = format!("s3://bkt/ds?endpoint={}", server.endpoint());
+    let (ok, out) =
+        run(ringtier().args(["gen", "--files", "40", "--median", "20K", "--max-size", "64K", "--dir", &url]));
+    assert!(ok, "{out}");
+    assert!(out.contains("uploaded 40 objects"), "{out}");
+    // The objects as the server stores them (files).
+    let stored: u64 = walk(&dir.path().join("s3").join("bkt").join("ds"));
+    assert_eq!(stored, 40, "{out}");
+
+    let json = dir.path().join("read.json");
+    let (ok, out) = run(ringtier()
+        .args(["bench", "read", "--dir", &url, "--depths", "1,4,16", "--repeats", "2", "--json"])
+        .arg(&json));
+    assert!(ok, "{out}");
+    assert!(out.contains("40 objects") && out.contains("vs depth 1"), "{out}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(r["schema"], "ringtier.bench.read.s3/1");
+    assert_eq!(r["dataset"]["objects"], 40);
+    let bytes = r["dataset"]["bytes"].as_u64().expect("bytes");
+    assert!(bytes > 40 * 1000, "{bytes}");
+    let points = r["points"].as_array().expect("points");
+    assert_eq!(points.iter().map(|p| p["depth"].as_u64().unwrap_or(0)).collect::<Vec<_>>(), [1, 4, 16]);
+    for p in points {
+        let runs = p["runs"].as_array().expect("runs");
+        assert_eq!(runs.len(), 2);
+        for run in runs {
+            assert_eq!(run["bytes"].as_u64(), Some(bytes), "every pass reads every byte");
+        }
+        assert!(p["mb_per_sec"]["median"].as_f64().unwrap_or(0.0) > 0.0);
+        assert!(p["speedup_vs_depth_1"]["median"].as_f64().unwrap_or(0.0) > 0.0);
+    }
+}
+
+#[test]
+fn bench_read_of_a_missing_bucket_or_an_empty_prefix_is_a_clear_error() {
+    let dir = tempfile::Builder::new().prefix("cli-s3err").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let server = S3sFsServer::start(dir.path()).expect("s3s-fs");
+    server.create_bucket("bkt").expect("bucket");
+    let missing = format!("s3://no-such-bucket/ds?endpoint={}", server.endpoint());
+    let (ok, out) = run(ringtier().args(["bench", "read", "--dir", &missing, "--depths", "1", "--repeats", "1"]));
+    assert!(!ok && out.contains("no-such-bucket"), "{out}");
+    let empty = format!("s3://bkt/nothing-here?endpoint={}", server.endpoint());
+    let (ok, out) = run(ringtier().args(["bench", "read", "--dir", &empty, "--depths", "1", "--repeats", "1"]));
+    assert!(!ok && out.contains("holds no objects"), "{out}");
+    let (ok, out) = run(ringtier().args(["bench", "read", "--dir", &empty, "--format", "tfrecord"]));
+    assert!(!ok && out.contains("an S3 dataset is read as objects"), "{out}");
+}
+
+fn walk(p: &std::path::Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 })
+                .sum()
+        })
+        .unwrap_or(0)
+}

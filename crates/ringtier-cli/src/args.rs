@@ -571,6 +571,10 @@ pub(crate) struct ReadArgs {
     /// Records in the shuffle buffer of --format tfrecord|wds.
     #[arg(long, default_value_t = 1024)]
     pub(crate) shuffle_buffer: usize,
+    /// Bytes of records in that shuffle buffer at most (whichever of the two is reached first;
+    /// 0: no byte bound), e.g. 64m.
+    #[arg(long, default_value = "64m", value_parser = parse_size)]
+    pub(crate) shuffle_bytes: u64,
     /// Record order of --format tfrecord|wds: stream (shards front to back through the
     /// shuffle buffer) or global (every record in one random order across all shards,
     /// through the `SHARD.idx` indexes of `ringtier index`, built first where missing).

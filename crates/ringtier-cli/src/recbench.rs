@@ -109,7 +109,7 @@ fn write_index(path: &Path, idx: &RecordIndex) -> Result<()> {
 /// `ringtier index`: writes `SHARD.idx` for every shard.
 pub(crate) fn index_command(a: crate::args::IndexArgs) -> Result<()> {
     let Some(format) = a.format.records() else { bail!("--format must be tfrecord or wds") };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (shards, loader) = open_shards(&a.dir, format, 8, RecordConfig::default(), &rt)?;
     let t0 = Instant::now();
     let mut records = 0;
@@ -224,6 +224,10 @@ struct Report {
     depth: usize,
     read_size: usize,
     shuffle_buffer: usize,
+    shuffle_bytes: usize,
+    prefetch_bytes: usize,
+    /// The most record bytes the loader held at once (its own accounting), over the repeats.
+    held_peak_bytes: u64,
     direct_io: bool,
     ringtier: Side,
     cat: Side,
@@ -251,11 +255,15 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
     let shuffle_buffer = a.shuffle_buffer;
     let fs = ringtier_core::fs::fs_type_name(&a.dir);
     let direct = ringtier_core::fs::dir_supports_direct_io(&a.dir) != Some(false);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    // Two runtime threads, as the Python engine has: the reads' completions and the parsing
+    // run beside this thread's consumer instead of taking turns on one worker.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let shuffle_bytes = usize::try_from(a.shuffle_bytes).context("--shuffle-bytes")?;
     let cfg = RecordConfig::default()
         .with_depth(depth)
         .with_read_size(read_size)
         .with_shuffle_buffer(shuffle_buffer)
+        .with_shuffle_bytes(shuffle_bytes)
         .with_seed(a.seed)
         .with_on_bad(if a.io.on_error == crate::passes::OnError::Skip { OnBadSample::Skip } else { OnBadSample::Fail });
     let (shards, mut loader) = open_shards(&a.dir, format, depth, cfg.clone(), &rt)?;
@@ -274,13 +282,14 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         }
     };
     eprintln!(
-        "streaming {} {} shards ({:.1} MB, largest {:.1} MB) in {} ({fs}): depth {depth} x {} KiB, shuffle buffer {shuffle_buffer}, {repeats} repeats against cold cat",
+        "streaming {} {} shards ({:.1} MB, largest {:.1} MB) in {} ({fs}): depth {depth} x {} KiB, shuffle buffer {shuffle_buffer} records or {} MiB, {repeats} repeats against cold cat",
         shards.len(),
         format.as_str(),
         total as f64 / 1e6,
         shards.iter().map(|s| s.size).max().unwrap_or(0) as f64 / 1e6,
         a.dir.display(),
-        read_size >> 10
+        read_size >> 10,
+        shuffle_bytes >> 20
     );
     let paths: Vec<std::path::PathBuf> = shards.iter().map(|s| a.dir.join(&s.key)).collect();
     let cold = |paths: &[std::path::PathBuf]| -> Result<()> {
@@ -293,6 +302,7 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         Ok(())
     };
     let (mut ours, mut cats) = (Vec::new(), Vec::new());
+    let mut held_peak = 0u64;
     for r in 0..repeats {
         cold(&paths)?;
         let cpu0 = process_cpu();
@@ -305,6 +315,7 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
             while let Some(rec) = e.next().await {
                 rec?;
             }
+            held_peak = held_peak.max(e.held().peak);
             Ok::<_, ringtier_core::Error>((e.stats().records, e.stats().bytes, e.stats().skipped))
         })?;
         let wall = t0.elapsed().as_secs_f64();
@@ -360,6 +371,9 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         depth,
         read_size,
         shuffle_buffer,
+        shuffle_bytes,
+        prefetch_bytes: cfg.prefetch_bytes,
+        held_peak_bytes: held_peak,
         direct_io: direct,
         ringtier: side(ours),
         cat: side(cats),
@@ -382,11 +396,12 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         );
     }
     println!(
-        "ringtier / cat: {:.2} (min {:.2}, max {:.2}); buffer pool {:.1} MiB, peak RSS {:.1} MiB",
+        "ringtier / cat: {:.2} (min {:.2}, max {:.2}); buffer pool {:.1} MiB, records held {:.1} MiB at most, peak RSS {:.1} MiB",
         ratio.median,
         ratio.min,
         ratio.max,
         report.pool_bytes as f64 / (1 << 20) as f64,
+        held_peak as f64 / (1 << 20) as f64,
         report.peak_rss_bytes as f64 / (1 << 20) as f64
     );
     write_json(a.io.json.as_deref(), &report)?;

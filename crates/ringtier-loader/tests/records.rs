@@ -96,6 +96,69 @@ async fn every_record_once_per_epoch_across_ranks_and_workers() {
     assert_eq!(e.position(), 41, "the position to save");
 }
 
+/// Streams an epoch with a consumer slower than the reads (so every stage fills); returns
+/// the records (checked against `all`) and the loader's count of the bytes it held at most.
+async fn held_peak(loader: &RecordLoader, all: &BTreeMap<(String, u64), Vec<u8>>) -> u64 {
+    let mut e = loader.epoch(0, 0);
+    let mut seen = BTreeMap::new();
+    while let Some(r) = e.next().await {
+        let r = r.expect("record");
+        if seen.len() % 8 == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        seen.insert((loader.shards()[r.shard].key.clone(), r.offset), r.fields[0].data.clone());
+    }
+    assert_eq!(&seen, all, "every record, once, intact");
+    assert_eq!(e.held().now, 0, "nothing held after the epoch");
+    e.held().peak
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_bytes_held_stay_within_the_configured_bound() {
+    let (dir, all) = tfrecord_shards();
+    let (tier, shards, _) = uring(dir.path()).await;
+    let total: usize = all.values().map(Vec::len).sum();
+    let max = all.values().map(Vec::len).max().expect("records");
+    // Count bounds that would hold the whole set (~5 MB); byte bounds far below it.
+    let by_count = cfg().with_shuffle_buffer(10_000).with_prefetch(10_000);
+    let bounded = by_count.clone().with_shuffle_bytes(400_000).with_prefetch_bytes(100_000);
+    let bound = bounded.held_bound(max).expect("byte bounds on");
+    assert!(bound < total / 2, "the bound {bound} is well below the set's {total} bytes");
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, bounded).expect("loader");
+    let peak = held_peak(&loader, &all).await as usize;
+    assert!(peak <= bound, "held {peak} bytes at most, bound {bound}");
+    assert!(peak >= 400_000 - max, "the shuffle buffer filled to its byte bound ({peak})");
+    // Without byte bounds the same epoch holds (nearly) the whole set: the bound is what keeps
+    // it down.
+    let unbounded = by_count.with_shuffle_bytes(0).with_prefetch_bytes(0);
+    assert_eq!(unbounded.held_bound(max), None);
+    let loader =
+        RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, unbounded).expect("loader");
+    let peak = held_peak(&loader, &all).await as usize;
+    assert!(peak > bound, "unbounded, {peak} bytes held");
+    // The defaults bound the bytes too, and the global order's prefetch queue alike.
+    let d = RecordConfig::default();
+    assert_eq!((d.shuffle_bytes, d.prefetch_bytes), (64 << 20, 16 << 20));
+    let global = cfg().with_prefetch(10_000).with_prefetch_bytes(100_000).with_read_size(256 << 10);
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, global).expect("loader");
+    let mut indexes = Vec::new();
+    for i in 0..shards.len() {
+        indexes.push(loader.build_index(i).await.expect("index"));
+    }
+    let mut e = loader.global_epoch(Arc::new(indexes), 0, 0).expect("global");
+    let mut n = 0;
+    while let Some(r) = e.next().await {
+        r.expect("record");
+        n += 1;
+        if n % 8 == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+    assert_eq!(n, all.len());
+    // The queue's bytes (or one record larger than that), and the record waiting to enter it.
+    assert!(e.held().peak as usize <= 100_000.max(max) + max, "global order held {} bytes", e.held().peak);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_are_named_or_skipped_and_counted() {
     let (dir, all) = tfrecord_shards();

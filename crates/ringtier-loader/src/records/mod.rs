@@ -3,8 +3,17 @@
 //! A shard is read front to back with large requests kept in flight through the tier's batch
 //! read (one submission per batch on the io_uring tier, O_DIRECT where the file system has
 //! it), into pooled buffers; records are parsed straight out of those buffers, each record's
-//! bytes copied once, into the record. Memory is the pool (2 x depth x read size) plus the
-//! records in the shuffle buffer and the prefetch queue, whatever the shard sizes.
+//! bytes copied once, into the record (the shuffle buffer and the prefetch queue move records,
+//! they never copy them). The reads form a sliding window: as soon as one buffer is parsed,
+//! the next request is submitted, across shard boundaries, so the device is never idle while a
+//! batch is parsed.
+//!
+//! Memory is bounded by configuration, whatever the shard and record sizes: the pool
+//! (2 x depth x read size) plus the records held, which the loader counts
+//! ([`RecordEpoch::held`]): the shuffle buffer (at most `shuffle_buffer` records and
+//! `shuffle_bytes` bytes), the prefetch queue (at most `prefetch` records and `prefetch_bytes`
+//! bytes) and the records parsed out of the one buffer being parsed (at most a read size and a
+//! record). [`RecordConfig::held_bound`] is that bound.
 //!
 //! An epoch over shards: the shards are shuffled (seeded by seed and epoch, the same on every
 //! rank) and split across ranks and workers, `(rank, worker)` taking every
@@ -28,7 +37,9 @@ use std::sync::Arc;
 
 use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
-use tokio::sync::mpsc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, Semaphore};
 
 pub use tfrecord::{masked_crc32c, write_record as write_tfrecord};
 pub use wds::{split_key, write_end as write_tar_end, write_member as write_tar_member};
@@ -126,10 +137,15 @@ pub struct Shard {
 pub struct RecordConfig {
     /// Bytes per read request. Default 4 MiB.
     pub read_size: usize,
-    /// Read requests in flight per shard. Default 8.
+    /// Read requests per batch; the pool holds 2 x depth buffers, and a stream keeps all but
+    /// the one being parsed in flight. Default 8.
     pub depth: usize,
     /// Records in the shuffle buffer; 0 or 1 keeps shard order. Default 1024.
     pub shuffle_buffer: usize,
+    /// Bytes of records in the shuffle buffer at most (0: no byte bound); the buffer holds
+    /// `shuffle_buffer` records or this many bytes, whichever is reached first (one record
+    /// larger than this passes through alone). Default 64 MiB.
+    pub shuffle_bytes: usize,
     /// Shuffle the shard order each epoch. Default true.
     pub shuffle_shards: bool,
     /// Seed of the shard shuffle and the shuffle buffer. Default 0.
@@ -142,8 +158,11 @@ pub struct RecordConfig {
     pub worker: usize,
     /// Workers per rank. Default 1.
     pub workers: usize,
-    /// Records parsed ahead of the consumer. Default 256.
+    /// Records parsed ahead of the consumer (the prefetch queue). Default 256.
     pub prefetch: usize,
+    /// Bytes of records in the prefetch queue at most (0: no byte bound; a record larger than
+    /// this waits for the queue to empty). Default 16 MiB.
+    pub prefetch_bytes: usize,
     /// Bad records: skip (counted) or fail. Default fail.
     pub on_bad: OnBadSample,
 }
@@ -162,6 +181,7 @@ impl RecordConfig {
     with!(with_read_size, read_size, usize);
     with!(with_depth, depth, usize);
     with!(with_shuffle_buffer, shuffle_buffer, usize);
+    with!(with_shuffle_bytes, shuffle_bytes, usize);
     with!(with_shuffle_shards, shuffle_shards, bool);
     with!(with_seed, seed, u64);
     with!(with_rank, rank, usize);
@@ -169,7 +189,21 @@ impl RecordConfig {
     with!(with_worker, worker, usize);
     with!(with_workers, workers, usize);
     with!(with_prefetch, prefetch, usize);
+    with!(with_prefetch_bytes, prefetch_bytes, usize);
     with!(with_on_bad, on_bad, OnBadSample);
+
+    /// The most record bytes an epoch holds at once ([`RecordEpoch::held`]'s peak), for
+    /// records of at most `max_record` bytes: the shuffle buffer, the prefetch queue, and the
+    /// records parsed out of one read buffer (the read size, plus a record begun in the buffer
+    /// before). `None` where a byte bound is off (0). The read pool (`2 x depth x read size`)
+    /// comes on top.
+    pub fn held_bound(&self, max_record: usize) -> Option<usize> {
+        if self.shuffle_bytes == 0 || self.prefetch_bytes == 0 {
+            return None;
+        }
+        let shuffle = if self.shuffle_buffer <= 1 { 0 } else { self.shuffle_bytes.max(max_record) };
+        Some(shuffle + self.prefetch_bytes.max(max_record) + self.read_size + max_record)
+    }
 }
 
 impl Default for RecordConfig {
@@ -178,6 +212,7 @@ impl Default for RecordConfig {
             read_size: 4 << 20,
             depth: 8,
             shuffle_buffer: 1024,
+            shuffle_bytes: 64 << 20,
             shuffle_shards: true,
             seed: 0,
             rank: 0,
@@ -185,6 +220,7 @@ impl Default for RecordConfig {
             worker: 0,
             workers: 1,
             prefetch: 256,
+            prefetch_bytes: 16 << 20,
             on_bad: OnBadSample::Fail,
         }
     }
@@ -282,12 +318,13 @@ impl RecordLoader {
     /// and parsed again, not delivered). Reading starts now, in the background; call inside a
     /// tokio runtime.
     pub fn epoch(&self, epoch: u64, position: u64) -> RecordEpoch {
-        let (tx, rx) = mpsc::channel(self.inner.cfg.prefetch.max(1));
+        let (q, rx) = Queue::new(&self.inner.cfg);
+        let (held, prefetch) = (Arc::clone(&q.held), Arc::clone(&q.bytes));
         let inner = Arc::clone(&self.inner);
         let task = tokio::spawn(async move {
-            let _ = run_epoch(&inner, epoch, position, &tx).await;
+            let _ = run_epoch(&inner, epoch, position, &q).await;
         });
-        RecordEpoch { rx, task, stats: RecordStats::default(), position }
+        RecordEpoch { rx, task, stats: RecordStats::default(), position, held, prefetch }
     }
 }
 
@@ -300,11 +337,12 @@ impl RecordLoader {
         if shard >= inner.shards.len() {
             return Err(Error::new(ErrorKind::OutOfRange, format!("no shard {shard}")));
         }
-        let (tx, _rx) = mpsc::channel(1);
-        let mut out = Out { tx: &tx, collect: Some(Vec::new()), buffer: Vec::new(), cap: 0, rng: Mix(0), skip: 0 };
+        let (q, _rx) = Queue::new(&inner.cfg);
+        let mut out = Out::new(&q, &inner.cfg, 0, 0);
+        out.collect = Some(Vec::new());
         let strict =
             Inner { cfg: RecordConfig { on_bad: OnBadSample::Fail, ..inner.cfg.clone() }, ..inner.clone_parts() };
-        match read_shard(&strict, shard, &mut out).await {
+        match read_shards(&strict, &[shard], &mut out).await {
             Some(Ok(())) => Ok(RecordIndex { entries: out.collect.take().unwrap_or_default() }),
             Some(Err(e)) => Err(e),
             None => Err(Error::new(ErrorKind::Shutdown, "index build stopped")),
@@ -354,14 +392,15 @@ impl RecordLoader {
         let c = &inner.cfg;
         let sampler = Sampler::new(total, c.seed, c.rank * c.workers + c.worker, c.world * c.workers, true)?;
         let order = sampler.epoch_from(epoch, position as usize)?;
-        let (tx, rx) = mpsc::channel(c.prefetch.max(1));
+        let (q, rx) = Queue::new(c);
+        let (held, prefetch) = (Arc::clone(&q.held), Arc::clone(&q.bytes));
         let inner = Arc::clone(&self.inner);
         let task = tokio::spawn(async move {
-            if let Err(e) = run_global(&inner, &indexes, order, &tx).await {
-                let _ = tx.send(Item::Failed(e)).await;
+            if let Err(e) = run_global(&inner, &indexes, order, &q).await {
+                let _ = q.tx.send(Item::Failed(e)).await;
             }
         });
-        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position })
+        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position, held, prefetch })
     }
 }
 
@@ -379,7 +418,7 @@ impl Inner {
 }
 
 /// Reads records in `order` (global record numbers) through the indexes.
-async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, tx: &mpsc::Sender<Item>) -> Result<()> {
+async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, q: &Queue) -> Result<()> {
     // Global record number -> (shard, entry): prefix sums of the per-shard counts.
     let mut starts = Vec::with_capacity(indexes.len());
     let mut n = 0usize;
@@ -437,12 +476,15 @@ async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, tx:
                     inner.format.as_str()
                 )),
             };
-            let item = match one {
-                Ok(r) => Item::Record(r),
-                Err(why) if inner.cfg.on_bad == OnBadSample::Skip => Item::Skipped(why),
+            let sent = match one {
+                Ok(r) => {
+                    q.held.add(r.bytes());
+                    q.send(r).await
+                }
+                Err(why) if inner.cfg.on_bad == OnBadSample::Skip => q.tx.send(Item::Skipped(why)).await.is_ok(),
                 Err(why) => return Err(Error::new(ErrorKind::Corrupt, why)),
             };
-            if tx.send(item).await.is_err() {
+            if !sent {
                 return Ok(());
             }
         }
@@ -455,6 +497,80 @@ enum Item {
     Record(Record),
     Skipped(String),
     Failed(Error),
+}
+
+/// Record bytes an epoch holds (parsed, in the shuffle buffer, in the prefetch queue; not
+/// yet taken by the consumer), and the most it held at once.
+#[derive(Debug, Default)]
+struct Held {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Held {
+    fn add(&self, n: u64) {
+        let now = self.now.fetch_add(n, Ordering::Relaxed) + n;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: u64) {
+        self.now.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// The prefetch queue: at most `prefetch` records (the channel) and `prefetch_bytes` bytes
+/// (permits of a semaphore, one per byte, taken before a record is sent and given back when
+/// the consumer takes it).
+struct Queue {
+    tx: mpsc::Sender<Item>,
+    held: Arc<Held>,
+    bytes: Arc<PrefetchBytes>,
+}
+
+/// The byte bound of the prefetch queue.
+#[derive(Debug)]
+struct PrefetchBytes {
+    sem: Semaphore,
+    /// Permits in all (the bound, at most `u32::MAX`); 0: unbounded.
+    total: u64,
+}
+
+impl PrefetchBytes {
+    /// Permits a record of `bytes` takes (a record larger than the bound takes all of them).
+    fn permits(&self, bytes: u64) -> u32 {
+        bytes.min(self.total) as u32
+    }
+}
+
+impl Queue {
+    fn new(cfg: &RecordConfig) -> (Queue, mpsc::Receiver<Item>) {
+        let (tx, rx) = mpsc::channel(cfg.prefetch.max(1));
+        let total = (cfg.prefetch_bytes as u64).min(u64::from(u32::MAX));
+        let bytes = Arc::new(PrefetchBytes { sem: Semaphore::new(total as usize), total });
+        (Queue { tx, held: Arc::default(), bytes }, rx)
+    }
+
+    /// Sends a record (counted in `held` already) once the queue has room for its bytes.
+    /// False when the consumer went away.
+    async fn send(&self, r: Record) -> bool {
+        let n = self.bytes.permits(r.bytes());
+        if n > 0 {
+            match self.bytes.sem.acquire_many(n).await {
+                Ok(p) => p.forget(),
+                Err(_) => return false,
+            }
+        }
+        self.tx.send(Item::Record(r)).await.is_ok()
+    }
+}
+
+/// Record bytes an epoch holds now and held at most (see [`RecordEpoch::held`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldBytes {
+    /// Bytes held now.
+    pub now: u64,
+    /// The most bytes held at once so far in this epoch.
+    pub peak: u64,
 }
 
 /// Totals of a record epoch so far.
@@ -474,6 +590,8 @@ pub struct RecordEpoch {
     task: tokio::task::JoinHandle<()>,
     stats: RecordStats,
     position: u64,
+    held: Arc<Held>,
+    prefetch: Arc<PrefetchBytes>,
 }
 
 impl fmt::Debug for RecordEpoch {
@@ -495,8 +613,11 @@ impl RecordEpoch {
         loop {
             match self.rx.recv().await? {
                 Item::Record(r) => {
+                    let bytes = r.bytes();
+                    self.held.sub(bytes);
+                    self.prefetch.sem.add_permits(self.prefetch.permits(bytes) as usize);
                     self.stats.records += 1;
-                    self.stats.bytes += r.bytes();
+                    self.stats.bytes += bytes;
                     self.position += 1;
                     return Some(Ok(r));
                 }
@@ -512,6 +633,13 @@ impl RecordEpoch {
     /// Totals so far.
     pub fn stats(&self) -> RecordStats {
         self.stats
+    }
+
+    /// Record bytes the epoch holds that the consumer has not taken (parsed, in the shuffle
+    /// buffer, in the prefetch queue), now and at most so far: the loader's own accounting of
+    /// its memory beyond the read pool, bounded by [`RecordConfig::held_bound`].
+    pub fn held(&self) -> HeldBytes {
+        HeldBytes { now: self.held.now.load(Ordering::Relaxed), peak: self.held.peak.load(Ordering::Relaxed) }
     }
 
     /// Records delivered in this epoch, counting the resumed-from position: save it to resume.
@@ -536,45 +664,83 @@ impl Mix {
 /// Delivers records through the shuffle buffer, dropping the first `skip` of them. Returns
 /// false when the consumer went away.
 struct Out<'a> {
-    tx: &'a mpsc::Sender<Item>,
+    q: &'a Queue,
     /// Building an index: (offset, len) of every record, nothing sent.
     collect: Option<Vec<(u64, u64)>>,
     buffer: Vec<Record>,
+    /// Bytes of the records in `buffer`.
+    bytes: usize,
     cap: usize,
+    /// Byte bound of the buffer (`usize::MAX`: none).
+    cap_bytes: usize,
     rng: Mix,
     skip: u64,
 }
 
-impl Out<'_> {
+impl<'a> Out<'a> {
+    fn new(q: &'a Queue, cfg: &RecordConfig, seed: u64, skip: u64) -> Self {
+        let cap = cfg.shuffle_buffer;
+        let cap_bytes = if cfg.shuffle_bytes == 0 { usize::MAX } else { cfg.shuffle_bytes };
+        // Room for what the byte bound lets in, not a large count of large records up front.
+        let room = if cap <= 1 { 0 } else { cap.min(1024) };
+        Out { q, collect: None, buffer: Vec::with_capacity(room), bytes: 0, cap, cap_bytes, rng: Mix(seed), skip }
+    }
+
     async fn deliver(&mut self, r: Record) -> bool {
         if self.skip > 0 {
             self.skip -= 1;
+            self.q.held.sub(r.bytes());
             return true;
         }
-        self.tx.send(Item::Record(r)).await.is_ok()
+        self.q.send(r).await
     }
 
+    /// Takes a parsed record (already counted in `held`).
     async fn push(&mut self, r: Record) -> bool {
         if let Some(v) = &mut self.collect {
             v.push((r.offset, r.len));
+            self.q.held.sub(r.bytes());
             return true;
         }
         if self.cap <= 1 {
             return self.deliver(r).await;
         }
-        if self.buffer.len() < self.cap {
-            self.buffer.push(r);
-            return true;
+        let n = r.bytes() as usize;
+        // Full by count with room by bytes: the new record takes a random one's place (the
+        // classic shuffle buffer). Otherwise random records leave until it fits (a record
+        // larger than the byte bound passes through an emptied buffer).
+        if self.buffer.len() >= self.cap {
+            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let gone = self.buffer[i].bytes() as usize;
+            if self.bytes - gone + n <= self.cap_bytes {
+                let out = std::mem::replace(&mut self.buffer[i], r);
+                self.bytes = self.bytes - gone + n;
+                return self.deliver(out).await;
+            }
+            let out = self.buffer.swap_remove(i);
+            self.bytes -= gone;
+            if !self.deliver(out).await {
+                return false;
+            }
         }
-        let i = (self.rng.next() % self.cap as u64) as usize;
-        let out = std::mem::replace(&mut self.buffer[i], r);
-        self.deliver(out).await
+        while !self.buffer.is_empty() && self.bytes + n > self.cap_bytes {
+            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let out = self.buffer.swap_remove(i);
+            self.bytes -= out.bytes() as usize;
+            if !self.deliver(out).await {
+                return false;
+            }
+        }
+        self.bytes += n;
+        self.buffer.push(r);
+        true
     }
 
     async fn drain(&mut self) -> bool {
         while !self.buffer.is_empty() {
             let i = (self.rng.next() % self.buffer.len() as u64) as usize;
             let r = self.buffer.swap_remove(i);
+            self.bytes -= r.bytes() as usize;
             if !self.deliver(r).await {
                 return false;
             }
@@ -588,113 +754,37 @@ fn shard_error(inner: &Inner, e: &RecordError) -> String {
     format!("{} shard {shard}, byte offset {}: {}", inner.format.as_str(), e.offset, e.why)
 }
 
-async fn run_epoch(inner: &Inner, epoch: u64, position: u64, tx: &mpsc::Sender<Item>) -> Option<()> {
+async fn run_epoch(inner: &Inner, epoch: u64, position: u64, q: &Queue) -> Option<()> {
     // Skipped records count toward the position only when delivered, so the skip is replayed
     // deterministically: the same shards, the same shuffle.
     let seed = inner.cfg.seed
         ^ epoch.wrapping_mul(0xA076_1D64_78BD_642F)
         ^ ((inner.cfg.rank * inner.cfg.workers + inner.cfg.worker) as u64).wrapping_mul(0xE703_7ED1_A0B4_28DB);
-    let mut out = Out {
-        tx,
-        collect: None,
-        buffer: Vec::with_capacity(inner.cfg.shuffle_buffer),
-        cap: inner.cfg.shuffle_buffer,
-        rng: Mix(seed),
-        skip: position,
-    };
-    for shard in inner.sampler.epoch(epoch) {
-        let shard = shard as usize;
-        if let Err(e) = read_shard(inner, shard, &mut out).await? {
-            let _ = tx.send(Item::Failed(e)).await;
-            return None;
-        }
+    let mut out = Out::new(q, &inner.cfg, seed, position);
+    let shards: Vec<usize> = inner.sampler.epoch(epoch).into_iter().map(|s| s as usize).collect();
+    if let Err(e) = read_shards(inner, &shards, &mut out).await? {
+        let _ = q.tx.send(Item::Failed(e)).await;
+        return None;
     }
     out.drain().await.then_some(())
 }
 
-/// Streams one shard through its parser. `None`: the consumer went away; `Some(Err)`: the
-/// epoch fails.
-async fn read_shard(inner: &Inner, index: usize, out: &mut Out<'_>) -> Option<Result<()>> {
-    let shard = &inner.shards[index];
-    let mut parser: Box<dyn Parser> = match inner.format {
-        RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(index, shard.size)),
-        RecordFormat::WebDataset => Box::new(wds::WdsParser::new(index)),
-    };
-    let (read, depth) = (inner.cfg.read_size as u64, inner.cfg.depth);
-    let mut parsed = Vec::new();
-    let mut next_off = 0u64;
-    // One batch of `depth` requests parsed while the next is read.
-    let submit = |next_off: &mut u64| {
-        let mut offs = Vec::new();
-        while offs.len() < depth && *next_off < shard.size {
-            offs.push(*next_off);
-            *next_off += read;
-        }
-        let (tier, pool, key, size) = (Arc::clone(&inner.tier), inner.pool.clone(), shard.key.clone(), shard.size);
-        tokio::spawn(async move {
-            let mut batch = ReadBatch::with_capacity(offs.len(), offs.len() * key.len());
-            for &o in &offs {
-                let len = read.min(size - o) as usize;
-                batch.push(&key, o, len, pool.acquire().await);
-            }
-            tier.read_batch(batch).await
-        })
-    };
-    let mut pending = (next_off < shard.size).then(|| submit(&mut next_off));
-    let mut fatal = false;
-    while let Some(handle) = pending.take() {
-        if next_off < shard.size {
-            pending = Some(submit(&mut next_off));
-        }
-        let mut batch = match handle.await {
-            Ok(b) => b,
-            Err(e) => return Some(Err(Error::new(ErrorKind::Shutdown, format!("a read task failed: {e}")))),
-        };
-        for (key, off, res, buf) in batch.drain() {
-            let want = read.min(shard.size - off) as usize;
-            let data = match (res, buf) {
-                (Ok(n), Some(buf)) if n == want => buf,
-                (Ok(n), _) => {
-                    let e = Error::new(
-                        ErrorKind::Corrupt,
-                        format!("{} shard {key}, byte offset {off}: short read ({n} of {want} bytes; did the shard change?)", inner.format.as_str()),
-                    );
-                    return Some(Err(e));
-                }
-                (Err(e), _) => return Some(Err(e)),
-            };
-            if fatal {
-                continue;
-            }
-            parser.feed(data.as_slice(), &mut parsed);
-            drop(data);
-            for r in parsed.drain(..) {
-                match r {
-                    Ok(rec) => {
-                        if !out.push(rec).await {
-                            return None;
-                        }
-                    }
-                    Err(e) => {
-                        fatal |= e.fatal;
-                        let why = shard_error(inner, &e);
-                        match inner.cfg.on_bad {
-                            OnBadSample::Skip => {
-                                if out.tx.send(Item::Skipped(why)).await.is_err() {
-                                    return None;
-                                }
-                            }
-                            OnBadSample::Fail => return Some(Err(Error::new(ErrorKind::Corrupt, why))),
-                        }
-                    }
-                }
-            }
-        }
+/// One read request of a stream: (position in the shard list, offset, the read).
+type Pending = (usize, u64, tokio::task::JoinHandle<ReadBatch>);
+
+/// Passes a shard's parsed records (or errors) on. `None`: the consumer went away;
+/// `Some(Err)`: the epoch fails.
+async fn hand_on(
+    inner: &Inner,
+    parsed: &mut Vec<std::result::Result<Record, RecordError>>,
+    fatal: &mut bool,
+    out: &mut Out<'_>,
+) -> Option<Result<()>> {
+    for rec in parsed.iter().flatten() {
+        out.q.held.add(rec.bytes());
     }
-    if !fatal {
-        parser.finish(&mut parsed);
-    }
-    for r in parsed.drain(..) {
+    let mut drained = parsed.drain(..);
+    while let Some(r) = drained.next() {
         match r {
             Ok(rec) => {
                 if !out.push(rec).await {
@@ -702,16 +792,116 @@ async fn read_shard(inner: &Inner, index: usize, out: &mut Out<'_>) -> Option<Re
                 }
             }
             Err(e) => {
+                *fatal |= e.fatal;
                 let why = shard_error(inner, &e);
-                match inner.cfg.on_bad {
+                let failed = match inner.cfg.on_bad {
                     OnBadSample::Skip => {
-                        if out.tx.send(Item::Skipped(why)).await.is_err() {
+                        if out.q.tx.send(Item::Skipped(why)).await.is_err() {
                             return None;
                         }
+                        None
                     }
-                    OnBadSample::Fail => return Some(Err(Error::new(ErrorKind::Corrupt, why))),
+                    OnBadSample::Fail => Some(Error::new(ErrorKind::Corrupt, why)),
+                };
+                if let Some(e) = failed {
+                    // The records parsed after the error are dropped with the epoch.
+                    for rest in drained.by_ref().flatten() {
+                        out.q.held.sub(rest.bytes());
+                    }
+                    return Some(Err(e));
                 }
             }
+        }
+    }
+    Some(Ok(()))
+}
+
+/// Streams `shards` (indexes into the shard list), in order, through their parsers. The reads
+/// form one sliding window over all of them: `2 x depth - 1` requests of `read_size` bytes in
+/// flight while one buffer is parsed, the next request submitted as soon as a buffer is done,
+/// the next shard's first requests while the last of a shard are parsed. `None`: the consumer
+/// went away; `Some(Err)`: the epoch fails.
+async fn read_shards(inner: &Inner, shards: &[usize], out: &mut Out<'_>) -> Option<Result<()>> {
+    let read = inner.cfg.read_size as u64;
+    let window = inner.pool.count().saturating_sub(1).max(1);
+    // The next request to submit: (position in `shards`, offset).
+    let mut next = (0usize, 0u64);
+    let submit = |next: &mut (usize, u64)| -> Option<Pending> {
+        while next.0 < shards.len() && next.1 >= inner.shards[shards[next.0]].size {
+            *next = (next.0 + 1, 0);
+        }
+        let (pos, off) = *next;
+        let shard = inner.shards.get(*shards.get(pos)?)?;
+        next.1 += read;
+        let len = read.min(shard.size - off) as usize;
+        let (tier, pool, key) = (Arc::clone(&inner.tier), inner.pool.clone(), shard.key.clone());
+        Some((
+            pos,
+            off,
+            tokio::spawn(async move {
+                let mut batch = ReadBatch::with_capacity(1, key.len());
+                batch.push(&key, off, len, pool.acquire().await);
+                tier.read_batch(batch).await
+            }),
+        ))
+    };
+    let mut inflight: VecDeque<Pending> = VecDeque::with_capacity(window);
+    while inflight.len() < window {
+        match submit(&mut next) {
+            Some(p) => inflight.push_back(p),
+            None => break,
+        }
+    }
+    let mut parsed = Vec::new();
+    for (pos, &index) in shards.iter().enumerate() {
+        let shard = &inner.shards[index];
+        let mut parser: Box<dyn Parser> = match inner.format {
+            RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(index, shard.size)),
+            RecordFormat::WebDataset => Box::new(wds::WdsParser::new(index)),
+        };
+        let mut fatal = false;
+        while inflight.front().is_some_and(|p| p.0 == pos) {
+            let Some((_, off, handle)) = inflight.pop_front() else { break };
+            let mut batch = match handle.await {
+                Ok(b) => b,
+                Err(e) => return Some(Err(Error::new(ErrorKind::Shutdown, format!("a read task failed: {e}")))),
+            };
+            let Some((key, _, res, buf)) = batch.drain().next() else {
+                return Some(Err(Error::new(ErrorKind::Shutdown, "a read came back empty")));
+            };
+            let want = read.min(shard.size - off) as usize;
+            let data = match (res, buf) {
+                (Ok(n), Some(buf)) if n == want => buf,
+                (Ok(n), _) => {
+                    let e = Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{} shard {key}, byte offset {off}: short read ({n} of {want} bytes; did the shard change?)",
+                            inner.format.as_str()
+                        ),
+                    );
+                    return Some(Err(e));
+                }
+                (Err(e), _) => return Some(Err(e)),
+            };
+            if !fatal {
+                parser.feed(data.as_slice(), &mut parsed);
+            }
+            // The buffer back to the pool, and its successor in flight, before the records
+            // are handed on (which may wait for the consumer).
+            drop(data);
+            if let Some(p) = submit(&mut next) {
+                inflight.push_back(p);
+            }
+            if let Err(e) = hand_on(inner, &mut parsed, &mut fatal, out).await? {
+                return Some(Err(e));
+            }
+        }
+        if !fatal {
+            parser.finish(&mut parsed);
+        }
+        if let Err(e) = hand_on(inner, &mut parsed, &mut fatal, out).await? {
+            return Some(Err(e));
         }
     }
     Some(Ok(()))

@@ -7,8 +7,10 @@ map-style dataset that reads each file with open().read(), on the same files, co
 Every pass reads every file of the directory's manifest once, in a seeded shuffled order, in
 batches of 64, after `sync; echo 3 > /proc/sys/vm/drop_caches` (root) or, without root,
 posix_fadvise(DONTNEED) on every file. Configurations run interleaved (A, B, C, A, B, C, ...).
-Per pass: wall seconds, MB/s, CPU seconds (this process and its DataLoader workers, from
-getrusage) per GiB. Prints min/median/max per configuration and each configuration's ratio to
+Per pass: wall seconds, MB/s, CPU seconds (this process and its DataLoader workers: getrusage,
+and /proc for workers still running) per GiB. A pass times a configuration's first epoch (set-up
+included) and then a second, steady epoch through the same objects (`--first-epoch-only` skips
+it); the headline figures are the steady epoch's. Prints min/median/max per configuration and each configuration's ratio to
 the DataLoader's best median.
 """
 
@@ -81,10 +83,32 @@ def pack(samples: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(samples), lengths
 
 
+def live_children_cpu() -> float:
+    """CPU seconds of this process's children still running (persistent DataLoader workers),
+    which RUSAGE_CHILDREN counts only once they are reaped."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def cpu_seconds() -> float:
+    """This process, its reaped children and its running children."""
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + live_children_cpu()
 
 
 def run_cli(cli: str, root: str, depth: int) -> Dict[str, float]:
@@ -103,21 +127,8 @@ def run_cli(cli: str, root: str, depth: int) -> Dict[str, float]:
             "bytes": nbytes}
 
 
-def run_pass(
-    kind: str, workers: int, root: str, keys: List[str], batch: int, epoch: int, packed: bool, prefetch: int = 2
-) -> Dict[str, float]:
-    collate = pack if packed else list
-    if kind == "dataloader":
-        g = torch.Generator().manual_seed(epoch)
-        dl = DataLoader(
-            OpenReadDataset(root, keys), batch_size=batch, shuffle=True, generator=g, num_workers=workers,
-            collate_fn=collate,
-        )
-    else:
-        ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1, prefetch=prefetch)
-        ds.set_epoch(epoch)
-        dl = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=collate)
-    c0, t0 = cpu_seconds(), time.perf_counter()
+def epoch_pass(dl: DataLoader, packed: bool, n_keys: int, what: str) -> Tuple[int, int]:
+    """Iterates one epoch of `dl`; returns (samples, bytes)."""
     n = nbytes = 0
     for b in dl:
         if packed:
@@ -127,11 +138,48 @@ def run_pass(
             for t in b:
                 nbytes += t.numel()
                 n += 1
-    del dl
+    assert n == n_keys, (what, n, n_keys)
+    return n, nbytes
+
+
+def run_pass(
+    kind: str, workers: int, root: str, keys: List[str], batch: int, epoch: int, packed: bool, prefetch: int = 2,
+    steady: bool = True,
+) -> Dict[str, float]:
+    """One configuration's pass: its first epoch, timed from before the dataset and DataLoader
+    are made (the loader's set-up, DataLoader workers' start), then, with `steady`, one more
+    cold epoch through the same objects (what every later epoch of a training run costs:
+    ringtier's loader is made once per process; DataLoader workers persist, as
+    `persistent_workers=True` keeps them). The headline figures are the steady epoch's."""
+    collate = pack if packed else list
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    if kind == "dataloader":
+        g = torch.Generator().manual_seed(epoch)
+        dl = DataLoader(
+            OpenReadDataset(root, keys), batch_size=batch, shuffle=True, generator=g, num_workers=workers,
+            collate_fn=collate, persistent_workers=steady and workers > 0,
+        )
+    else:
+        ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1, prefetch=prefetch)
+        ds.set_epoch(2 * epoch)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=collate,
+                        persistent_workers=steady and workers > 0)
+    _, nbytes = epoch_pass(dl, packed, len(keys), f"{kind}/{workers}")
     wall = time.perf_counter() - t0
     cpu = cpu_seconds() - c0
-    assert n == len(keys), (kind, workers, n, len(keys))
-    return {"wall_s": wall, "mb_s": nbytes / wall / 1e6, "cpu_s_per_gib": cpu / (nbytes / 2**30), "bytes": nbytes}
+    out = {"first_wall_s": wall, "first_mb_s": nbytes / wall / 1e6, "first_cpu_s_per_gib": cpu / (nbytes / 2**30),
+           "bytes": nbytes}
+    if steady:
+        drop_caches(root, keys)
+        if kind != "dataloader":
+            ds.set_epoch(2 * epoch + 1)
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        _, nbytes = epoch_pass(dl, packed, len(keys), f"{kind}/{workers}")
+        wall = time.perf_counter() - t0
+        cpu = cpu_seconds() - c0
+    del dl
+    out.update({"wall_s": wall, "mb_s": nbytes / wall / 1e6, "cpu_s_per_gib": cpu / (nbytes / 2**30)})
+    return out
 
 
 def summary(xs: List[float]) -> Dict[str, float]:
@@ -148,6 +196,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--packed", action="store_true",
                     help="collate each batch into one tensor + lengths (one transfer per batch from a worker)")
+    ap.add_argument("--first-epoch-only", action="store_true",
+                    help="time only each configuration's first epoch, set-up included (the default also times a "
+                         "second, steady epoch through the same loader / persistent workers and reports both)")
     ap.add_argument("--cli", help="the ringtier binary: adds `ringtier bench read` (uring-direct, depth 32) passes")
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -165,11 +216,18 @@ def main() -> None:
             if kind == "bench-read":
                 r = run_cli(a.cli, a.dir, w)
             else:
-                r = run_pass(kind, w, a.dir, keys, a.batch, epoch=rep, packed=a.packed, prefetch=a.prefetch)
+                r = run_pass(kind, w, a.dir, keys, a.batch, epoch=rep, packed=a.packed, prefetch=a.prefetch,
+                             steady=not a.first_epoch_only)
             raw[f"{kind}/{w}"].append(r)
-            print(f"rep {rep} {kind:10s} conc {w}: {r['mb_s']:8.1f} MB/s  {r['cpu_s_per_gib']:6.2f} CPU s/GiB", flush=True)
+            first = "" if kind == "bench-read" else f"  (first epoch {r['first_mb_s']:7.1f} MB/s)"
+            print(f"rep {rep} {kind:10s} conc {w}: {r['mb_s']:8.1f} MB/s  {r['cpu_s_per_gib']:6.2f} CPU s/GiB{first}",
+                  flush=True)
     stats = {
-        name: {m: summary([p[m] for p in passes]) for m in ("wall_s", "mb_s", "cpu_s_per_gib")}
+        name: {
+            m: summary([p[m] for p in passes])
+            for m in ("wall_s", "mb_s", "cpu_s_per_gib", "first_wall_s", "first_mb_s", "first_cpu_s_per_gib")
+            if m in passes[0]
+        }
         for name, passes in raw.items()
     }
     dl_names = [n for n in stats if n.startswith("dataloader/")]
@@ -199,15 +257,25 @@ def main() -> None:
         "",
         f"Command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`",
         "",
-        "| configuration | MB/s min / median / max | x best DataLoader | CPU s/GiB min / median / max | x DataLoader's lowest |",
-        "|---|---|---|---|---|",
+        ("Headline figures: " + ("each configuration's first epoch, its set-up included (`--first-epoch-only`)."
+                                 if a.first_epoch_only else
+                                 "a steady epoch, the second through the same objects (ringtier's loader made once per "
+                                 "process; DataLoader workers persistent), cold like the first; the last column is the "
+                                 "first epoch, timed from before the dataset and DataLoader are made (set-up and worker "
+                                 "start included).")),
+        "",
+        "| configuration | MB/s min / median / max | x best DataLoader | CPU s/GiB min / median / max | x DataLoader's lowest "
+        "| first epoch MB/s min / median / max |",
+        "|---|---|---|---|---|---|",
     ]
     for name, s in stats.items():
         m, c = s["mb_s"], s["cpu_s_per_gib"]
         lines.append(
             f"| {name} workers | {m['min']:.0f} / {m['median']:.0f} / {m['max']:.0f} | "
             f"{m['median'] / stats[best_dl]['mb_s']['median']:.2f} | {c['min']:.2f} / {c['median']:.2f} / {c['max']:.2f} | "
-            f"{c['median'] / stats[best_cpu]['cpu_s_per_gib']['median']:.2f} |"
+            f"{c['median'] / stats[best_cpu]['cpu_s_per_gib']['median']:.2f} | "
+            + (f"{s['first_mb_s']['min']:.0f} / {s['first_mb_s']['median']:.0f} / {s['first_mb_s']['max']:.0f} |"
+               if "first_mb_s" in s and not a.first_epoch_only else "- |")
         )
     lines += ["", f"Best DataLoader by throughput: {best_dl}; lowest CPU per GiB: {best_cpu}."]
     # Ratios pair by pair: each ringtier pass against the baseline's pass of the same repeat.

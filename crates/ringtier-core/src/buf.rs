@@ -459,9 +459,13 @@ pub fn alloc_touched(size: usize, align: usize) -> Result<Region> {
             libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
         let ptr = NonNull::new(aligned as *mut u8).ok_or_else(|| oom(size))?;
-        // SAFETY: [aligned, aligned+len) is mapped read-write; writing the zeros it holds
-        // touches every page now.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        // One write per page faults every page in now (the kernel hands them over zeroed,
+        // a whole huge page at a time where it can); writing every byte again would only
+        // double the cost (a pool of 340 MB: ~9% of a Python `Loader`'s construction).
+        for off in (0..len).step_by(4096) {
+            // SAFETY: [aligned, aligned+len) is mapped read-write; writes the zero it holds.
+            unsafe { ptr.as_ptr().add(off).write_volatile(0) };
+        }
         return Ok(Region { ptr, len, kind: RegionKind::Mapped });
     }
     let layout = Layout::from_size_align(size.max(1), align)

@@ -71,6 +71,10 @@ pub struct FsRoot {
     staging: PathBuf,
     durable: bool,
     follow_links: bool,
+    /// Held while a commit checks for, creates and fsyncs missing parent directories: a
+    /// directory another commit created but has not fsynced into its parent yet must not
+    /// look durable to a concurrent commit that renames into it.
+    dirs: std::sync::Mutex<()>,
 }
 
 /// `open_how` for `openat2` confined beneath the directory descriptor.
@@ -117,7 +121,7 @@ impl FsRoot {
         let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let staging = root.join(STAGING_DIR);
         let durable = fs_type_of_fd(root_fd.as_raw_fd()).is_none_or(|t| !is_volatile_fs_type(t));
-        Ok(FsRoot { root, root_fd, staging, durable, follow_links: false })
+        Ok(FsRoot { root, root_fd, staging, durable, follow_links: false, dirs: std::sync::Mutex::default() })
     }
 
     /// This root, following symbolic links that lead out of it when `follow` is set: for
@@ -428,7 +432,9 @@ impl FsRoot {
         validate_key(key)?;
         let dest = self.path_of(key);
         let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
-        // Create missing parents one level at a time so each new entry can be fsynced.
+        // Create missing parents one level at a time so each new entry can be fsynced; under
+        // the lock, so that a parent found present is one whose creation is durable.
+        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
         let mut missing = Vec::new();
         let mut p = parent.as_path();
         while p != self.root && !p.is_dir() {
@@ -448,6 +454,7 @@ impl FsRoot {
                 fsync_dir(pp).map_err(|e| e.with_operation(Operation::Commit))?;
             }
         }
+        drop(dirs);
         if dest.is_dir() {
             return Err(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")
                 .with_operation(Operation::Commit)

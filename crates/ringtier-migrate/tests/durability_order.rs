@@ -29,6 +29,8 @@ use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 const CHILD_ENV: &str = "RINGTIER_DURABILITY_CHILD";
 const MARKER: &str = "ringtier-durability-marker";
+/// Parts the traced child's saves write at once, where set (default: the store's).
+const LANES_ENV: &str = "RINGTIER_DURABILITY_SAVE_PARALLELISM";
 /// Parts of every checkpoint: several 64 KiB chunks with an unaligned tail, an empty part,
 /// a small one.
 const PARTS: [(&str, usize); 3] = [("weights", 200_123), ("empty", 0), ("meta", 5_000)];
@@ -79,7 +81,12 @@ fn traced_child() {
         if tiers == 2 {
             t.push(open_tier(&kind, &base.join("slow"), "slow"));
         }
-        let cfg = StoreConfig::default().with_chunk_bytes(64 << 10).with_keep_last(0);
+        let mut cfg = StoreConfig::default().with_chunk_bytes(64 << 10).with_keep_last(0);
+        // The store's default writes several parts at once; the perf check asks for one at a
+        // time (it pairs each rename with the ring fsyncs since the previous one).
+        if let Some(n) = std::env::var(LANES_ENV).ok().and_then(|v| v.parse().ok()) {
+            cfg = cfg.with_save_parallelism(n);
+        }
         let store = CheckpointStore::open(t, cfg).await.expect("open");
         for step in STEPS {
             let data: Vec<Vec<u8>> = PARTS.iter().enumerate().map(|(i, (_, n))| part_bytes(step, i, *n)).collect();
@@ -173,7 +180,9 @@ fn parse_strace(text: &str) -> Vec<Call> {
         let Ok(pid) = pid.parse::<u32>() else { continue };
         let rest = rest.trim_start();
         let ret_of = |s: &str| -> Option<(String, i64)> {
-            let (body, ret) = s.rsplit_once(") = ")?;
+            // `...) = 0`, or after a resumed call `)             = 0` (strace pads it).
+            let (body, ret) = s.rsplit_once(" = ")?;
+            let body = body.trim_end().strip_suffix(')')?;
             let ret = ret.split_whitespace().next()?;
             let ret = if ret == "?" { -1 } else { ret.parse::<i64>().ok()? };
             Some((body.to_string(), ret))
@@ -473,6 +482,7 @@ fn uring_tier_syncs_data_through_the_ring_before_each_rename() {
         let run = base_path.join(format!("run{attempt}"));
         let trace = base_path.join(format!("perf{attempt}.txt"));
         let mut cmd = child_command("perf", "uring", &run, 1);
+        cmd.env(LANES_ENV, "1");
         cmd.args(["trace", "-o"]).arg(&trace).args([
             "-e",
             "io_uring:io_uring_submit_req,io_uring:io_uring_file_get,io_uring:io_uring_complete,rename,renameat,renameat2",

@@ -19,6 +19,10 @@ pub struct StoreConfig {
     pub chunk_bytes: usize,
     /// Checkpoints drained at once. Default 1.
     pub drain_concurrency: usize,
+    /// Parts a save writes at once (at least 1), each with one chunk write in flight while
+    /// its next chunk is copied: one part's commit (on a file tier its fsync and rename)
+    /// overlaps the others' writes. Memory: two chunk buffers per part in flight. Default 4.
+    pub save_parallelism: usize,
     /// Drain bandwidth cap in bytes per second, so draining does not starve the loader.
     /// Default none.
     pub drain_bytes_per_sec: Option<u64>,
@@ -48,6 +52,12 @@ impl StoreConfig {
     /// Sets [`StoreConfig::drain_concurrency`].
     pub fn with_drain_concurrency(mut self, drain_concurrency: usize) -> Self {
         self.drain_concurrency = drain_concurrency;
+        self
+    }
+
+    /// Sets [`StoreConfig::save_parallelism`].
+    pub fn with_save_parallelism(mut self, save_parallelism: usize) -> Self {
+        self.save_parallelism = save_parallelism;
         self
     }
 
@@ -88,6 +98,7 @@ impl Default for StoreConfig {
             prefix: "ckpt".into(),
             chunk_bytes: 8 << 20,
             drain_concurrency: 1,
+            save_parallelism: 4,
             drain_bytes_per_sec: None,
             keep_last: 2,
             fast_capacity_bytes: None,

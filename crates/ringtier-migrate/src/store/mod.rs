@@ -303,10 +303,10 @@ impl CheckpointStore {
             return Ok(store);
         }
         let inner = &store.inner;
-        // The save's two chunk buffers, allocated (and touched) now so that the first save does
-        // not pay the page faults.
+        // The save's chunk buffers (two per part written at once), allocated (and touched) now
+        // so that the first save does not pay the page faults.
         let (chunk, align) = inner.chunk_layout(0);
-        for _ in 0..2 {
+        for _ in 0..2 * inner.cfg.save_parallelism.max(1) {
             inner.give_buffer(AlignedBuf::new(chunk + align, align)?);
         }
         tokio::spawn(drain_loop(Arc::downgrade(inner), rx, concurrency));

@@ -2,6 +2,7 @@
 //! aligned chunks, committing parts then the manifest.
 
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What a save did.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,7 +171,7 @@ impl Inner {
 
     pub(super) fn give_buffer(&self, buf: AlignedBuf) {
         let mut free = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
-        if free.len() < 2 * (self.cfg.drain_concurrency + 1) {
+        if free.len() < 2 * (self.cfg.drain_concurrency + self.cfg.save_parallelism.max(1)) {
             free.push(buf);
         }
     }
@@ -443,22 +444,53 @@ impl CheckpointStore {
         parts: &mut [Part<'_>],
     ) -> std::result::Result<u64, (Error, bool)> {
         let inner = &self.inner;
-        let mut metas = Vec::with_capacity(parts.len());
-        let mut consumed_stream = false;
-        for p in parts.iter_mut() {
-            let key = inner.part_key(step, &p.name);
-            let res = match &mut p.data {
-                PartData::Bytes(b) => inner.write_stream(t, &key, false, BytesChunks { data: b }).await,
-                PartData::Reader { reader, .. } => {
-                    consumed_stream = true;
-                    inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
+        let n = parts.len();
+        // Up to `save_parallelism` parts are written at once, each taking the next part not yet
+        // started: a part's commit (on a file tier: fsync, rename) overlaps the other parts'
+        // writes instead of leaving the device idle between parts. After a failure no lane
+        // starts another part; the parts in progress finish or fail, then the caller removes
+        // what was written.
+        let queue = Mutex::new(parts.iter_mut().enumerate());
+        let metas: Mutex<Vec<Option<PartMeta>>> = Mutex::new((0..n).map(|_| None).collect());
+        let failure: Mutex<Option<Error>> = Mutex::new(None);
+        let consumed = AtomicBool::new(false);
+        let lane = || async {
+            while let Some((i, p)) = next_part(&queue, &failure) {
+                let key = inner.part_key(step, &p.name);
+                let res = match &mut p.data {
+                    PartData::Bytes(b) => inner.write_stream(t, &key, false, BytesChunks { data: b }).await,
+                    PartData::Reader { reader, .. } => {
+                        consumed.store(true, Ordering::Relaxed);
+                        inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
+                    }
+                    PartData::Seekable { reader, .. } => {
+                        inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
+                    }
+                };
+                match res {
+                    Ok((size, crc32c)) => {
+                        let meta = PartMeta { name: p.name.clone(), size, crc32c };
+                        lock(&metas)[i] = Some(meta);
+                    }
+                    Err(e) => {
+                        lock(&failure).get_or_insert(e);
+                        return;
+                    }
                 }
-                PartData::Seekable { reader, .. } => {
-                    inner.write_stream(t, &key, false, ReaderChunks { reader: reader.as_mut() }).await
-                }
-            };
-            let (size, crc32c) = res.map_err(|e| (e, consumed_stream))?;
-            metas.push(PartMeta { name: p.name.clone(), size, crc32c });
+            }
+        };
+        let lanes = inner.cfg.save_parallelism.clamp(1, n.max(1));
+        futures_util::future::join_all((0..lanes).map(|_| lane())).await;
+        let consumed_stream = consumed.load(Ordering::Relaxed);
+        if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err((e, consumed_stream));
+        }
+        let metas: Vec<PartMeta> =
+            metas.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().flatten().collect();
+        if metas.len() != n {
+            let e =
+                Error::new(ErrorKind::Io, format!("checkpoint {step}: only {} of {n} parts were written", metas.len()));
+            return Err((e, consumed_stream));
         }
         let manifest = CheckpointManifest {
             format: FORMAT.into(),
@@ -473,6 +505,21 @@ impl CheckpointStore {
             .map_err(|e| (e, consumed_stream))?;
         Ok(manifest.total_bytes())
     }
+}
+
+/// The next part to write, unless a part failed.
+fn next_part<'a, 'p>(
+    queue: &Mutex<std::iter::Enumerate<std::slice::IterMut<'a, Part<'p>>>>,
+    failure: &Mutex<Option<Error>>,
+) -> Option<(usize, &'a mut Part<'p>)> {
+    if lock(failure).is_some() {
+        return None;
+    }
+    lock(queue).next()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub(super) fn libc_enospc() -> i32 {

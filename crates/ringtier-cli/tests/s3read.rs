@@ -127,3 +127,46 @@ fn ckpt_with_an_s3_tier_named_by_url_saves_drains_lists_and_restores() {
     let (ok, out) = run(ckpt(&["drain"]).env("AWS_SECRET_ACCESS_KEY", "wrong"));
     assert!(!ok && out.contains("bkt") && out.contains("credentials"), "{out}");
 }
+
+fn boto3_or_skip() -> bool {
+    let ok = Command::new("python3").args(["-c", "import boto3"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("skipped: python3 has no boto3 (pip install boto3)");
+    }
+    ok
+}
+
+#[test]
+fn bench_s3_drain_runs_every_variant_and_boto3_on_the_same_part() {
+    if !boto3_or_skip() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("cli-s3drain").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let json = dir.path().join("drain.json");
+    let (ok, out) = run(ringtier()
+        .args(["bench", "s3", "drain", "--size", "12M", "--part-size", "5M", "--repeats", "1"])
+        .args(["--concurrency", "2", "--unsigned-payload", "--work"])
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/../.."));
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let clients: Vec<&str> = v["runs"].as_array().expect("runs").iter().filter_map(|r| r["client"].as_str()).collect();
+    for c in [
+        "ringtier drain (part checksums, default)",
+        "ringtier drain (read-back, signed)",
+        "ringtier drain (read-back, unsigned)",
+        "ringtier drain (unsigned, no check)",
+        "boto3 upload_file",
+    ] {
+        assert!(clients.contains(&c), "{c} missing: {clients:?}");
+    }
+    for r in v["runs"].as_array().expect("runs") {
+        assert_eq!(r["bytes"].as_u64(), Some(12 << 20), "{r}");
+    }
+    assert_eq!(v["config"]["server_checks_part_checksums"], true);
+    assert!(v["bandwidth_ratio"].as_f64().is_some_and(f64::is_finite), "{v}");
+    // Each measured upload is dropped from the server's directory afterwards.
+    assert!(walk(&dir.path().join("work").join("s3").join("bench").join("boto3")) == 0, "{out}");
+}

@@ -139,6 +139,25 @@ async fn injected_5xx_and_stalls_are_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_and_stalled_parts_are_retried() {
+    // 429 (throttling) and a stall past the request timeout, on the parts themselves (sent by
+    // the tier's own checksummed UploadPart, not object_store's): retried, the object whole.
+    let (_t, server, dir) = s3s("x").await;
+    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
+    let cfg = test_config(&proxy.endpoint(), "bkt", "throttled")
+        .with_part_size(PART)
+        .with_request_timeout(Duration::from_millis(1500));
+    let tier = S3Tier::new(cfg).expect("tier");
+    let data = pattern(12, 3 * PART + 5);
+    proxy.fail_matching_n("partNumber=2&", Fault::Status(429), 2);
+    proxy.fail_matching_n("partNumber=3&", Fault::Stall(Duration::from_secs(4)), 1);
+    write_all(&tier, "obj", &data, 1 << 20).await.expect("write through throttling and a stall");
+    assert_eq!(proxy.faults(), 3);
+    assert!(ops::get(&tier, "obj").await.expect("get") == data);
+    assert!(s3s_uploads(dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_failing_for_good_fails_the_object_and_leaves_no_upload() {
     let (_t, server, dir) = s3s("x").await;
     let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");

@@ -4,6 +4,7 @@
 //! read buffers into the record (`ringtier_loader::records`); Python gets that memory through
 //! the buffer protocol (numpy, torch, memoryview) without another copy.
 
+use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +25,9 @@ use crate::view::fill_view;
 
 /// Records moved to Python per wait at most (the GIL is released once per wait).
 const FETCH: usize = 64;
+
+/// Bytes of records moved to Python per wait at most (one record more may cross it).
+const FETCH_BYTES: u64 = 1 << 20;
 
 /// Slack above the largest indexed record for the read size of a global order (alignment at
 /// both ends of a record's read).
@@ -79,14 +83,15 @@ pub(crate) struct RecordLoader {
     /// Records this reader delivers per epoch in a global order (unknown when streaming).
     per_epoch: Option<usize>,
     read_size: usize,
+    cfg: RecordConfig,
 }
 
 #[pymethods]
 impl RecordLoader {
     #[new]
     #[pyo3(signature = (path, *, format="tfrecord", order="stream", read_size=4 << 20, depth=8,
-        shuffle_buffer=1024, shuffle_shards=true, seed=0, rank=0, world_size=1, worker=0, workers=1,
-        prefetch=256, on_bad="fail", engine="uring", index_dir=None))]
+        shuffle_buffer=1024, shuffle_bytes=64 << 20, shuffle_shards=true, seed=0, rank=0, world_size=1, worker=0,
+        workers=1, prefetch=256, prefetch_bytes=16 << 20, on_bad="fail", engine="uring", index_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -96,6 +101,7 @@ impl RecordLoader {
         read_size: usize,
         depth: usize,
         shuffle_buffer: usize,
+        shuffle_bytes: usize,
         shuffle_shards: bool,
         seed: u64,
         rank: usize,
@@ -103,6 +109,7 @@ impl RecordLoader {
         worker: usize,
         workers: usize,
         prefetch: usize,
+        prefetch_bytes: usize,
         on_bad: &str,
         engine: &str,
         index_dir: Option<PathBuf>,
@@ -136,6 +143,7 @@ impl RecordLoader {
             .with_read_size(read_size)
             .with_depth(depth)
             .with_shuffle_buffer(shuffle_buffer)
+            .with_shuffle_bytes(shuffle_bytes)
             .with_shuffle_shards(shuffle_shards)
             .with_seed(seed)
             .with_rank(rank)
@@ -143,6 +151,7 @@ impl RecordLoader {
             .with_worker(worker)
             .with_workers(workers)
             .with_prefetch(prefetch)
+            .with_prefetch_bytes(prefetch_bytes)
             .with_on_bad(on_bad);
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
@@ -170,7 +179,8 @@ impl RecordLoader {
             let max = idx.iter().map(RecordIndex::max_len).max().unwrap_or(0) as usize;
             if max + GLOBAL_SLACK > read_size {
                 read = (max + GLOBAL_SLACK).next_multiple_of(4096);
-                loader = records::RecordLoader::new(tier, shards.clone(), format, cfg.with_read_size(read)).py_err()?;
+                loader = records::RecordLoader::new(tier, shards.clone(), format, cfg.clone().with_read_size(read))
+                    .py_err()?;
             }
             let total: usize = idx.iter().map(|i| i.entries.len()).sum();
             let readers = world_size * workers;
@@ -179,7 +189,15 @@ impl RecordLoader {
             indexes = Some(Arc::new(idx));
         }
         let state = RecordLoaderState { engine: eng.clone(), loader, indexes, shards: Arc::new(shards) };
-        Ok(RecordLoader { state: ForkGuarded::new("RecordLoader", state), format, global, per_epoch, read_size: read })
+        let cfg = cfg.with_read_size(read);
+        Ok(RecordLoader {
+            state: ForkGuarded::new("RecordLoader", state),
+            format,
+            global,
+            per_epoch,
+            read_size: read,
+            cfg,
+        })
     }
 
     /// The records of `epoch`, from `position` (records of this reader already delivered) on.
@@ -195,7 +213,9 @@ impl RecordLoader {
             engine: Arc::clone(&st.engine),
             epoch: inner,
             shards: Arc::clone(&st.shards),
-            ready: std::collections::VecDeque::new(),
+            ready: VecDeque::new(),
+            ready_bytes: 0,
+            ready_peak: 0,
         };
         Ok(RecordEpoch { state: ForkGuarded::new("RecordEpoch", state), epoch, done: false })
     }
@@ -243,6 +263,29 @@ impl RecordLoader {
         Ok(self.state.get()?.loader.pool_bytes())
     }
 
+    /// Byte bound of the shuffle buffer (0: none).
+    #[getter]
+    fn shuffle_bytes(&self) -> usize {
+        self.cfg.shuffle_bytes
+    }
+
+    /// Byte bound of the prefetch queue (0: none).
+    #[getter]
+    fn prefetch_bytes(&self) -> usize {
+        self.cfg.prefetch_bytes
+    }
+
+    /// The most bytes this loader holds at once for records of at most `max_record` bytes:
+    /// the read pool, the records held in Rust (shuffle buffer, prefetch queue, one read
+    /// buffer's records) and those taken into Python per wait; not what the caller keeps.
+    /// `None` where a byte bound is off.
+    #[pyo3(signature = (max_record))]
+    fn memory_bound(&self, max_record: usize) -> PyResult<Option<usize>> {
+        let cfg = if self.global { self.cfg.clone().with_shuffle_buffer(0) } else { self.cfg.clone() };
+        let pool = self.pool_bytes()?;
+        Ok(cfg.held_bound(max_record).map(|h| pool + h + FETCH_BYTES as usize + max_record))
+    }
+
     /// Records this reader delivers per epoch in a global order (from the indexes).
     fn __len__(&self) -> PyResult<usize> {
         self.per_epoch.ok_or_else(|| {
@@ -273,7 +316,10 @@ struct RecordEpochState {
     epoch: records::RecordEpoch,
     shards: Arc<Vec<Shard>>,
     /// Records taken in the last wait, not yet handed out.
-    ready: std::collections::VecDeque<records::Record>,
+    ready: VecDeque<records::Record>,
+    /// Their bytes, and the most they were.
+    ready_bytes: u64,
+    ready_peak: u64,
 }
 
 /// One epoch's records: an iterator of [`Record`].
@@ -295,23 +341,27 @@ impl RecordEpoch {
         let st = self.state.get_mut()?;
         if st.ready.is_empty() && !self.done {
             let engine = Arc::clone(&st.engine);
-            let (epoch, ready) = (&mut st.epoch, &mut st.ready);
+            let (epoch, ready, ready_bytes) = (&mut st.epoch, &mut st.ready, &mut st.ready_bytes);
             // The first record waited for; those already parsed taken with it, up to FETCH.
             let fut = async move {
                 let mut err = None;
                 let mut end = false;
+                fn take(ready: &mut VecDeque<records::Record>, bytes: &mut u64, r: records::Record) {
+                    *bytes += r.bytes();
+                    ready.push_back(r);
+                }
                 match epoch.next().await {
                     None => end = true,
                     Some(Err(e)) => err = Some(e),
-                    Some(Ok(r)) => ready.push_back(r),
+                    Some(Ok(r)) => take(ready, ready_bytes, r),
                 }
-                while !end && err.is_none() && ready.len() < FETCH {
+                while !end && err.is_none() && ready.len() < FETCH && *ready_bytes < FETCH_BYTES {
                     tokio::select! {
                         biased;
                         next = epoch.next() => match next {
                             None => end = true,
                             Some(Err(e)) => err = Some(e),
-                            Some(Ok(r)) => ready.push_back(r),
+                            Some(Ok(r)) => take(ready, ready_bytes, r),
                         },
                         () = std::future::ready(()) => break,
                     }
@@ -322,14 +372,17 @@ impl RecordEpoch {
             if end {
                 self.done = true;
             }
+            st.ready_peak = st.ready_peak.max(st.ready_bytes);
             if let Some(e) = err {
                 // Records parsed before the error are dropped: the epoch failed there.
                 st.ready.clear();
+                st.ready_bytes = 0;
                 self.done = true;
                 return Err(errors::to_py(e));
             }
         }
         let Some(r) = st.ready.pop_front() else { return Ok(None) };
+        st.ready_bytes -= r.bytes();
         let key = st.shards.get(r.shard).map(|s| s.key.clone()).unwrap_or_default();
         Record::new(py, r, key).map(Some)
     }
@@ -348,15 +401,19 @@ impl RecordEpoch {
         self.epoch
     }
 
-    /// Totals so far: records, bytes (of the fields), skipped.
+    /// Totals so far: records, bytes (of the fields), skipped; and the record bytes the
+    /// loader holds that Python has not been handed (`held_bytes` now; `held_peak`: the most
+    /// at once, the Rust side's peak plus the most taken into Python in one wait).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let st = self.state.get()?;
         let s = st.epoch.stats();
-        let held: u64 = st.ready.iter().map(records::Record::bytes).sum();
+        let held = st.epoch.held();
         let d = PyDict::new(py);
         d.set_item("records", s.records - st.ready.len() as u64)?;
-        d.set_item("bytes", s.bytes - held)?;
+        d.set_item("bytes", s.bytes - st.ready_bytes)?;
         d.set_item("skipped", s.skipped)?;
+        d.set_item("held_bytes", held.now + st.ready_bytes)?;
+        d.set_item("held_peak", held.peak + st.ready_peak)?;
         Ok(d)
     }
 }

@@ -8,6 +8,7 @@ import io
 import random
 import struct
 import tarfile
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -91,6 +92,45 @@ def test_tfrecords_stream_every_record_once_with_its_bytes(tf):
         assert r.size == len(data) + 16 and r.key == "" and r.names() == [""]
     # Shuffled across shard boundaries, not shard order.
     assert [where[d][0] for d in got] != sorted(where[d][0] for d in got)
+
+
+def held_peak(loader, where) -> int:
+    """One epoch with a consumer slower than the reads (every stage fills); every record once;
+    the loader's own count of the record bytes it held at most."""
+    ep = loader.epoch(0)
+    got = []
+    for i, r in enumerate(ep):
+        if i % 8 == 0:
+            time.sleep(0.002)
+        got.append(r.to_bytes())
+    assert sorted(got) == sorted(where)
+    st = ep.stats()
+    assert st["held_bytes"] == 0, st
+    return st["held_peak"]
+
+
+def test_memory_is_bounded_in_bytes_by_the_loaders_own_accounting(tmp_path):
+    root = tmp_path / "big"
+    where = write_tfrecords(root, shards=4, per_shard=160)
+    total = sum(map(len, where))
+    biggest = max(map(len, where))
+    # Count bounds that would hold every record; byte bounds far below the set's bytes.
+    kw = dict(format="tfrecord", read_size=64 << 10, depth=4, shuffle_buffer=10_000, prefetch=10_000)
+    loader = ringtier.RecordLoader(root, shuffle_bytes=500_000, prefetch_bytes=200_000, **kw)
+    assert (loader.shuffle_bytes, loader.prefetch_bytes) == (500_000, 200_000)
+    bound = loader.memory_bound(biggest)
+    held_bound = bound - loader.pool_bytes
+    assert held_bound < total / 2
+    peak = held_peak(loader, where)
+    assert 500_000 - biggest <= peak <= held_bound, (peak, held_bound)
+    # Without the byte bounds the same epoch holds far more: the bound is what keeps it down.
+    loader = ringtier.RecordLoader(root, shuffle_bytes=0, prefetch_bytes=0, **kw)
+    assert loader.memory_bound(biggest) is None
+    assert held_peak(loader, where) > held_bound
+    # The defaults: 64 MiB of shuffle buffer, 16 MiB of prefetch, a 64 MiB read pool.
+    d = ringtier.RecordLoader(root, format="tfrecord")
+    assert (d.shuffle_bytes, d.prefetch_bytes, d.pool_bytes >> 20) == (64 << 20, 16 << 20, 64)
+    assert d.memory_bound(1 << 20) < 160 << 20
 
 
 def test_records_are_writable_views_without_a_copy(tf):

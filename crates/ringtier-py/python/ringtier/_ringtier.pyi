@@ -165,7 +165,10 @@ class RecordEpoch:
     def epoch(self) -> int: ...
     def stats(self) -> Dict[str, int]:
         """records, bytes (of the fields delivered), skipped (bad records with
-        ``on_bad="skip"``)."""
+        ``on_bad="skip"``); ``held_bytes``: record bytes the loader holds that Python has not
+        been handed yet (parsed, shuffle buffer, prefetch queue, the last wait's records), and
+        ``held_peak``, the most it held at once this epoch (at most
+        ``RecordLoader.memory_bound(largest record) - pool_bytes``)."""
 
 class RecordLoader:
     """Reads the records of a directory of TFRecord (``*.tfrecord``, ``*.tfrecords``) or
@@ -174,9 +177,11 @@ class RecordLoader:
     ``order="stream"``: each epoch the shards are shuffled (``shuffle_shards``, seeded by
     ``seed`` and the epoch, the same on every rank) and split over readers, ``(rank, worker)``
     taking every ``world_size x workers``-th shard, so every record is read exactly once per
-    epoch; each shard is read front to back with ``depth`` requests of ``read_size`` bytes in
-    flight (O_DIRECT on the io_uring engine) and its records go through a seeded shuffle buffer
-    of ``shuffle_buffer`` records spanning shard boundaries (0 or 1: shard order).
+    epoch; the shards are read front to back as one sliding window of ``2 x depth - 1``
+    requests of ``read_size`` bytes in flight (O_DIRECT on the io_uring engine), and their
+    records go through a seeded shuffle buffer of ``shuffle_buffer`` records or
+    ``shuffle_bytes`` bytes, whichever is reached first, spanning shard boundaries (0 or 1
+    records: shard order).
 
     ``order="global"``: one seeded random permutation of every record of every shard, read
     through per-shard indexes (``SHARD.idx`` from ``ringtier index``, DALI's ``tfrecord2idx``
@@ -185,9 +190,13 @@ class RecordLoader:
     ``depth`` records per batched read; ``(rank, worker)`` takes every ``world_size x
     workers``-th record; ``read_size`` is raised to fit the largest record.
 
-    Memory: a pool of ``2 x depth x read_size`` bytes plus the records held (shuffle buffer,
-    ``prefetch`` records parsed ahead, and what Python keeps), whatever the shard sizes. Each
-    record is copied once, out of the pooled read buffers; Python shares that memory.
+    Memory is bounded by configuration, whatever the shard sizes: a pool of ``2 x depth x
+    read_size`` bytes (64 MiB by default), the shuffle buffer (``shuffle_bytes``, 64 MiB), the
+    prefetch queue (``prefetch`` records and ``prefetch_bytes``, 16 MiB), the records of one
+    read buffer being parsed (``read_size``) and those taken into Python per wait (1 MiB):
+    :meth:`memory_bound` (about 151 MiB at the defaults), plus what the caller keeps. The
+    loader counts the record bytes it holds (:meth:`RecordEpoch.stats`). Each record is copied
+    once, out of the pooled read buffers; the queues move it, Python shares that memory.
 
     ``on_bad``: ``"fail"`` (a truncated record, a CRC mismatch, a corrupt tar header, an index
     that does not match its shard raise :class:`ringtier.CorruptError` naming the shard and
@@ -202,6 +211,7 @@ class RecordLoader:
         read_size: int = 4 << 20,
         depth: int = 8,
         shuffle_buffer: int = 1024,
+        shuffle_bytes: int = 64 << 20,
         shuffle_shards: bool = True,
         seed: int = 0,
         rank: int = 0,
@@ -209,6 +219,7 @@ class RecordLoader:
         worker: int = 0,
         workers: int = 1,
         prefetch: int = 256,
+        prefetch_bytes: int = 16 << 20,
         on_bad: str = "fail",
         engine: str = "uring",
         index_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -231,6 +242,16 @@ class RecordLoader:
     def read_size(self) -> int: ...
     @property
     def pool_bytes(self) -> int: ...
+    @property
+    def shuffle_bytes(self) -> int:
+        """Byte bound of the shuffle buffer (0: none)."""
+    @property
+    def prefetch_bytes(self) -> int:
+        """Byte bound of the prefetch queue (0: none)."""
+    def memory_bound(self, max_record: int) -> Optional[int]:
+        """The most bytes the loader holds at once for records of at most ``max_record``
+        bytes (read pool, shuffle buffer, prefetch queue, one read buffer's records, one
+        wait's records); not what the caller keeps. ``None`` where a byte bound is 0."""
     def __len__(self) -> int:
         """Records this reader gets per epoch (global order only: a ``TypeError`` streaming)."""
 

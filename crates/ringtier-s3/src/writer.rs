@@ -393,3 +393,17 @@ impl Drop for S3Writer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn part_crcs_combine_into_the_objects() {
+        let part = 5 << 20;
+        let data: Vec<u8> = (0..3 * part + 11).map(|i| (i * 7 + i / 13) as u8).collect();
+        let mut crc = 0u32;
+        for c in data.chunks(part) {
+            crc = crc32c::crc32c_combine(crc, crc32c::crc32c(c), c.len());
+        }
+        assert_eq!(crc, crc32c::crc32c(&data));
+    }
+}

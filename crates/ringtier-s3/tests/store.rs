@@ -315,3 +315,56 @@ async fn a_missing_bucket_or_wrong_credentials_lose_no_checkpoint() {
     }
     assert_eq!(s3s_uploads(s.s3_dir.path()), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_damaged_on_the_way_never_commits_a_drain() {
+    // One part's body damaged between the drain and the server. A server that checks part
+    // checksums refuses it and the tier sends it again: the drain succeeds, with the right
+    // bytes. A server that does not (s3s-fs alone): the probe finds that out, the read-back
+    // catches the damage, the drain fails with the checkpoint not on S3 (no manifest), and
+    // the next open re-queues it and drains it whole.
+    for part_checks in [true, false] {
+        let s3_dir = tempfile::tempdir().expect("tempdir");
+        let fast_dir = tempfile::tempdir().expect("tempdir");
+        let server = S3sFsServer::start_with(s3_dir.path(), 0, Duration::ZERO, part_checks).expect("s3s-fs");
+        let upstream: SocketAddr = server.endpoint().trim_start_matches("http://").parse().expect("addr");
+        let proxy = FaultProxy::start(upstream).expect("proxy");
+        let tier = S3Tier::new(test_config(&proxy.endpoint(), "ckpt", "run").with_part_size(PART).named("s3"))
+            .expect("s3 tier");
+        tier.create_bucket().await.expect("bucket");
+        let slow: Arc<dyn Tier> = Arc::new(tier);
+        let fast = || -> Arc<dyn Tier> {
+            Arc::new(PosixTier::new(PosixConfig::new(fast_dir.path()).with_name("fast".into())).expect("fast tier"))
+        };
+        let manifest_on_s3 =
+            |keys: Vec<ringtier_core::ObjectMeta>| keys.iter().any(|m| m.key.ends_with("MANIFEST.json"));
+        let data = pattern(20, 3 * PART + 11);
+        let store = CheckpointStore::open(vec![fast(), Arc::clone(&slow)], cfg()).await.expect("open");
+        proxy.fail_matching_n("partNumber=2&", Fault::CorruptBody, 1);
+        store.save(1, vec![Part::bytes("model", &data)]).await.expect("save acknowledged");
+        let drained = store.drain().await;
+        assert_eq!(proxy.faults(), 1, "checks {part_checks}");
+        if part_checks {
+            drained.expect("the damaged part refused and sent again");
+            drop(store);
+        } else {
+            let e = drained.expect_err("the damage caught by the read-back");
+            assert!(
+                e.to_string().contains("step 1") && e.to_string().contains("does not hold what was written"),
+                "{e}"
+            );
+            assert!(!manifest_on_s3(slow.list("ck/").await.expect("list")), "committed on S3 though damaged");
+            let list = store.list().await.expect("list");
+            assert!(!list[0].tiers.contains(&"s3".to_string()), "{list:?}");
+            assert!(store.read_part(1, "model").await.expect("fast copy kept") == data);
+            drop(store);
+            let store = CheckpointStore::open(vec![fast(), Arc::clone(&slow)], cfg()).await.expect("reopen");
+            store.drain().await.expect("drained on the next open");
+        }
+        assert!(manifest_on_s3(slow.list("ck/").await.expect("list")));
+        std::fs::remove_dir_all(fast_dir.path().join("ck")).expect("drop the fast copy");
+        let store = CheckpointStore::open(vec![fast(), Arc::clone(&slow)], cfg()).await.expect("reopen");
+        assert!(store.read_part(1, "model").await.expect("from S3") == data, "checks {part_checks}: bytes differ");
+        assert_eq!(s3s_uploads(s3_dir.path()), 0, "no upload left");
+    }
+}

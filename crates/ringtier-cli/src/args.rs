@@ -563,6 +563,11 @@ pub(crate) struct ReadArgs {
     /// Seed of the read order.
     #[arg(long, default_value_t = 1000)]
     pub(crate) seed: u64,
+    /// Read the dataset directory through the throttled layer with this per-request latency
+    /// in milliseconds (a parallel file system's round trip: the latency-bound regime), as an
+    /// S3 dataset is read: one driver thread, --depths swept through read_batch.
+    #[arg(long)]
+    pub(crate) latency_ms: Option<f64>,
     /// What the directory holds: files (one sample each), or TFRecord / WebDataset shards,
     /// streamed through the loader's record reader (depth = the first of --depths, requests
     /// of --read-size, default 4 MiB) against a cold `cat` of the same shards.

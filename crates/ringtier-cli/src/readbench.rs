@@ -452,6 +452,12 @@ pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
         }
         return crate::s3bench::read_dataset(url, &a);
     }
+    if let Some(ms) = a.latency_ms {
+        if a.format != crate::recbench::ReadFormat::Files {
+            bail!("--latency-ms reads files through the throttled layer; not with --format {:?}", a.format);
+        }
+        return crate::s3bench::read_files_throttled(&a, ms);
+    }
     if a.format != crate::recbench::ReadFormat::Files {
         return crate::recbench::bench(&a);
     }

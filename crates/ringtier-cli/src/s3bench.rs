@@ -790,13 +790,6 @@ struct DatasetPoint {
 /// driver thread: a current-thread runtime, and one I/O worker), `depth` requests in flight,
 /// depths swept, repeats interleaved.
 pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
-    let depths = a.depths.clone().unwrap_or_else(|| a.concurrency.clone());
-    if depths.is_empty() || depths.contains(&0) {
-        bail!("--depths must be at least 1");
-    }
-    if a.io.repeats == 0 {
-        bail!("--repeats must be at least 1");
-    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // The dataset: every object under the prefix (empty ones left out).
     let objects: Vec<(String, usize)> = rt.block_on(async {
@@ -811,12 +804,62 @@ pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
     if objects.is_empty() {
         bail!("{url} holds no objects (upload a dataset with `ringtier gen --dir {url}`)");
     }
+    let make = |depth: usize| -> Result<Arc<dyn Tier>> { Ok(Arc::new(dataset_tier(url, depth)?)) };
+    sweep_tier(&rt, url, "S3 tier", serde_json::json!({"url": url, "tier": "s3"}), &objects, &make, a)
+}
+
+/// `ringtier bench read --dir DIR --latency-ms MS`: a local dataset read through the
+/// throttled layer with a per-request latency (a parallel file system's round trip), the same
+/// sweep as an S3 dataset's (one driver thread, `--depths` through `read_batch`).
+pub(crate) fn read_files_throttled(a: &crate::args::ReadArgs, latency_ms: f64) -> Result<()> {
+    if !latency_ms.is_finite() || latency_ms < 0.0 {
+        bail!("--latency-ms must be a number of milliseconds, at least 0");
+    }
+    let ds = crate::dataset::Dataset::open(&a.dir)?;
+    let objects: Vec<(String, usize)> = ds
+        .manifest
+        .entries
+        .iter()
+        .filter(|e| e.size > 0)
+        .map(|e| Ok((e.key.clone(), usize::try_from(e.size)?)))
+        .collect::<Result<_>>()?;
+    if objects.is_empty() {
+        bail!("{} holds no files", a.dir.display());
+    }
+    let latency = Duration::from_secs_f64(latency_ms / 1000.0);
+    let make = |_depth: usize| -> Result<Arc<dyn Tier>> {
+        let files = crate::ckpt::dir_tier(&ds.root, "pfs", None, BufferedWrites::default())?;
+        Ok(Arc::new(Throttled::new(files, Throttle::bandwidth(u64::MAX).with_latency(latency))))
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let label = format!("files +{latency_ms} ms/request");
+    let storage = serde_json::json!({"path": ds.root.display().to_string(), "tier": "files, throttled layer", "latency_ms": latency_ms, "filesystem": storage_of(&ds.root)});
+    sweep_tier(&rt, &ds.root.display().to_string(), &label, storage, &objects, &make, a)
+}
+
+/// The depth sweep over `objects` through tiers from `make(depth)` (see [`read_dataset`]).
+fn sweep_tier(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    label: &str,
+    storage: serde_json::Value,
+    objects: &[(String, usize)],
+    make: &dyn Fn(usize) -> Result<Arc<dyn Tier>>,
+    a: &crate::args::ReadArgs,
+) -> Result<()> {
+    let depths = a.depths.clone().unwrap_or_else(|| a.concurrency.clone());
+    if depths.is_empty() || depths.contains(&0) {
+        bail!("--depths must be at least 1");
+    }
+    if a.io.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
     let total: u64 = objects.iter().map(|o| o.1 as u64).sum();
     let max = objects.iter().map(|o| o.1).max().unwrap_or(0);
     let mut sizes: Vec<usize> = objects.iter().map(|o| o.1).collect();
     sizes.sort_unstable();
     println!(
-        "bench read {url}: {} objects, {:.1} MB (median {:.0} KB), S3 tier, one driver thread, depths {depths:?}, {} repeats",
+        "bench read {name}: {} objects, {:.1} MB (median {:.0} KB), {label}, one driver thread, depths {depths:?}, {} repeats",
         objects.len(),
         total as f64 / 1e6,
         sizes[sizes.len() / 2] as f64 / 1e3,
@@ -827,7 +870,7 @@ pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
         let mut order: Vec<usize> = (0..objects.len()).collect();
         Rng::new(a.seed + rep as u64).shuffle(&mut order);
         for (i, &depth) in depths.iter().enumerate() {
-            let tier = dataset_tier(url, depth)?;
+            let tier = make(depth)?;
             let mut bufs: Vec<AlignedBuf> =
                 (0..depth).map(|_| AlignedBuf::new(max + 4096, 4096)).collect::<ringtier_core::Result<_>>()?;
             let mut pass = |keys: &[usize]| -> Result<u64> {
@@ -870,7 +913,7 @@ pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
                 cpu / (bytes as f64 / GIB)
             );
             runs[i].push(Run {
-                client: "ringtier S3 tier".into(),
+                client: format!("ringtier {label}"),
                 setting: depth,
                 seconds: secs,
                 cpu_seconds: cpu,
@@ -919,7 +962,7 @@ pub(crate) fn read_dataset(url: &str, a: &crate::args::ReadArgs) -> Result<()> {
     let report = serde_json::json!({
         "schema": "ringtier.bench.read.s3/1",
         "machine": Machine::probe(),
-        "storage": {"url": url, "tier": "s3"},
+        "storage": storage,
         "dataset": {"objects": objects.len(), "bytes": total, "median_object_bytes": sizes[sizes.len() / 2], "max_object_bytes": max},
         "repeats": a.io.repeats,
         "driver_threads": 1,

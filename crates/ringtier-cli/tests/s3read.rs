@@ -170,3 +170,33 @@ fn bench_s3_drain_runs_every_variant_and_boto3_on_the_same_part() {
     // Each measured upload is dropped from the server's directory afterwards.
     assert!(walk(&dir.path().join("work").join("s3").join("bench").join("boto3")) == 0, "{out}");
 }
+
+#[test]
+fn bench_read_with_a_per_request_latency_sweeps_a_local_dataset_through_the_throttled_layer() {
+    let dir = tempfile::Builder::new().prefix("cli-thr").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let ds = dir.path().join("ds");
+    let (ok, out) =
+        run(ringtier().args(["gen", "--files", "40", "--median", "20K", "--max-size", "64K", "--dir"]).arg(&ds));
+    assert!(ok, "{out}");
+    let json = dir.path().join("thr.json");
+    let (ok, out) = run(ringtier()
+        .args(["bench", "read", "--latency-ms", "2", "--depths", "1,8", "--repeats", "1", "--dir"])
+        .arg(&ds)
+        .arg("--json")
+        .arg(&json));
+    assert!(ok, "{out}");
+    assert!(out.contains("files +2 ms/request"), "{out}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(r["storage"]["latency_ms"], 2.0);
+    assert_eq!(r["dataset"]["objects"], 40);
+    let bytes = r["dataset"]["bytes"].as_u64().expect("bytes");
+    let points = r["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2);
+    for p in points {
+        assert_eq!(p["runs"][0]["bytes"].as_u64(), Some(bytes), "every pass reads every byte");
+    }
+    // One request in flight pays the 2 ms 40 times.
+    assert!(points[0]["runs"][0]["seconds"].as_f64().is_some_and(|s| s >= 0.08), "{r}");
+    let (ok, out) = run(ringtier().args(["bench", "read", "--latency-ms=-1", "--dir"]).arg(&ds));
+    assert!(!ok && out.contains("--latency-ms"), "{out}");
+}

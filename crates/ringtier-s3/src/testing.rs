@@ -54,7 +54,11 @@ impl S3sFsServer {
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
 
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?;
-        let mut b = s3s::service::S3ServiceBuilder::new(PartChecksumFs { inner: fs, check: part_checksums });
+        let mut b = s3s::service::S3ServiceBuilder::new(PartChecksumFs {
+            inner: fs,
+            check: part_checksums,
+            root: root.to_path_buf(),
+        });
         b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let std_listener = bind_retry(port)?;
@@ -434,12 +438,37 @@ pub fn forget_live_uploads() {
 /// s3s-fs with AWS S3's check of UploadPart checksums: a part whose body does not match its
 /// `x-amz-checksum-crc32|crc32c|sha1|sha256|crc64nvme` header is refused with `BadDigest`
 /// (400), and an accepted part's response carries the checksum the server computed, as AWS
-/// does. s3s-fs 0.14 checks these headers on PutObject but ignores them on UploadPart.
-/// Every other operation is s3s-fs's own.
+/// does; as AWS, a part checksum of a kind the upload was not created with
+/// (`x-amz-checksum-algorithm`) is refused, and the completion of such an upload must name
+/// every part's checksum. s3s-fs 0.14 checks these headers on PutObject but ignores them on
+/// UploadPart. Every other operation is s3s-fs's own.
 #[derive(Debug)]
 pub struct PartChecksumFs {
     inner: s3s_fs::FileSystem,
     check: bool,
+    /// The checksum algorithm each multipart upload was created with (upload id to
+    /// lower-case name), as AWS keeps it: a part checksum of another kind is refused, and the
+    /// completion must name every part's checksum.
+    /// Kept in files under the server's root (`.checksum-algorithm-UPLOAD_ID`), so a
+    /// restarted server knows them, as s3s-fs keeps its uploads.
+    root: PathBuf,
+}
+
+impl PartChecksumFs {
+    fn algorithm_file(&self, upload_id: &str) -> Option<PathBuf> {
+        let ok = !upload_id.is_empty() && upload_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        ok.then(|| self.root.join(format!(".checksum-algorithm-{upload_id}")))
+    }
+
+    fn algorithm_of(&self, upload_id: &str) -> Option<String> {
+        std::fs::read_to_string(self.algorithm_file(upload_id)?).ok().map(|s| s.trim().to_string())
+    }
+
+    fn set_algorithm(&self, upload_id: &str, alg: &str) {
+        if let Some(f) = self.algorithm_file(upload_id) {
+            let _ = std::fs::write(f, alg);
+        }
+    }
 }
 
 macro_rules! part_checksum_fs {
@@ -454,6 +483,52 @@ macro_rules! part_checksum_fs {
                     self.inner.$op(req).await
                 }
             )*
+
+            async fn create_multipart_upload(
+                &self,
+                req: s3s::S3Request<s3s::dto::CreateMultipartUploadInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::CreateMultipartUploadOutput>> {
+                let alg = req.input.checksum_algorithm.as_ref().map(|a| a.as_str().to_ascii_lowercase());
+                let resp = self.inner.create_multipart_upload(req).await?;
+                if let (Some(alg), Some(id)) = (alg, resp.output.upload_id.as_deref()) {
+                    self.set_algorithm(id, &alg);
+                }
+                Ok(resp)
+            }
+
+            async fn complete_multipart_upload(
+                &self,
+                req: s3s::S3Request<s3s::dto::CompleteMultipartUploadInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::CompleteMultipartUploadOutput>> {
+                if self.check {
+                    if let Some(alg) = self.algorithm_of(&req.input.upload_id) {
+                        let parts = req.input.multipart_upload.as_ref().and_then(|m| m.parts.as_ref());
+                        for (n, p) in parts.into_iter().flatten().enumerate() {
+                            let has = match alg.as_str() {
+                                "crc32" => p.checksum_crc32.is_some(),
+                                "crc32c" => p.checksum_crc32c.is_some(),
+                                "sha1" => p.checksum_sha1.is_some(),
+                                "sha256" => p.checksum_sha256.is_some(),
+                                "crc64nvme" => p.checksum_crc64nvme.is_some(),
+                                _ => true,
+                            };
+                            if !has {
+                                return Err(s3s::s3_error!(
+                                    InvalidRequest,
+                                    "The upload was created using a {alg} checksum. The complete request must include the checksum for each part. It was missing for part {} in the request.",
+                                    n + 1
+                                ));
+                            }
+                        }
+                    }
+                }
+                let id = req.input.upload_id.clone();
+                let resp = self.inner.complete_multipart_upload(req).await?;
+                if let Some(f) = self.algorithm_file(&id) {
+                    let _ = std::fs::remove_file(f);
+                }
+                Ok(resp)
+            }
 
             async fn upload_part(
                 &self,
@@ -470,6 +545,21 @@ macro_rules! part_checksum_fs {
                 );
                 if !self.check || want == (None, None, None, None, None) {
                     return self.inner.upload_part(req).await;
+                }
+                // AWS: "Checksum Type mismatch occurred, expected checksum Type: null, actual
+                // checksum Type: crc32c" for a part checksum the upload was not created for.
+                let sent = [("crc32", want.0.is_some()), ("crc32c", want.1.is_some()), ("sha1", want.2.is_some()), ("sha256", want.3.is_some()), ("crc64nvme", want.4.is_some())]
+                    .iter()
+                    .find(|(_, on)| *on)
+                    .map(|(n, _)| *n)
+                    .unwrap_or("");
+                let expected = self.algorithm_of(&i.upload_id);
+                if expected.as_deref() != Some(sent) {
+                    return Err(s3s::s3_error!(
+                        InvalidRequest,
+                        "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum Type: {sent}",
+                        expected.as_deref().unwrap_or("null")
+                    ));
                 }
                 let mut hasher = s3s::checksum::ChecksumHasher::default();
                 if want.0.is_some() {
@@ -535,9 +625,7 @@ part_checksum_fs!(
     list_objects: ListObjectsInput => ListObjectsOutput,
     list_objects_v2: ListObjectsV2Input => ListObjectsV2Output,
     put_object: PutObjectInput => PutObjectOutput,
-    create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput,
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput,
     list_parts: ListPartsInput => ListPartsOutput,
-    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput,
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,
 );

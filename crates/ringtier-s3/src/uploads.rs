@@ -70,16 +70,22 @@ fn marker_path(inner: &Inner, id: &str) -> Result<Path> {
         .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("marker path: {e}")))
 }
 
-/// Creates the multipart upload of `path` and its marker.
-pub(crate) async fn start(inner: &Arc<Inner>, path: &Path, key: &str) -> Result<LiveUpload> {
+/// Creates the multipart upload of `path` and its marker; `checked`: an upload whose parts
+/// carry CRC-32C checksums ([`create_checked`]).
+pub(crate) async fn start(inner: &Arc<Inner>, path: &Path, key: &str, checked: bool) -> Result<LiveUpload> {
     let me = Arc::clone(inner);
     let (path, key) = (path.clone(), key.to_string());
     inner
         .spawn(async move {
-            let id = me
-                .retry
-                .run(|| async { me.store.create_multipart(&path).await.map_err(|e| me.err(e, Operation::Write, &key)) })
-                .await?;
+            let id = if checked {
+                me.retry.run(|| create_checked(&me, &path, &key)).await?
+            } else {
+                me.retry
+                    .run(|| async {
+                        me.store.create_multipart(&path).await.map_err(|e| me.err(e, Operation::Write, &key))
+                    })
+                    .await?
+            };
             live_set().lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
             let marker = marker_path(&me, &id)?;
             let body = format!("{path}\n{id}\n");
@@ -104,14 +110,17 @@ pub(crate) async fn start(inner: &Arc<Inner>, path: &Path, key: &str) -> Result<
         .await?
 }
 
-/// Completes the upload with `parts` (in order). A retried completion that the server says
-/// is gone (the first attempt did complete) is accepted when the object has `size` bytes.
+/// Completes the upload with `parts` (in order; with `crcs`, the parts' CRC-32Cs, an upload
+/// from [`create_checked`], completed by [`complete_checked`]). A retried completion that the
+/// server says is gone (the first attempt did complete) is accepted when the object has
+/// `size` bytes.
 pub(crate) async fn complete(
     inner: &Arc<Inner>,
     path: &Path,
     key: &str,
     live: &LiveUpload,
     parts: Vec<PartId>,
+    crcs: Option<Vec<u32>>,
     size: u64,
 ) -> Result<()> {
     let me = Arc::clone(inner);
@@ -119,16 +128,33 @@ pub(crate) async fn complete(
     inner
         .spawn(async move {
             let mut retried = false;
+            // The object's checksum, where the server answers with one.
+            let reported: Mutex<Option<String>> = Mutex::new(None);
             me.retry
                 .run(|| {
                     let first = !retried;
                     retried = true;
-                    let (me, path, key, id, parts) = (&me, &path, &key, &id, parts.clone());
+                    let (me, path, key, id, parts, crcs, reported) =
+                        (&me, &path, &key, &id, parts.clone(), &crcs, &reported);
                     async move {
-                        match me.store.complete_multipart(path, id, parts).await {
-                            Ok(_) => Ok(()),
+                        let res = match crcs {
+                            Some(crcs) => {
+                                let named: Vec<(String, u32)> =
+                                    parts.into_iter().map(|p| p.content_id).zip(crcs.iter().copied()).collect();
+                                complete_checked(me, path, id, &named, key)
+                                    .await
+                                    .map(|r| *reported.lock().unwrap_or_else(|p| p.into_inner()) = r)
+                            }
+                            None => me
+                                .store
+                                .complete_multipart(path, id, parts)
+                                .await
+                                .map(|_| ())
+                                .map_err(|e| me.err(e, Operation::Commit, key)),
+                        };
+                        match res {
+                            Ok(()) => Ok(()),
                             Err(e) => {
-                                let e = me.err(e, Operation::Commit, key);
                                 if !first && e.kind() == ErrorKind::NotFound {
                                     if let Ok(m) = me.store.head(path).await {
                                         if m.size == size {
@@ -141,7 +167,26 @@ pub(crate) async fn complete(
                         }
                     }
                 })
-                .await
+                .await?;
+            // The server's checksum of the object (AWS: from the part checksums it checked;
+            // moto: from the bytes it stored) must be ours; if not, the object goes.
+            let reported = reported.into_inner().unwrap_or_else(|p| p.into_inner());
+            if let (Some(reported), Some(crcs)) = (reported, &crcs) {
+                let ours = composite_crc32c(crcs);
+                if reported != ours {
+                    let _ = me.store.delete(&path).await;
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "s3://{}/{path}: the server reports the object's checksum {reported}, not {ours} (the CRC-32C of the parts' CRC-32Cs); deleted",
+                            me.cfg.bucket
+                        ),
+                    )
+                    .set_temporary(true)
+                    .context(Operation::Commit, &key, &me.cfg.name));
+                }
+            }
+            Ok(())
         })
         .await?
 }
@@ -287,35 +332,27 @@ fn object_url(inner: &Inner, path: &Path) -> String {
     format!("{}/{}", bucket_url(inner), key.join("/"))
 }
 
-/// Sends `data` as part `idx` (0-based) of upload `upload_id` (`Some`), or as the whole object
-/// (`None`: a PutObject), with its CRC-32C in a signed `x-amz-checksum-crc32c` header; the body
-/// is unsigned unless [`S3Config::unsigned_payload`](crate::S3Config::unsigned_payload) is
-/// `Some(false)`. Returns the part's ETag and whether the server answered with the same
-/// checksum (a server that checks part checksums does; one that ignores them does not).
-/// A body the server refuses as not matching (`BadDigest`) is a temporary `Corrupt` error:
-/// sent again, it may arrive whole.
-pub(crate) async fn put_checked(
+/// One request of our own (what object_store 0.14 cannot send: CRC-32C checksums), signed
+/// with the tier's credentials; the body is unsigned (`UNSIGNED-PAYLOAD`) unless
+/// [`S3Config::unsigned_payload`](crate::S3Config::unsigned_payload) is `Some(false)`.
+/// Returns the status, headers and body; a transport error is a temporary `Io` error.
+async fn send_own(
     inner: &Inner,
-    path: &Path,
-    part: Option<(&str, usize)>,
-    data: Bytes,
-    crc: u32,
+    method: &str,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
     key: &str,
     op: Operation,
-) -> Result<(PartId, bool)> {
+) -> Result<(u16, http::HeaderMap, Bytes)> {
     let fail = |kind: ErrorKind, m: String| Error::new(kind, m).context(op, key, &inner.cfg.name);
     let cred = inner.store.credentials().get_credential().await.map_err(|e| inner.err(e, op, key))?;
-    let url = match part {
-        Some((id, idx)) => format!("{}?partNumber={}&uploadId={}", object_url(inner, path), idx + 1, encode(id)),
-        None => object_url(inner, path),
-    };
-    let sum = base64(&crc.to_be_bytes());
-    let mut req = http::Request::builder()
-        .method("PUT")
-        .uri(&url)
-        .header("x-amz-checksum-crc32c", &sum)
-        .header(http::header::CONTENT_LENGTH, data.len())
-        .body(HttpRequestBody::from(data))
+    let mut b = http::Request::builder().method(method).uri(url).header(http::header::CONTENT_LENGTH, body.len());
+    for (k, v) in headers {
+        b = b.header(*k, v);
+    }
+    let mut req = b
+        .body(HttpRequestBody::from(body))
         .map_err(|e| fail(ErrorKind::InvalidInput, format!("request {url}: {e}")))?;
     object_store::aws::AwsAuthorizer::new(&cred, "s3", &inner.region)
         .with_sign_payload(inner.cfg.unsigned_payload == Some(false))
@@ -325,22 +362,28 @@ pub(crate) async fn put_checked(
         .http
         .execute(req)
         .await
-        .map_err(|e| fail(ErrorKind::Io, format!("PUT {url}: {e}")).set_temporary(true))?;
+        .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: {e}")).set_temporary(true))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    if (200..300).contains(&status) {
-        let etag = headers.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let Some(etag) = etag else {
-            return Err(fail(ErrorKind::Io, format!("PUT {url}: the answer has no ETag")).set_temporary(true));
-        };
-        let echoed = headers.get("x-amz-checksum-crc32c").and_then(|v| v.to_str().ok());
-        return Ok((PartId { content_id: etag }, echoed == Some(sum.as_str())));
-    }
-    let body = resp.into_body().bytes().await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let body = resp
+        .into_body()
+        .bytes()
+        .await
+        .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: body: {e}")).set_temporary(true))?;
+    Ok((status, headers, body))
+}
+
+/// The error for an S3 error answer (`status`, XML `body`) to a request on `path`.
+fn answer_error(inner: &Inner, status: u16, body: &[u8], path: &Path, key: &str, op: Operation) -> Error {
+    let body = String::from_utf8_lossy(body);
     let code = elements(&body, "Code").first().map(|c| c.to_string()).unwrap_or_default();
-    let where_ = format!("s3://{}/{path}", inner.cfg.bucket);
-    let msg = format!("{where_}: HTTP {status} {code}: {}", elements(&body, "Message").first().copied().unwrap_or(""));
-    Err(match (status, code.as_str()) {
+    let msg = format!(
+        "s3://{}/{path}: HTTP {status} {code}: {}",
+        inner.cfg.bucket,
+        elements(&body, "Message").first().copied().unwrap_or("")
+    );
+    let fail = |kind: ErrorKind, m: String| Error::new(kind, m).context(op, key, &inner.cfg.name);
+    match (status, code.as_str()) {
         (400, "BadDigest" | "InvalidDigest" | "XAmzContentSHA256Mismatch") => fail(
             ErrorKind::Corrupt,
             format!("{msg} (the server refused the body as not matching its checksum: damaged on the way)"),
@@ -352,8 +395,94 @@ pub(crate) async fn put_checked(
         }
         (404, _) => fail(ErrorKind::NotFound, msg),
         (408 | 429, _) | (500.., _) => fail(ErrorKind::Io, msg).set_temporary(true),
+        // A 200 whose body is an error (CompleteMultipartUpload may answer so): S3 says retry.
+        (200, _) => fail(ErrorKind::Io, msg).set_temporary(true),
         _ => fail(ErrorKind::Io, msg),
-    })
+    }
+}
+
+/// Creates a multipart upload of `path` whose parts carry CRC-32C checksums
+/// (`x-amz-checksum-algorithm: CRC32C`: AWS refuses a part checksum the upload was not
+/// created for, and then wants every part's checksum in the completion). Returns its id.
+pub(crate) async fn create_checked(inner: &Inner, path: &Path, key: &str) -> Result<String> {
+    let url = format!("{}?uploads=", object_url(inner, path));
+    let headers = [("x-amz-checksum-algorithm", "CRC32C".to_string())];
+    let (status, _, body) = send_own(inner, "POST", &url, &headers, Bytes::new(), key, Operation::Write).await?;
+    let text = String::from_utf8_lossy(&body);
+    match elements(&text, "UploadId").first() {
+        Some(id) if status == 200 => Ok(unescape(id)),
+        _ => Err(answer_error(inner, status, &body, path, key, Operation::Write)),
+    }
+}
+
+/// Completes an upload made by [`create_checked`], naming every part by its ETag and CRC-32C
+/// (`parts`: in order). Returns the object's checksum where the server answers with one.
+async fn complete_checked(
+    inner: &Inner,
+    path: &Path,
+    upload_id: &str,
+    parts: &[(String, u32)],
+    key: &str,
+) -> Result<Option<String>> {
+    let mut xml = String::from("<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">");
+    for (i, (etag, crc)) in parts.iter().enumerate() {
+        let etag = etag.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+        xml.push_str(&format!(
+            "<Part><PartNumber>{}</PartNumber><ETag>{etag}</ETag><ChecksumCRC32C>{}</ChecksumCRC32C></Part>",
+            i + 1,
+            base64(&crc.to_be_bytes())
+        ));
+    }
+    xml.push_str("</CompleteMultipartUpload>");
+    let url = format!("{}?uploadId={}", object_url(inner, path), encode(upload_id));
+    let (status, _, body) = send_own(inner, "POST", &url, &[], Bytes::from(xml), key, Operation::Commit).await?;
+    let text = String::from_utf8_lossy(&body);
+    if status != 200 || text.contains("<Error>") {
+        return Err(answer_error(inner, status, &body, path, key, Operation::Commit));
+    }
+    Ok(elements(&text, "ChecksumCRC32C").first().map(|s| unescape(s)))
+}
+
+/// The checksum S3 gives an object uploaded in parts with CRC-32C checksums: the CRC-32C of
+/// the parts' CRC-32Cs (big-endian, concatenated), base64, `-` the number of parts.
+pub(crate) fn composite_crc32c(crcs: &[u32]) -> String {
+    let bytes: Vec<u8> = crcs.iter().flat_map(|c| c.to_be_bytes()).collect();
+    format!("{}-{}", base64(&crc32c::crc32c(&bytes).to_be_bytes()), crcs.len())
+}
+
+/// Sends `data` as part `idx` (0-based) of upload `upload_id` (`Some`, an upload from
+/// [`create_checked`]), or as the whole object (`None`: a PutObject), with its CRC-32C in a
+/// signed `x-amz-checksum-crc32c` header (the body signed or not as [`send_own`] says).
+/// Returns the part's ETag and whether the server answered with the same checksum (a server
+/// that checks part checksums does; one that ignores them does not). A body the server
+/// refuses as not matching (`BadDigest`) is a temporary `Corrupt` error: sent again, it may
+/// arrive whole.
+pub(crate) async fn put_checked(
+    inner: &Inner,
+    path: &Path,
+    part: Option<(&str, usize)>,
+    data: Bytes,
+    crc: u32,
+    key: &str,
+    op: Operation,
+) -> Result<(PartId, bool)> {
+    let url = match part {
+        Some((id, idx)) => format!("{}?partNumber={}&uploadId={}", object_url(inner, path), idx + 1, encode(id)),
+        None => object_url(inner, path),
+    };
+    let sum = base64(&crc.to_be_bytes());
+    let (status, headers, body) =
+        send_own(inner, "PUT", &url, &[("x-amz-checksum-crc32c", sum.clone())], data, key, op).await?;
+    if !(200..300).contains(&status) {
+        return Err(answer_error(inner, status, &body, path, key, op));
+    }
+    let Some(etag) = headers.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string) else {
+        return Err(Error::new(ErrorKind::Io, format!("PUT {url}: the answer has no ETag"))
+            .set_temporary(true)
+            .context(op, key, &inner.cfg.name));
+    };
+    let echoed = headers.get("x-amz-checksum-crc32c").and_then(|v| v.to_str().ok());
+    Ok((PartId { content_id: etag }, echoed == Some(sum.as_str())))
 }
 
 /// Whether the server checks part checksums: sends one small part with a wrong
@@ -370,12 +499,7 @@ pub(crate) async fn server_checks_parts(inner: &Arc<Inner>) -> Result<bool> {
                 let path = Path::parse(format!("{}{MARKER_DIR}/checksum-probe-{}", me.root, std::process::id()))
                     .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("probe path: {e}")))?;
                 let key = "(part checksum probe)";
-                let id = me
-                    .retry
-                    .run(|| async {
-                        me.store.create_multipart(&path).await.map_err(|e| me.err(e, Operation::Write, key))
-                    })
-                    .await?;
+                let id = me.retry.run(|| create_checked(&me, &path, key)).await?;
                 // Live: a recovery running meanwhile leaves it alone.
                 live_set().lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
                 let body = Bytes::from_static(b"ringtier: does this server check part checksums?");

@@ -30,6 +30,8 @@ struct Upload {
     in_flight: FuturesUnordered<PartTask>,
     /// Parts whose stored checksum the server did not confirm.
     unconfirmed: usize,
+    /// Every part's CRC-32C, in order (named in the completion of a checksummed upload).
+    crcs: Vec<u32>,
 }
 
 /// A staged S3 object. Bytes are written in order into a part buffer; each full part
@@ -137,8 +139,14 @@ impl S3Writer {
             // Asked once per tier: whether a confirmed checksum proves anything here.
             self.confirmed &= uploads::server_checks_parts(&self.inner).await?;
         }
-        let live = uploads::start(&self.inner, &self.path, &self.key).await?;
-        self.upload = Some(Upload { live, parts: Vec::new(), in_flight: FuturesUnordered::new(), unconfirmed: 0 });
+        let live = uploads::start(&self.inner, &self.path, &self.key, self.checksums()).await?;
+        self.upload = Some(Upload {
+            live,
+            parts: Vec::new(),
+            in_flight: FuturesUnordered::new(),
+            unconfirmed: 0,
+            crcs: Vec::new(),
+        });
         Ok(())
     }
 
@@ -182,6 +190,7 @@ impl S3Writer {
         self.crc = crc32c::crc32c_combine(self.crc, part_crc, data.len());
         let idx = up.parts.len();
         up.parts.push(None);
+        up.crcs.push(part_crc);
         let inner = Arc::clone(&self.inner);
         let path = self.path.clone();
         let id = up.live.id().to_string();
@@ -298,7 +307,8 @@ impl S3Writer {
                 return Err(self.err(ErrorKind::Io, "a part of the upload has no result", Operation::Commit));
             }
             self.confirmed &= up.unconfirmed == 0;
-            uploads::complete(&self.inner, &self.path, &self.key, &up.live, parts, size).await?;
+            let crcs = (self.inner.cfg.verify == UploadVerify::Checksums).then(|| up.crcs.clone());
+            uploads::complete(&self.inner, &self.path, &self.key, &up.live, parts, crcs, size).await?;
         }
         if let Some(up) = self.upload.take() {
             up.live.finish(&self.inner).await;

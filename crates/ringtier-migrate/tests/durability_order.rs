@@ -29,7 +29,7 @@ use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 const CHILD_ENV: &str = "RINGTIER_DURABILITY_CHILD";
 const MARKER: &str = "ringtier-durability-marker";
-/// Parts the traced child's saves write at once, where set (default: the store's).
+/// Parts the traced child's saves write at once, where set (default: all of them).
 const LANES_ENV: &str = "RINGTIER_DURABILITY_SAVE_PARALLELISM";
 /// Parts of every checkpoint: several 64 KiB chunks with an unaligned tail, an empty part,
 /// a small one.
@@ -82,11 +82,11 @@ fn traced_child() {
             t.push(open_tier(&kind, &base.join("slow"), "slow"));
         }
         let mut cfg = StoreConfig::default().with_chunk_bytes(64 << 10).with_keep_last(0);
-        // The store's default writes several parts at once; the perf check asks for one at a
-        // time (it pairs each rename with the ring fsyncs since the previous one).
-        if let Some(n) = std::env::var(LANES_ENV).ok().and_then(|v| v.parse().ok()) {
-            cfg = cfg.with_save_parallelism(n);
-        }
+        // Every part at once, so that the strace checks see concurrent commits (a directory
+        // created by one part while another renames into it); the perf check asks for one at
+        // a time (it pairs each rename with the ring fsyncs since the previous one).
+        let lanes = std::env::var(LANES_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(PARTS.len());
+        cfg = cfg.with_save_parallelism(lanes);
         let store = CheckpointStore::open(t, cfg).await.expect("open");
         for step in STEPS {
             let data: Vec<Vec<u8>> = PARTS.iter().enumerate().map(|(i, (_, n))| part_bytes(step, i, *n)).collect();

@@ -178,8 +178,8 @@ const STAGING_GRANULE: usize = 2 << 20;
 #[pymethods]
 impl CheckpointStore {
     #[new]
-    #[pyo3(signature = (tiers, *, prefix="ckpt".to_string(), chunk_bytes=8<<20, keep_last=2, drain_concurrency=1,
-        drain_bytes_per_sec=None, fast_capacity_bytes=None, on_full="wait", engine="uring", read_only=false,
+    #[pyo3(signature = (tiers, *, prefix="ckpt".to_string(), chunk_bytes=32<<20, keep_last=2, drain_concurrency=1,
+        save_parallelism=1, drain_bytes_per_sec=None, fast_capacity_bytes=None, on_full="wait", engine="uring", read_only=false,
         create=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -189,6 +189,7 @@ impl CheckpointStore {
         chunk_bytes: usize,
         keep_last: usize,
         drain_concurrency: usize,
+        save_parallelism: usize,
         drain_bytes_per_sec: Option<u64>,
         fast_capacity_bytes: Option<u64>,
         on_full: &str,
@@ -226,6 +227,7 @@ impl CheckpointStore {
             .with_chunk_bytes(chunk_bytes)
             .with_keep_last(keep_last)
             .with_drain_concurrency(drain_concurrency)
+            .with_save_parallelism(save_parallelism)
             .with_drain_bytes_per_sec(drain_bytes_per_sec)
             .with_fast_capacity_bytes(fast_capacity_bytes)
             .with_on_full(on_full);

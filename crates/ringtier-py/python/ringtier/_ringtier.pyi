@@ -282,6 +282,7 @@ class CheckpointStore:
         chunk_bytes: int = ...,
         keep_last: int = 2,
         drain_concurrency: int = 1,
+        save_parallelism: int = 1,
         drain_bytes_per_sec: Optional[int] = None,
         fast_capacity_bytes: Optional[int] = None,
         on_full: str = "wait",

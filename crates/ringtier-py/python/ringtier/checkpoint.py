@@ -28,6 +28,8 @@ class CheckpointStore:
         chunk_bytes: bytes per write and per drain copy.
         keep_last: committed checkpoints kept on each faster tier once drained.
         drain_concurrency: checkpoints drained at once.
+        save_parallelism: parts (tensors) a save writes at once, each with one write in flight
+            while its next chunk is copied (memory: two ``chunk_bytes`` buffers per part).
         drain_bytes_per_sec: cap on the drain's bandwidth (None: no cap).
         fast_capacity_bytes: bytes of checkpoints the fast tier may hold (None: its free space).
         on_full: ``"wait"`` for the drain to make room, or ``"write_through"`` to the next tier.
@@ -44,9 +46,10 @@ class CheckpointStore:
         tiers: Sequence[PathLike],
         *,
         prefix: str = "ckpt",
-        chunk_bytes: int = 8 << 20,
+        chunk_bytes: int = 32 << 20,
         keep_last: int = 2,
         drain_concurrency: int = 1,
+        save_parallelism: int = 1,
         drain_bytes_per_sec: Optional[int] = None,
         fast_capacity_bytes: Optional[int] = None,
         on_full: str = "wait",
@@ -62,6 +65,7 @@ class CheckpointStore:
             chunk_bytes=chunk_bytes,
             keep_last=keep_last,
             drain_concurrency=drain_concurrency,
+            save_parallelism=save_parallelism,
             drain_bytes_per_sec=drain_bytes_per_sec,
             fast_capacity_bytes=fast_capacity_bytes,
             on_full=on_full,

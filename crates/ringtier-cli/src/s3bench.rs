@@ -562,12 +562,24 @@ const DRAIN_UNSIGNED: [DrainVariant; 2] = [
 /// Reads every key through `tier` in batches of `depth` requests (one batch in flight at a
 /// time, each of its requests concurrent): returns bytes read.
 async fn read_all(tier: &dyn Tier, keys: &[String], size: usize, depth: usize) -> Result<u64> {
-    let mut total = 0u64;
     let mut bufs: Vec<AlignedBuf> =
         (0..depth).map(|_| AlignedBuf::new(size + 4096, 4096)).collect::<ringtier_core::Result<_>>()?;
+    let objects: Vec<(&str, usize)> = keys.iter().map(|k| (k.as_str(), size)).collect();
+    read_batches(tier, &objects, depth, &mut bufs).await
+}
+
+/// Reads `objects` (key, bytes) through `tier`, `depth` requests per batch (one batch in
+/// flight at a time), into `bufs` (at least `depth` buffers, each large enough): bytes read.
+pub(crate) async fn read_batches(
+    tier: &dyn Tier,
+    objects: &[(&str, usize)],
+    depth: usize,
+    bufs: &mut Vec<AlignedBuf>,
+) -> Result<u64> {
+    let mut total = 0u64;
     let mut batch = ReadBatch::with_capacity(depth, depth * 64);
-    for chunk in keys.chunks(depth) {
-        for k in chunk {
+    for chunk in objects.chunks(depth) {
+        for &(k, size) in chunk {
             let Some(b) = bufs.pop() else { bail!("buffer pool empty") };
             batch.push(k, 0, size, b);
         }
@@ -874,24 +886,8 @@ fn sweep_tier(
             let mut bufs: Vec<AlignedBuf> =
                 (0..depth).map(|_| AlignedBuf::new(max + 4096, 4096)).collect::<ringtier_core::Result<_>>()?;
             let mut pass = |keys: &[usize]| -> Result<u64> {
-                rt.block_on(async {
-                    let mut total = 0u64;
-                    let mut batch = ReadBatch::with_capacity(depth, depth * 64);
-                    for chunk in keys.chunks(depth) {
-                        for &k in chunk {
-                            let Some(b) = bufs.pop() else { bail!("buffer pool empty") };
-                            batch.push(&objects[k].0, 0, objects[k].1, b);
-                        }
-                        batch = tier.read_batch(batch).await;
-                        for (key, _, res, buf) in batch.drain() {
-                            total += res.with_context(|| format!("reading {key}"))? as u64;
-                            if let Some(b) = buf {
-                                bufs.push(b);
-                            }
-                        }
-                    }
-                    Ok(total)
-                })
+                let wanted: Vec<(&str, usize)> = keys.iter().map(|&k| (objects[k].0.as_str(), objects[k].1)).collect();
+                rt.block_on(read_batches(tier.as_ref(), &wanted, depth, &mut bufs))
             };
             // Warm the connection pool (not measured).
             pass(&order[..depth.min(order.len())])?;

@@ -119,14 +119,21 @@ fn addr(endpoint: &str) -> SocketAddr {
     endpoint.trim_start_matches("http://").parse().expect("addr")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn injected_5xx_and_stalls_are_retried() {
-    let (_t, server, dir) = s3s("x").await;
+/// A fault proxy before `server` and a tier (prefix `prefix`, PART-sized parts, 1.5 s request
+/// timeout) that reaches the server through it.
+fn behind_proxy(server: &S3sFsServer, prefix: &str) -> (FaultProxy, S3Tier) {
     let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
-    let cfg = test_config(&proxy.endpoint(), "bkt", "flaky")
+    let cfg = test_config(&proxy.endpoint(), "bkt", prefix)
         .with_part_size(PART)
         .with_request_timeout(Duration::from_millis(1500));
     let tier = S3Tier::new(cfg).expect("tier");
+    (proxy, tier)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_5xx_and_stalls_are_retried() {
+    let (_t, server, dir) = s3s("x").await;
+    let (proxy, tier) = behind_proxy(&server, "flaky");
     let data = pattern(3, 2 * PART + 100);
     proxy.fail_next(3, Fault::Status(503));
     write_all(&tier, "obj", &data, 1 << 20).await.expect("write through 503s");
@@ -143,11 +150,7 @@ async fn throttled_and_stalled_parts_are_retried() {
     // 429 (throttling) and a stall past the request timeout, on the parts themselves (sent by
     // the tier's own checksummed UploadPart, not object_store's): retried, the object whole.
     let (_t, server, dir) = s3s("x").await;
-    let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
-    let cfg = test_config(&proxy.endpoint(), "bkt", "throttled")
-        .with_part_size(PART)
-        .with_request_timeout(Duration::from_millis(1500));
-    let tier = S3Tier::new(cfg).expect("tier");
+    let (proxy, tier) = behind_proxy(&server, "throttled");
     let data = pattern(12, 3 * PART + 5);
     proxy.fail_matching_n("partNumber=2&", Fault::Status(429), 2);
     proxy.fail_matching_n("partNumber=3&", Fault::Stall(Duration::from_secs(4)), 1);

@@ -459,7 +459,7 @@ async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, q: 
             if let Ok(buf) = &got {
                 let mut parser: Box<dyn Parser> = match inner.format {
                     RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(s, shard.size).at(off, off + len)),
-                    RecordFormat::WebDataset => Box::new(wds::WdsParser::new(s).at(off)),
+                    RecordFormat::WebDataset => Box::new(wds::WdsParser::new(s, shard.size).at(off, off + len)),
                 };
                 parser.feed(buf.as_slice(), &mut parsed);
                 parser.finish(&mut parsed);
@@ -900,7 +900,7 @@ async fn read_shards(inner: &Inner, shards: &[usize], out: &mut Out<'_>) -> Opti
         let shard = &inner.shards[index];
         let mut parser: Box<dyn Parser> = match inner.format {
             RecordFormat::TfRecord => Box::new(tfrecord::TfRecordParser::new(index, shard.size)),
-            RecordFormat::WebDataset => Box::new(wds::WdsParser::new(index)),
+            RecordFormat::WebDataset => Box::new(wds::WdsParser::new(index, shard.size)),
         };
         let mut fatal = false;
         while inflight.front().is_some_and(|p| p.0 == pos) {

@@ -99,7 +99,7 @@ fn webdataset_samples_group_fields_by_key() {
     assert_eq!(split_key("noext"), ("noext", ""));
     let (tar, want) = wds_shard(20);
     for piece in [1, 511, 512, 513, 4096, tar.len()] {
-        let out = parse_all(&mut wds::WdsParser::new(1), &tar, piece);
+        let out = parse_all(&mut wds::WdsParser::new(1, tar.len() as u64), &tar, piece);
         let got: Vec<_> = out.into_iter().map(|r| r.expect("sample")).collect();
         assert_eq!(got.len(), want.len(), "piece {piece}");
         for (r, (key, jpg, cls)) in got.iter().zip(&want) {
@@ -129,7 +129,7 @@ fn python_tarfile_shards_parse_too() {
     tar.extend_from_slice(&h);
     write_tar_member(&mut tar, "short-name-ignored.txt", b"hello");
     write_tar_end(&mut tar);
-    let out = parse_all(&mut wds::WdsParser::new(0), &tar, 100);
+    let out = parse_all(&mut wds::WdsParser::new(0, tar.len() as u64), &tar, 100);
     let r = out[0].as_ref().expect("sample");
     assert_eq!((r.key.as_str(), r.field("txt")), (long.trim_end_matches(".txt"), Some(&b"hello"[..])));
 }
@@ -147,12 +147,108 @@ fn corrupt_tar_headers_and_truncation_name_the_offset() {
     }
     let mut bad = tar.clone();
     bad[third + 10] ^= 0x20;
-    let out = parse_all(&mut wds::WdsParser::new(0), &bad, 1000);
+    let out = parse_all(&mut wds::WdsParser::new(0, bad.len() as u64), &bad, 1000);
     let e = out.last().expect("one").as_ref().expect_err("corrupt");
     assert!(e.fatal && e.offset == third as u64 && e.why.contains("corrupt tar header"), "{e:?}");
     assert_eq!(out.iter().filter(|r| r.is_ok()).count(), 1, "the first sample came through");
     assert_eq!(out[0].as_ref().expect("first").key, "class00/img00000");
     let cut = &tar[..tar.len() - 1024 - 100];
-    let out = parse_all(&mut wds::WdsParser::new(0), cut, 1000);
+    let out = parse_all(&mut wds::WdsParser::new(0, cut.len() as u64), cut, 1000);
     assert!(out.last().expect("one").as_ref().expect_err("cut").why.contains("truncated"));
+}
+
+/// A tar header block's checksum, recomputed after an edit.
+fn fix_tar_checksum(h: &mut [u8]) {
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h[..512].iter().map(|&b| u32::from(b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+}
+
+/// The GNU base-256 form of a tar size field.
+fn base256(v: u64) -> [u8; 12] {
+    let mut f = [0u8; 12];
+    f[4..].copy_from_slice(&v.to_be_bytes());
+    f[0] = 0x80;
+    f
+}
+
+#[test]
+fn hostile_tar_size_fields_are_errors_before_any_allocation() {
+    // Two samples; the third member's size field is replaced (its checksum kept valid).
+    let mut tar = Vec::new();
+    write_tar_member(&mut tar, "a.jpg", &[1; 700]);
+    write_tar_member(&mut tar, "a.cls", b"1");
+    let third = tar.len();
+    write_tar_member(&mut tar, "b.jpg", &[2; 600]);
+    write_tar_end(&mut tar);
+    let mut past_64_bits = [0x80u8; 12];
+    past_64_bits[1] = 0x7f;
+    let cases: Vec<([u8; 12], &str)> = vec![
+        (base256(1 << 40), "declares 1099511627776 bytes"),
+        (base256(i64::MAX as u64), "declares 9223372036854775807 bytes"),
+        (base256(u64::MAX), "declares 18446744073709551615 bytes"),
+        ([0xff; 12], "corrupt size field"),
+        (past_64_bits, "corrupt size field"),
+        (*b"77777777777\0", "declares 8589934591 bytes"),
+        (*b"+0000000010\0", "corrupt size field"),
+        (*b"12x4\0\0\0\0\0\0\0\0", "corrupt size field"),
+    ];
+    for (field, want) in cases {
+        let mut bad = tar.clone();
+        bad[third + 124..third + 136].copy_from_slice(&field);
+        fix_tar_checksum(&mut bad[third..third + 512]);
+        for piece in [1, 512, 4096] {
+            let out = parse_all(&mut wds::WdsParser::new(0, bad.len() as u64), &bad, piece);
+            let e = out.last().expect("one").as_ref().expect_err(want);
+            assert!(e.fatal && e.offset == third as u64, "{field:?}: {e:?}");
+            assert!(e.why.contains(want) && e.why.contains("\"b.jpg\""), "{field:?}: {e:?}");
+            let keys: Vec<_> = out.iter().flatten().map(|r| r.key.as_str()).collect();
+            assert_eq!(keys, ["a"], "the sample before came through");
+        }
+        // Read through an index: the member may not claim past the indexed span either.
+        let mut p = wds::WdsParser::new(0, bad.len() as u64).at(third as u64, third as u64 + 1536);
+        let out = parse_all(&mut p, &bad[third..third + 1536], 1536);
+        assert!(out.last().expect("one").as_ref().is_err(), "{field:?}: {out:?}");
+    }
+    // A base-256 size that fits is read: 600 bytes.
+    let mut ok = tar.clone();
+    ok[third + 124..third + 136].copy_from_slice(&base256(600));
+    fix_tar_checksum(&mut ok[third..third + 512]);
+    let out = parse_all(&mut wds::WdsParser::new(0, ok.len() as u64), &ok, 4096);
+    assert_eq!(out.iter().flatten().count(), 2, "{out:?}");
+}
+
+#[test]
+fn oversized_pax_and_long_name_headers_are_errors() {
+    for flag in [b'x', b'L'] {
+        let mut tar = Vec::new();
+        let meta = vec![b'a'; wds::MAX_META_BYTES as usize + 1];
+        write_tar_member(&mut tar, "././@LongLink", &meta);
+        tar[156] = flag;
+        fix_tar_checksum(&mut tar[..512]);
+        write_tar_member(&mut tar, "x.txt", b"hello");
+        write_tar_end(&mut tar);
+        let out = parse_all(&mut wds::WdsParser::new(0, tar.len() as u64), &tar, 1 << 16);
+        let e = out.last().expect("one").as_ref().expect_err("too large");
+        assert!(e.fatal && e.offset == 0 && e.why.contains("long-name or pax header"), "{e:?}");
+    }
+}
+
+#[test]
+fn tfrecord_lengths_past_the_shard_are_errors() {
+    let mut good = Vec::new();
+    write_tfrecord(&mut good, b"first");
+    for (len, tail) in [(1u64 << 60, 64usize), (u64::MAX, 8), (101, 100), (97, 100)] {
+        let mut shard = good.clone();
+        let l = len.to_le_bytes();
+        shard.extend_from_slice(&l);
+        shard.extend_from_slice(&masked_crc32c(&l).to_le_bytes());
+        shard.extend(std::iter::repeat_n(0u8, tail));
+        for piece in [1, 13, 4096] {
+            let out = parse_all(&mut tfrecord::TfRecordParser::new(0, shard.len() as u64), &shard, piece);
+            assert_eq!(out.iter().flatten().count(), 1, "the record before came through");
+            let e = out.last().expect("one").as_ref().expect_err("truncated");
+            assert!(e.fatal && e.offset == good.len() as u64 && e.why.contains("truncated"), "{len}: {e:?}");
+        }
+    }
 }

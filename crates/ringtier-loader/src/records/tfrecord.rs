@@ -101,7 +101,7 @@ impl Parser for TfRecordParser {
                         out.push(Err(e));
                         return;
                     }
-                    let left = self.size.saturating_sub(self.start + HEADER as u64 + FOOTER as u64);
+                    let left = self.size.saturating_sub(self.start.saturating_add((HEADER + FOOTER) as u64));
                     if len > left {
                         let start = self.start;
                         let e = self.err(
@@ -112,7 +112,16 @@ impl Parser for TfRecordParser {
                         out.push(Err(e));
                         return;
                     }
-                    self.state = State::Data { data: Vec::with_capacity(len as usize), len: len as usize };
+                    // `len` fits the bytes left in the shard: they exist, so may be allocated
+                    // (where memory allows; a failed allocation is an error, not an abort).
+                    let mut data = Vec::new();
+                    let Some(n) = usize::try_from(len).ok().filter(|&n| data.try_reserve_exact(n).is_ok()) else {
+                        let start = self.start;
+                        let e = self.err(start, true, format!("cannot allocate {len} bytes for a record"));
+                        out.push(Err(e));
+                        return;
+                    };
+                    self.state = State::Data { data, len: n };
                 }
                 State::Data { data, len } => {
                     let n = (*len - data.len()).min(chunk.len());

@@ -8,6 +8,10 @@ use super::{Field, Parser, Record, RecordError};
 
 const BLOCK: usize = 512;
 
+/// The most bytes of a GNU long-name or pax extended header read into memory: these hold a
+/// path and a few attributes, never data.
+pub(crate) const MAX_META_BYTES: u64 = 1 << 20;
+
 /// Splits a tar member's path into (sample key, field name) as the `webdataset` package does.
 pub fn split_key(path: &str) -> (&str, &str) {
     let base = path.rfind('/').map_or(0, |i| i + 1);
@@ -17,10 +21,16 @@ pub fn split_key(path: &str) -> (&str, &str) {
     }
 }
 
+/// A numeric field of a tar header: octal digits (padded with spaces or NULs), or GNU
+/// base-256 for large values (first byte 0x80; 0xff, a negative number, is refused, as is a
+/// value past 64 bits). `None` for anything else.
 fn octal(field: &[u8]) -> Option<u64> {
-    // GNU base-256 for large sizes.
     if field.first().is_some_and(|b| b & 0x80 != 0) {
-        let mut v: u64 = u64::from(field[0] & 0x7f);
+        // Two's complement after the marker bit: bit 6 of the first byte is the sign.
+        if field[0] & 0x40 != 0 {
+            return None;
+        }
+        let mut v: u64 = u64::from(field[0] & 0x3f);
         for &b in &field[1..] {
             v = v.checked_mul(256)?.checked_add(u64::from(b))?;
         }
@@ -30,6 +40,10 @@ fn octal(field: &[u8]) -> Option<u64> {
     let s = s.trim_matches(|c: char| c == '\0' || c == ' ');
     if s.is_empty() {
         return Some(0);
+    }
+    // Digits only (`from_str_radix` would also take a sign).
+    if !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return None;
     }
     u64::from_str_radix(s, 8).ok()
 }
@@ -100,12 +114,15 @@ enum Kind {
 /// An incremental WebDataset tar parser over a shard's bytes, fed in pieces of any size.
 pub(crate) struct WdsParser {
     shard: usize,
+    /// Offset of the next byte fed.
     pos: u64,
+    /// Offset of the end of what is parsed (the shard's size): no member may claim more.
+    end: u64,
     hdr: Box<[u8; BLOCK]>,
     state: State,
     /// Offset of the current member's header.
     member_start: u64,
-    /// Path of the current member.
+    /// Path of the current member (for a file member, the long name or pax path before it).
     path: String,
     /// A GNU long name or pax `path` for the next member.
     next_path: Option<String>,
@@ -117,11 +134,12 @@ pub(crate) struct WdsParser {
 }
 
 impl WdsParser {
-    /// A parser for shard number `shard`.
-    pub(crate) fn new(shard: usize) -> Self {
+    /// A parser for shard number `shard` of `size` bytes.
+    pub(crate) fn new(shard: usize, size: u64) -> Self {
         WdsParser {
             shard,
             pos: 0,
+            end: size,
             hdr: Box::new([0; BLOCK]),
             state: State::Header { have: 0 },
             member_start: 0,
@@ -132,9 +150,10 @@ impl WdsParser {
         }
     }
 
-    /// A parser of the bytes from `offset` of a shard (one indexed sample).
-    pub(crate) fn at(mut self, offset: u64) -> Self {
+    /// A parser of the bytes `offset..end` of a shard (one indexed sample).
+    pub(crate) fn at(mut self, offset: u64, end: u64) -> Self {
         self.pos = offset;
+        self.end = end;
         self
     }
 
@@ -161,13 +180,16 @@ impl WdsParser {
         let sum: u64 =
             h.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
         if stored != Some(sum) {
-            let start = self.member_start;
-            return Some(self.fatal(start, format!("corrupt tar header (checksum {stored:?}, computed {sum})")));
+            let (start, name) = (self.member_start, cstr(&h[..100]));
+            return Some(
+                self.fatal(
+                    start,
+                    format!("corrupt tar header of member {name:?} (checksum {stored:?}, computed {sum})"),
+                ),
+            );
         }
-        let Some(size) = octal(&h[124..136]) else {
-            let start = self.member_start;
-            return Some(self.fatal(start, "corrupt tar header (bad size field)".into()));
-        };
+        let raw_size: [u8; 12] = std::array::from_fn(|i| h[124 + i]);
+        let size = octal(&raw_size);
         let typeflag = h[156];
         let mut path = cstr(&h[..100]);
         if &h[257..262] == b"ustar" {
@@ -185,20 +207,48 @@ impl WdsParser {
         if kind == Kind::File {
             self.path = self.next_path.take().unwrap_or(path);
             // A member of another key: the sample so far is whole, delivered now (not lost
-            // should this member turn out truncated).
+            // should this member turn out truncated or corrupt).
             if self.sample.as_ref().is_some_and(|(k, ..)| k != split_key(&self.path).0) {
                 self.flush(out);
             }
-        } else if kind != Kind::Skip && self.sample_start.is_none() {
-            self.sample_start = Some(self.member_start);
+        } else {
+            self.path = path;
+            if kind != Kind::Skip && self.sample_start.is_none() {
+                self.sample_start = Some(self.member_start);
+            }
         }
-        let pad = (size.next_multiple_of(BLOCK as u64) - size) as usize;
-        let keep = kind != Kind::Skip;
-        if keep && size > 1 << 40 {
+        // The size is bounded by the bytes left before anything is allocated for it.
+        let left = self.end.saturating_sub(self.pos);
+        let why = match size {
+            None => Some(format!("tar member {:?}: corrupt size field {raw_size:?}", self.path)),
+            Some(size) if size > left => Some(format!(
+                "truncated tar member {:?}: it declares {size} bytes, but only {left} bytes are left in the shard",
+                self.path
+            )),
+            Some(size) if matches!(kind, Kind::LongName | Kind::Pax) && size > MAX_META_BYTES => Some(format!(
+                "tar member {:?}: a long-name or pax header of {size} bytes (at most {MAX_META_BYTES})",
+                self.path
+            )),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
             let start = self.member_start;
-            return Some(self.fatal(start, format!("corrupt tar header (member size {size})")));
+            return Some(self.fatal(start, why));
         }
-        let data = keep.then(|| Vec::with_capacity(size as usize));
+        let size = size.unwrap_or(0);
+        let pad = (size.next_multiple_of(BLOCK as u64) - size) as usize;
+        let data = if kind == Kind::Skip {
+            None
+        } else {
+            let mut v = Vec::new();
+            if usize::try_from(size).map_or(true, |n| v.try_reserve_exact(n).is_err()) {
+                let start = self.member_start;
+                return Some(
+                    self.fatal(start, format!("tar member {:?}: cannot allocate {size} bytes for it", self.path)),
+                );
+            }
+            Some(v)
+        };
         self.state = State::Data { data, left: size, pad, kind };
         None
     }
@@ -298,9 +348,15 @@ impl Parser for WdsParser {
         match &self.state {
             State::Header { have: 0 } | State::Ended => self.flush(out),
             State::Stopped => {}
-            State::Header { .. } | State::Data { .. } => {
+            State::Header { .. } => {
                 let start = self.member_start;
-                let e = self.fatal(start, "truncated tar member at the end of the shard".into());
+                let e = self.fatal(start, "truncated tar header at the end of the shard".into());
+                out.push(Err(e));
+            }
+            State::Data { .. } => {
+                let start = self.member_start;
+                let why = format!("truncated tar member {:?} at the end of the shard", self.path);
+                let e = self.fatal(start, why);
                 out.push(Err(e));
             }
         }

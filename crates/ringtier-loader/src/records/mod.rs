@@ -30,7 +30,7 @@ mod index;
 mod tfrecord;
 mod wds;
 
-pub use index::RecordIndex;
+pub use index::{RecordIndex, MAX_INDEX_BYTES, MAX_INDEX_LINE_BYTES};
 
 use std::fmt;
 use std::sync::Arc;

@@ -79,6 +79,15 @@ pub struct S3Config {
     /// every other request is signed; `Some(true)`: every request unsigned; `Some(false)`:
     /// every request signed (the checksummed parts too: then they carry both).
     pub unsigned_payload: Option<bool>,
+    /// How long a writer's lease on the prefix ([`Tier::lock`](ringtier_core::Tier::lock))
+    /// lives without being renewed before another writer may take it over; default 60 s, at
+    /// least 1 s. The holder renews it every quarter of this. See docs/S3.md, "One writer per
+    /// prefix".
+    pub lease_timeout: Duration,
+    /// Largest body of an S3 answer this crate reads into memory itself (XML listings and
+    /// errors, leases, upload markers); default 8 MiB, at least 64 KiB. A longer answer is an
+    /// error, never an allocation.
+    pub max_xml_bytes: usize,
 }
 
 /// How an upload is checked as stored (every part's bytes) before its commit returns.
@@ -155,6 +164,8 @@ impl fmt::Debug for S3Config {
             .field("checksum", &self.checksum)
             .field("verify", &self.verify)
             .field("unsigned_payload", &self.unsigned_payload)
+            .field("lease_timeout", &self.lease_timeout)
+            .field("max_xml_bytes", &self.max_xml_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -186,12 +197,14 @@ impl S3Config {
             checksum: UploadChecksum::None,
             verify: UploadVerify::Checksums,
             unsigned_payload: None,
+            lease_timeout: Duration::from_secs(60),
+            max_xml_bytes: 8 << 20,
         }
     }
 
     /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`), with optional
     /// settings after `?`, `&`-separated: `endpoint=URL`, `region=R`, `part_size=BYTES`,
-    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=checksums|readback|off` (`1`, `0`), `unsigned_payload=0|1` (credentials
+    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=checksums|readback|off` (`1`, `0`), `unsigned_payload=0|1`, `lease_timeout=SECONDS` (credentials
     /// come from the environment only, never from a URL). For example
     /// `s3://ckpt/run1?endpoint=http://127.0.0.1:9000&region=us-east-1`.
     pub fn from_url(url: &str) -> Result<Self> {
@@ -224,9 +237,10 @@ impl S3Config {
                     })?
                 }
                 "unsigned_payload" => cfg.unsigned_payload = Some(v != "0"),
+                "lease_timeout" => cfg.lease_timeout = Duration::from_secs(num(v)? as u64),
                 _ => {
                     return Err(bad(format!(
-                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify, unsigned_payload)"
+                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify, unsigned_payload, lease_timeout)"
                     )))
                 }
             }
@@ -359,13 +373,28 @@ impl S3Config {
         self
     }
 
+    /// Sets how long an unrenewed lease on the prefix lives (see
+    /// [`lease_timeout`](Self::lease_timeout)).
+    pub fn with_lease_timeout(mut self, timeout: Duration) -> Self {
+        self.lease_timeout = timeout;
+        self
+    }
+
+    /// Sets the largest answer body read into memory (see
+    /// [`max_xml_bytes`](Self::max_xml_bytes)).
+    pub fn with_max_xml_bytes(mut self, bytes: usize) -> Self {
+        self.max_xml_bytes = bytes;
+        self
+    }
+
     /// Names the tier (errors, metrics).
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
 
-    /// Checks the numbers: part size at least 5 MiB, concurrencies and threads at least 1.
+    /// Checks the numbers: part size at least 5 MiB, concurrencies and threads at least 1,
+    /// lease timeout at least 1 s, answer cap at least 64 KiB.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::new(ErrorKind::InvalidInput, m));
         if self.bucket.is_empty() {
@@ -376,6 +405,15 @@ impl S3Config {
         }
         if self.upload_concurrency == 0 || self.read_concurrency == 0 || self.io_threads == 0 {
             return bad("upload concurrency, read concurrency and I/O threads must be at least 1".into());
+        }
+        if self.lease_timeout < Duration::from_secs(1) {
+            return bad(format!(
+                "lease timeout {:?} is below 1 s (S3 times objects to the second)",
+                self.lease_timeout
+            ));
+        }
+        if self.max_xml_bytes < 64 << 10 {
+            return bad(format!("max_xml_bytes {} is below 64 KiB", self.max_xml_bytes));
         }
         Ok(())
     }

@@ -2,10 +2,12 @@
 
 mod config;
 mod error;
+mod lease;
 mod parts;
 mod tier;
 mod uploads;
 mod writer;
+mod xml;
 
 pub use config::{S3Config, UploadChecksum, UploadVerify, MAX_PARTS, MIN_PART_SIZE};
 pub use tier::S3Tier;
@@ -15,9 +17,14 @@ use ringtier_core::Result;
 
 impl S3Tier {
     /// Aborts every multipart upload under the tier's prefix that no writer of this process
-    /// owns: those a killed process left behind. Run it on open, before writing (the
-    /// checkpoint store does). Found through the tier's upload markers and, where the server
-    /// implements it, `ListMultipartUploads`.
+    /// owns: those a killed process left behind. Run it on open, before writing, while
+    /// holding the prefix's lease (the checkpoint store does, through [`Tier::lock`]).
+    /// Found through the tier's upload markers and, where the server implements it,
+    /// `ListMultipartUploads`; only uploads under the prefix are ever aborted. A tier without
+    /// a prefix is refused (`InvalidInput`): its recovery would abort every upload in the
+    /// bucket, other tools' included.
+    ///
+    /// [`Tier::lock`]: ringtier_core::Tier::lock
     pub async fn recover_uploads(&self) -> Result<UploadRecovery> {
         uploads::recover(&self.inner).await
     }
@@ -38,3 +45,46 @@ impl S3Tier {
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+/// The parsers of what S3 servers send that this crate reads itself, for fuzz targets
+/// (`fuzz/fuzz_targets/s3_xml.rs`). Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::lease::LeaseRecord;
+    pub use crate::xml::{UploadsPage, XmlError};
+
+    /// A ListMultipartUploads answer, bounded (see `xml.rs`).
+    pub fn parse_uploads_page(body: &[u8]) -> Result<UploadsPage, XmlError> {
+        crate::xml::parse_uploads_page(body)
+    }
+
+    /// The upload id of a CreateMultipartUpload answer.
+    pub fn parse_upload_id(body: &[u8]) -> Result<Option<String>, XmlError> {
+        crate::xml::parse_upload_id(body)
+    }
+
+    /// Whether a CompleteMultipartUpload answer is an error, and its object checksum.
+    pub fn parse_complete(body: &[u8]) -> Result<(bool, Option<String>), XmlError> {
+        crate::xml::parse_complete(body)
+    }
+
+    /// `Code` and `Message` of an error answer.
+    pub fn parse_error(body: &[u8]) -> (String, String) {
+        crate::xml::parse_error(body)
+    }
+
+    /// An upload marker's object path and upload id.
+    pub fn parse_marker(body: &[u8]) -> Option<(String, String)> {
+        crate::xml::parse_marker(body)
+    }
+
+    /// A lease object's body.
+    pub fn parse_lease(body: &[u8]) -> Option<LeaseRecord> {
+        crate::lease::parse_lease(body)
+    }
+
+    /// An HTTP date (`Date`, `Last-Modified`) as seconds since the epoch.
+    pub fn parse_http_date(s: &str) -> Option<u64> {
+        crate::lease::parse_http_date(s)
+    }
+}

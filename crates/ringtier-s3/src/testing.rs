@@ -58,6 +58,7 @@ impl S3sFsServer {
             inner: fs,
             check: part_checksums,
             root: root.to_path_buf(),
+            conditional: tokio::sync::Mutex::new(()),
         });
         b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
@@ -435,7 +436,9 @@ pub fn forget_live_uploads() {
     crate::uploads::forget_live_uploads();
 }
 
-/// s3s-fs with AWS S3's check of UploadPart checksums: a part whose body does not match its
+/// s3s-fs with AWS S3's conditional writes made atomic (`If-None-Match: *` and `If-Match`
+/// on PutObject, `If-Match` on DeleteObject, which s3s-fs 0.14 ignores) and with AWS S3's
+/// check of UploadPart checksums: a part whose body does not match its
 /// `x-amz-checksum-crc32|crc32c|sha1|sha256|crc64nvme` header is refused with `BadDigest`
 /// (400), and an accepted part's response carries the checksum the server computed, as AWS
 /// does; as AWS, a part checksum of a kind the upload was not created with
@@ -452,6 +455,11 @@ pub struct PartChecksumFs {
     /// Kept in files under the server's root (`.checksum-algorithm-UPLOAD_ID`), so a
     /// restarted server knows them, as s3s-fs keeps its uploads.
     root: PathBuf,
+    /// Held across every conditional write (PutObject with `If-None-Match`/`If-Match`,
+    /// DeleteObject with `If-Match`): its check and its write are one step, as on AWS.
+    /// s3s-fs 0.14 checks the PutObject conditions, but apart from the write (two racing
+    /// `If-None-Match: *` creates can both succeed), and ignores `If-Match` on DeleteObject.
+    conditional: tokio::sync::Mutex<()>,
 }
 
 impl PartChecksumFs {
@@ -528,6 +536,59 @@ macro_rules! part_checksum_fs {
                     let _ = std::fs::remove_file(f);
                 }
                 Ok(resp)
+            }
+
+            async fn put_object(
+                &self,
+                req: s3s::S3Request<s3s::dto::PutObjectInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::PutObjectOutput>> {
+                if req.input.if_none_match.is_none() && req.input.if_match.is_none() {
+                    return self.inner.put_object(req).await;
+                }
+                // s3s-fs checks the conditions; held here, no other conditional write comes
+                // between its check and its write.
+                let _one = self.conditional.lock().await;
+                self.inner.put_object(req).await
+            }
+
+            async fn delete_object(
+                &self,
+                req: s3s::S3Request<s3s::dto::DeleteObjectInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::DeleteObjectOutput>> {
+                let Some(want) = req.input.if_match.clone() else {
+                    return self.inner.delete_object(req).await;
+                };
+                let _one = self.conditional.lock().await;
+                let head = s3s::S3Request {
+                    input: s3s::dto::HeadObjectInput::builder()
+                        .bucket(req.input.bucket.clone())
+                        .key(req.input.key.clone())
+                        .build()
+                        .map_err(|e| s3s::s3_error!(InternalError, "head input: {e}"))?,
+                    method: http::Method::HEAD,
+                    uri: req.uri.clone(),
+                    headers: http::HeaderMap::new(),
+                    extensions: http::Extensions::new(),
+                    credentials: req.credentials.clone(),
+                    region: req.region.clone(),
+                    service: req.service.clone(),
+                    trailing_headers: None,
+                };
+                // AWS: 412 when the object's ETag differs, 404 when there is no object.
+                let etag = match self.inner.head_object(head).await {
+                    Ok(r) => r.output.e_tag,
+                    Err(e) if *e.code() == s3s::S3ErrorCode::NoSuchKey => return Err(s3s::s3_error!(NoSuchKey)),
+                    Err(e) => return Err(e),
+                };
+                let matches = match (&want, &etag) {
+                    (s3s::dto::ETagCondition::Any, Some(_)) => true,
+                    (s3s::dto::ETagCondition::ETag(w), Some(have)) => have.strong_cmp(w),
+                    _ => false,
+                };
+                if !matches {
+                    return Err(s3s::s3_error!(PreconditionFailed, "At least one of the pre-conditions you specified did not hold"));
+                }
+                self.inner.delete_object(req).await
             }
 
             async fn upload_part(
@@ -615,7 +676,6 @@ part_checksum_fs!(
     create_bucket: CreateBucketInput => CreateBucketOutput,
     copy_object: CopyObjectInput => CopyObjectOutput,
     delete_bucket: DeleteBucketInput => DeleteBucketOutput,
-    delete_object: DeleteObjectInput => DeleteObjectOutput,
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput,
     get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput,
     get_object: GetObjectInput => GetObjectOutput,
@@ -624,7 +684,6 @@ part_checksum_fs!(
     list_buckets: ListBucketsInput => ListBucketsOutput,
     list_objects: ListObjectsInput => ListObjectsOutput,
     list_objects_v2: ListObjectsV2Input => ListObjectsV2Output,
-    put_object: PutObjectInput => PutObjectOutput,
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput,
     list_parts: ListPartsInput => ListPartsOutput,
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,

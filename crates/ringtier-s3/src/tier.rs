@@ -70,6 +70,9 @@ pub(crate) struct Inner {
     pub(crate) http: object_store::client::HttpClient,
     /// Whether the server refuses a part whose checksum does not match (probed once).
     pub(crate) part_checks: tokio::sync::OnceCell<bool>,
+    /// Leases of this tier lost to a take-over while their guard lives (lock name to why):
+    /// while any is, commits and deletes fail with `Busy`.
+    pub(crate) lost_leases: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Inner {
@@ -90,6 +93,16 @@ impl Inner {
         Path::parse(format!("{}{key}", self.root)).map_err(|e| {
             Error::new(ErrorKind::InvalidKey, format!("not a valid S3 object path: {e}")).with_tier(&self.cfg.name)
         })
+    }
+
+    /// `Busy` while a lease of this tier is lost (another writer took the prefix over).
+    pub(crate) fn check_lease(&self, op: Operation, key: &str) -> Result<()> {
+        let lost = self.lost_leases.lock().unwrap_or_else(|p| p.into_inner());
+        match lost.values().next() {
+            Some(why) => Err(Error::new(ErrorKind::Busy, format!("{why}: this writer no longer owns the prefix"))
+                .context(op, key, &self.cfg.name)),
+            None => Ok(()),
+        }
     }
 
     /// Maps an object_store error of `key` (bucket and key named in the message).
@@ -303,6 +316,7 @@ impl S3Tier {
             parts,
             http,
             part_checks: tokio::sync::OnceCell::new(),
+            lost_leases: std::sync::Mutex::default(),
             cfg,
         };
         Ok(S3Tier { inner: Arc::new(inner) })
@@ -365,6 +379,7 @@ impl S3Tier {
     /// Writes `data` as `key` with one PUT (no staging): for small objects and tests.
     pub async fn put_object(&self, key: &str, data: Bytes) -> Result<ObjectMeta> {
         validate_key(key).map_err(|e| e.context(Operation::Commit, key, &self.inner.cfg.name))?;
+        self.inner.check_lease(Operation::Commit, key)?;
         let path = self.inner.path(key)?;
         let inner = Arc::clone(&self.inner);
         let key = key.to_string();
@@ -391,9 +406,14 @@ impl Tier for S3Tier {
         Capabilities { durable: true, native_batch: true, ..Capabilities::default() }
     }
 
-    /// S3 has no locks (`Ok(None)`), but taking one is how a writer (a checkpoint store
-    /// opening) claims the tier: the multipart uploads a killed writer left under the prefix
-    /// are aborted here (see [`S3Tier::recover_uploads`]).
+    /// A lease on the prefix: the object `PREFIX/.ringtier-lease-NAME`, created with
+    /// `If-None-Match: *`, renewed every quarter of [`S3Config::lease_timeout`] while the
+    /// returned lock lives, deleted when it is dropped. A live lease held elsewhere is a
+    /// `Busy` error naming its holder; one not renewed for its timeout (on the server's clock)
+    /// is taken over, conditionally (`If-Match`). Once the lease is held, the multipart
+    /// uploads a killed writer left under the prefix are aborted (see
+    /// [`S3Tier::recover_uploads`]; refused for a tier without a prefix). docs/S3.md, "One
+    /// writer per prefix".
     async fn lock(&self, name: &str) -> Result<Option<ringtier_core::TierLock>> {
         validate_key(name).map_err(|e| e.context(Operation::Open, name, &self.inner.cfg.name))?;
         if name.contains('/') {
@@ -403,8 +423,11 @@ impl Tier for S3Tier {
                 &self.inner.cfg.name,
             ));
         }
+        // The lease first: a second writer must never abort the first one's uploads.
+        let lease = crate::lease::acquire(&self.inner, name).await?;
+        // On an error the lease is dropped, so released.
         self.recover_uploads().await?;
-        Ok(None)
+        Ok(Some(ringtier_core::TierLock::new(lease)))
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
@@ -465,6 +488,7 @@ impl Tier for S3Tier {
 
     async fn delete(&self, key: &str) -> Result<()> {
         validate_key(key).map_err(|e| e.context(Operation::Delete, key, &self.inner.cfg.name))?;
+        self.inner.check_lease(Operation::Delete, key)?;
         // S3 deletes of missing keys succeed; the contract says NotFound.
         self.inner.head(key, Operation::Delete).await?;
         let path = self.inner.path(key)?;

@@ -21,6 +21,11 @@ use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStore
 use ringtier_core::{Error, ErrorKind, Operation, Result};
 
 use crate::tier::Inner;
+use crate::xml;
+
+/// Most uploads one recovery lists (over all pages) before it gives up: a bound on what a
+/// server's answers can make it hold.
+const MAX_LISTED_UPLOADS: usize = 1_000_000;
 
 /// Marker directory (a reserved key component: never listed as an object).
 pub(crate) const MARKER_DIR: &str = ".ringtier-uploads";
@@ -327,7 +332,7 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
 }
 
 /// The URL of object `path` (path style at a configured endpoint, else virtual-hosted AWS).
-fn object_url(inner: &Inner, path: &Path) -> String {
+pub(crate) fn object_url(inner: &Inner, path: &Path) -> String {
     let key: Vec<String> = path.as_ref().split('/').map(encode).collect();
     format!("{}/{}", bucket_url(inner), key.join("/"))
 }
@@ -335,8 +340,9 @@ fn object_url(inner: &Inner, path: &Path) -> String {
 /// One request of our own (what object_store 0.14 cannot send: CRC-32C checksums), signed
 /// with the tier's credentials; the body is unsigned (`UNSIGNED-PAYLOAD`) unless
 /// [`S3Config::unsigned_payload`](crate::S3Config::unsigned_payload) is `Some(false)`.
-/// Returns the status, headers and body; a transport error is a temporary `Io` error.
-async fn send_own(
+/// Returns the status, headers and body (at most [`S3Config::max_xml_bytes`](crate::S3Config::max_xml_bytes): a longer one
+/// is an `Io` error, never read into memory); a transport error is a temporary `Io` error.
+pub(crate) async fn send_own(
     inner: &Inner,
     method: &str,
     url: &str,
@@ -365,23 +371,18 @@ async fn send_own(
         .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: {e}")).set_temporary(true))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .bytes()
+    let announced =
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let body = xml::read_capped(resp.into_body().bytes_stream(), announced, inner.cfg.max_xml_bytes)
         .await
-        .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: body: {e}")).set_temporary(true))?;
+        .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: {e}")).set_temporary(!e.contains("allowed")))?;
     Ok((status, headers, body))
 }
 
 /// The error for an S3 error answer (`status`, XML `body`) to a request on `path`.
 fn answer_error(inner: &Inner, status: u16, body: &[u8], path: &Path, key: &str, op: Operation) -> Error {
-    let body = String::from_utf8_lossy(body);
-    let code = elements(&body, "Code").first().map(|c| c.to_string()).unwrap_or_default();
-    let msg = format!(
-        "s3://{}/{path}: HTTP {status} {code}: {}",
-        inner.cfg.bucket,
-        elements(&body, "Message").first().copied().unwrap_or("")
-    );
+    let (code, message) = xml::parse_error(body);
+    let msg = format!("s3://{}/{path}: HTTP {status} {code}: {message}", inner.cfg.bucket);
     let fail = |kind: ErrorKind, m: String| Error::new(kind, m).context(op, key, &inner.cfg.name);
     match (status, code.as_str()) {
         (400, "BadDigest" | "InvalidDigest" | "XAmzContentSHA256Mismatch") => fail(
@@ -408,9 +409,15 @@ pub(crate) async fn create_checked(inner: &Inner, path: &Path, key: &str) -> Res
     let url = format!("{}?uploads=", object_url(inner, path));
     let headers = [("x-amz-checksum-algorithm", "CRC32C".to_string())];
     let (status, _, body) = send_own(inner, "POST", &url, &headers, Bytes::new(), key, Operation::Write).await?;
-    let text = String::from_utf8_lossy(&body);
-    match elements(&text, "UploadId").first() {
-        Some(id) if status == 200 => Ok(unescape(id)),
+    let id = xml::parse_upload_id(&body).map_err(|e| {
+        Error::new(ErrorKind::Io, format!("POST {url}: unreadable answer: {e}")).context(
+            Operation::Write,
+            key,
+            &inner.cfg.name,
+        )
+    })?;
+    match id {
+        Some(id) if status == 200 => Ok(id),
         _ => Err(answer_error(inner, status, &body, path, key, Operation::Write)),
     }
 }
@@ -436,11 +443,17 @@ async fn complete_checked(
     xml.push_str("</CompleteMultipartUpload>");
     let url = format!("{}?uploadId={}", object_url(inner, path), encode(upload_id));
     let (status, _, body) = send_own(inner, "POST", &url, &[], Bytes::from(xml), key, Operation::Commit).await?;
-    let text = String::from_utf8_lossy(&body);
-    if status != 200 || text.contains("<Error>") {
+    let (is_error, sum) = xml::parse_complete(&body).map_err(|e| {
+        Error::new(ErrorKind::Io, format!("POST {url}: unreadable answer: {e}")).context(
+            Operation::Commit,
+            key,
+            &inner.cfg.name,
+        )
+    })?;
+    if status != 200 || is_error {
         return Err(answer_error(inner, status, &body, path, key, Operation::Commit));
     }
-    Ok(elements(&text, "ChecksumCRC32C").first().map(|s| unescape(s)))
+    Ok(sum)
 }
 
 /// The checksum S3 gives an object uploaded in parts with CRC-32C checksums: the CRC-32C of
@@ -546,8 +559,22 @@ pub struct UploadRecovery {
     pub listed: bool,
 }
 
-/// Aborts every multipart upload under the tier's prefix that no writer of this process owns.
+/// Aborts every multipart upload under the tier's prefix that no writer of this process owns;
+/// refused (`InvalidInput`) for a tier without a prefix, whose recovery would abort every
+/// upload in the bucket, other tools' included.
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
+    if inner.root.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "refusing to recover multipart uploads in {}: the tier has no prefix, so recovery would abort every \
+                 upload in the bucket, other tools' included; give the tier a prefix (s3://{}/PREFIX)",
+                inner.cfg.url(),
+                inner.cfg.bucket
+            ),
+        )
+        .context(Operation::Open, "", &inner.cfg.name));
+    }
     let me = Arc::clone(inner);
     inner
         .spawn(async move {
@@ -562,6 +589,13 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
                     let mut s = me.store.list(Some(&dir));
                     let mut v = Vec::new();
                     while let Some(m) = s.next().await {
+                        if v.len() == MAX_LISTED_UPLOADS {
+                            return Err(Error::new(
+                                ErrorKind::Io,
+                                format!("more than {MAX_LISTED_UPLOADS} upload markers under {dir}"),
+                            )
+                            .context(Operation::Open, MARKER_DIR, &me.cfg.name));
+                        }
                         v.push(m.map_err(|e| me.err(e, Operation::Open, MARKER_DIR))?.location);
                     }
                     Ok(v)
@@ -569,21 +603,38 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
                 .await?;
             for marker in markers {
                 let body = match me.store.get(&marker).await {
-                    Ok(r) => r.bytes().await.map_err(|e| me.err(e, Operation::Open, marker.as_ref()))?,
+                    Ok(r) => {
+                        let size = r.meta.size;
+                        match xml::read_capped(r.into_stream(), Some(size), xml::MAX_MARKER_BYTES).await {
+                            Ok(b) => Some(b),
+                            Err(e) if e.contains("allowed") => None,
+                            Err(e) => {
+                                return Err(Error::new(ErrorKind::Io, format!("upload marker {marker}: {e}"))
+                                    .set_temporary(true)
+                                    .context(Operation::Open, marker.as_ref(), &me.cfg.name))
+                            }
+                        }
+                    }
                     Err(object_store::Error::NotFound { .. }) => continue,
                     Err(e) => return Err(me.err(e, Operation::Open, marker.as_ref())),
                 };
-                let text = String::from_utf8_lossy(&body).to_string();
-                let mut lines = text.lines();
-                let (Some(p), Some(id)) = (lines.next(), lines.next()) else {
-                    tracing::warn!(%marker, "s3: unreadable upload marker, deleted");
+                // Only an upload under the tier's own prefix is ever aborted, whatever a
+                // marker says.
+                let parsed = body.as_deref().and_then(xml::parse_marker).filter(|(p, _)| p.starts_with(me.root.as_str()));
+                let Some((p, id)) = parsed else {
+                    tracing::warn!(%marker, "s3: unreadable upload marker (or one naming an upload outside the prefix), deleted");
                     let _ = me.store.delete(&marker).await;
                     continue;
                 };
+                let (p, id) = (p.as_str(), id.as_str());
                 if is_live(id) {
                     continue;
                 }
-                let path = Path::parse(p).map_err(|e| Error::new(ErrorKind::Corrupt, format!("marker {marker}: {e}")))?;
+                let Ok(path) = Path::parse(p) else {
+                    tracing::warn!(%marker, "s3: upload marker with a bad path, deleted");
+                    let _ = me.store.delete(&marker).await;
+                    continue;
+                };
                 if let Err(e) = abort_by_id(&me, &path, id).await {
                     // Kept: the next recovery tries again.
                     tracing::warn!(%marker, error = %e, "s3: cannot abort a leftover upload");
@@ -656,8 +707,8 @@ fn bucket_url(inner: &Inner) -> String {
 }
 
 /// Sends one SigV4-signed request to the bucket (for calls object_store has none for):
-/// returns the status and body.
-pub(crate) async fn signed_request(inner: &Inner, method: &str, query: &str) -> Result<(u16, String)> {
+/// returns the status and body (at most [`S3Config::max_xml_bytes`](crate::S3Config::max_xml_bytes)).
+pub(crate) async fn signed_request(inner: &Inner, method: &str, query: &str) -> Result<(u16, Bytes)> {
     let fail = |m: String| Error::new(ErrorKind::Io, m).with_tier(&inner.cfg.name);
     let cred = inner.store.credentials().get_credential().await.map_err(|e| inner.err(e, Operation::Setup, ""))?;
     let url = if query.is_empty() { bucket_url(inner) } else { format!("{}?{query}", bucket_url(inner)) };
@@ -679,27 +730,15 @@ pub(crate) async fn signed_request(inner: &Inner, method: &str, query: &str) -> 
         fail(format!("{method} {url}: {e}")).set_temporary(temporary)
     })?;
     let status = resp.status().as_u16();
-    let body =
-        resp.into_body().bytes().await.map_err(|e| fail(format!("{method} {url}: body: {e}")).set_temporary(true))?;
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// Text of every `<tag>...</tag>` in `xml`, XML entities decoded.
-fn elements<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(&after[..j]);
-        rest = &after[j + close.len()..];
-    }
-    out
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&")
+    let announced = resp
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let body = xml::read_capped(resp.into_body().bytes_stream(), announced, inner.cfg.max_xml_bytes)
+        .await
+        .map_err(|e| fail(format!("{method} {url}: {e}")).set_temporary(!e.contains("allowed")))?;
+    Ok((status, body))
 }
 
 /// `ListMultipartUploads` under the tier's prefix: (object path, upload id) pairs, or `None`
@@ -707,16 +746,21 @@ fn unescape(s: &str) -> String {
 pub(crate) async fn list_multipart_uploads(inner: &Inner) -> Result<Option<Vec<(String, String)>>> {
     let mut out = Vec::new();
     let mut markers = (String::new(), String::new());
+    let bad = |m: String| {
+        Error::new(ErrorKind::Io, format!("listing multipart uploads of s3://{}/{}: {m}", inner.cfg.bucket, inner.root))
+            .context(Operation::Open, &inner.root, &inner.cfg.name)
+    };
     loop {
         let mut query = format!("prefix={}&uploads=", encode(&inner.root));
         if !markers.0.is_empty() {
             query = format!("key-marker={}&{query}&upload-id-marker={}", encode(&markers.0), encode(&markers.1));
         }
         let (status, body) = inner.retry.run(|| signed_request(inner, "GET", &query)).await?;
+        let (code, message) = xml::parse_error(&body);
         match status {
             200 => {}
             501 | 405 => return Ok(None),
-            s if body.contains("NotImplemented") => {
+            s if code == "NotImplemented" => {
                 tracing::debug!(status = s, "s3: server has no ListMultipartUploads");
                 return Ok(None);
             }
@@ -728,27 +772,25 @@ pub(crate) async fn list_multipart_uploads(inner: &Inner) -> Result<Option<Vec<(
                 };
                 return Err(Error::new(
                     kind,
-                    format!("listing multipart uploads of s3://{}/{}: HTTP {s}: {body}", inner.cfg.bucket, inner.root),
+                    format!(
+                        "listing multipart uploads of s3://{}/{}: HTTP {s} {code}: {message}",
+                        inner.cfg.bucket, inner.root
+                    ),
                 )
                 .set_temporary(s >= 500 || s == 429)
                 .context(Operation::Open, &inner.root, &inner.cfg.name));
             }
         }
-        for upload in elements(&body, "Upload") {
-            let (Some(k), Some(id)) =
-                (elements(upload, "Key").first().copied(), elements(upload, "UploadId").first().copied())
-            else {
-                continue;
-            };
-            out.push((unescape(k), unescape(id)));
+        let page = xml::parse_uploads_page(&body).map_err(|e| bad(format!("unreadable answer: {e}")))?;
+        if out.len() + page.uploads.len() > MAX_LISTED_UPLOADS {
+            return Err(bad(format!("more than {MAX_LISTED_UPLOADS} uploads listed; abort them first (an AWS lifecycle rule, AbortIncompleteMultipartUpload)")));
         }
-        let truncated = elements(&body, "IsTruncated").first().is_some_and(|t| t.trim() == "true");
-        let next_key = elements(&body, "NextKeyMarker").first().map(|s| unescape(s)).unwrap_or_default();
-        let next_id = elements(&body, "NextUploadIdMarker").first().map(|s| unescape(s)).unwrap_or_default();
-        if !truncated || next_key.is_empty() || (next_key.clone(), next_id.clone()) == markers {
+        out.extend(page.uploads);
+        // The next page must start past this one (a server that repeats a page would loop).
+        if !page.truncated || page.next.0.is_empty() || page.next <= markers {
             break;
         }
-        markers = (next_key, next_id);
+        markers = page.next;
     }
     Ok(Some(out))
 }
@@ -756,11 +798,12 @@ pub(crate) async fn list_multipart_uploads(inner: &Inner) -> Result<Option<Vec<(
 /// Creates the tier's bucket (`PUT /BUCKET`); an existing bucket owned by the caller is fine.
 pub(crate) async fn create_bucket(inner: &Inner) -> Result<()> {
     let (status, body) = inner.retry.run(|| signed_request(inner, "PUT", "")).await?;
-    if (200..300).contains(&status) || body.contains("BucketAlreadyOwnedByYou") {
+    let (code, message) = xml::parse_error(&body);
+    if (200..300).contains(&status) || code == "BucketAlreadyOwnedByYou" {
         return Ok(());
     }
     let kind = if status == 403 { ErrorKind::PermissionDenied } else { ErrorKind::Io };
-    Err(Error::new(kind, format!("creating bucket {:?}: HTTP {status}: {body}", inner.cfg.bucket))
+    Err(Error::new(kind, format!("creating bucket {:?}: HTTP {status} {code}: {message}", inner.cfg.bucket))
         .with_operation(Operation::Setup)
         .with_tier(&inner.cfg.name))
 }
@@ -776,14 +819,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_upload_listing() {
-        let xml = "<ListMultipartUploadsResult><Upload><Key>p/a&amp;b</Key><UploadId>X1</UploadId></Upload>\
-                   <Upload><Key>p/c</Key><UploadId>Y2</UploadId></Upload><IsTruncated>false</IsTruncated></ListMultipartUploadsResult>";
-        let ups: Vec<_> = elements(xml, "Upload")
-            .into_iter()
-            .map(|u| (unescape(elements(u, "Key")[0]), elements(u, "UploadId")[0].to_string()))
-            .collect();
-        assert_eq!(ups, [("p/a&b".to_string(), "X1".to_string()), ("p/c".to_string(), "Y2".to_string())]);
+    fn encodes_query_values() {
         assert_eq!(encode("a/b c"), "a%2Fb%20c");
     }
 }

@@ -256,6 +256,8 @@ impl S3Writer {
 
     async fn commit_inner(&mut self) -> Result<ObjectMeta> {
         self.check_failed(Operation::Commit)?;
+        // A writer whose lease on the prefix was taken over publishes nothing more.
+        self.inner.check_lease(Operation::Commit, &self.key)?;
         // Fill gaps before writes kept aside with zeros, as a file would read its holes.
         while let Some((off, chunk)) = self.ahead.pop_first() {
             let end = self.end();

@@ -387,3 +387,183 @@ macro_rules! conformance_tests {
         )*
     };
 }
+
+/// Every file under `dir`, with its contents (links as `-> target`), sorted: a snapshot to
+/// check that nothing outside a tier root changed.
+pub fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(base: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, Vec<u8>)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for ent in rd.flatten() {
+            let path = ent.path();
+            let rel = path.strip_prefix(base).unwrap_or(&path).display().to_string();
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let target = std::fs::read_link(&path).map(|t| t.display().to_string()).unwrap_or_default();
+                    out.push((rel, format!("-> {target}").into_bytes()));
+                }
+                Ok(m) if m.is_dir() => {
+                    out.push((format!("{rel}/"), Vec::new()));
+                    walk(base, &path, out);
+                }
+                Ok(_) => out.push((rel, std::fs::read(&path).unwrap_or_default())),
+                Err(_) => {}
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Confinement of a file tier that writes: a symbolic link at every component of every
+/// operation's path (and at the staging directory and the lock file), pointing outside the
+/// root to a tree where following it would succeed, makes the operation fail with
+/// [`ErrorKind::PermissionDenied`] naming the link, and changes nothing outside the root.
+/// `open(root)` opens the tier under test over an existing directory.
+pub async fn confinement<F>(open: F)
+where
+    F: Fn(&std::path::Path) -> Arc<dyn Tier>,
+{
+    use std::os::unix::fs::symlink;
+    let base = tempfile::Builder::new()
+        .prefix("confinement")
+        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
+        .expect("tempdir");
+    let outside = base.path().join("outside");
+    // What a link would lead to: the same tree outside the root.
+    let fill_outside = || {
+        let _ = std::fs::remove_dir_all(&outside);
+        std::fs::create_dir_all(outside.join("a/b")).expect("outside");
+        std::fs::write(outside.join("a/b/c.bin"), b"outside c").expect("outside file");
+        std::fs::write(outside.join("b/c.bin").with_file_name("x"), b"").ok();
+        std::fs::create_dir_all(outside.join("b")).expect("outside b");
+        std::fs::write(outside.join("b/c.bin"), b"outside bc").expect("outside file");
+        std::fs::write(outside.join("c.bin"), b"outside top").expect("outside file");
+        std::fs::write(outside.join("lock"), b"outside lock").expect("outside lock");
+    };
+    let key = "a/b/c.bin";
+    // (the component replaced by a link, where it points)
+    let cases: [(&str, std::path::PathBuf); 3] =
+        [("a", outside.join("a")), ("a/b", outside.join("b")), ("a/b/c.bin", outside.join("c.bin"))];
+    for (i, (link_at, target)) in cases.iter().enumerate() {
+        for op in ["stat", "read", "write", "delete", "list", "list-prefix"] {
+            let root = base.path().join(format!("root-{i}-{op}"));
+            std::fs::create_dir_all(&root).expect("root");
+            fill_outside();
+            // The real tree up to the link.
+            let link_path = root.join(link_at);
+            if let Some(parent) = link_path.parent() {
+                std::fs::create_dir_all(parent).expect("parents");
+            }
+            symlink(target, &link_path).expect("symlink");
+            let before = snapshot(&outside);
+            let tier = open(&root);
+            let name = tier.name().to_string();
+            let res: crate::error::Result<()> = match op {
+                "stat" => tier.stat(key).await.map(|_| ()),
+                "read" => {
+                    let (res, _) = tier.read_at(key, 0, 16, buffer_for(tier.as_ref(), 0, 16)).await;
+                    res.map(|_| ())
+                }
+                "write" => ops::put(tier.as_ref(), key, b"inside", 1 << 20).await.map(|_| ()),
+                "delete" => tier.delete(key).await,
+                "list" => tier.list("").await.map(|_| ()),
+                _ => tier.list("a/").await.map(|_| ()),
+            };
+            let err = match res {
+                Err(e) => e,
+                Ok(()) => panic!("{name}: {op} of {key} with a link at {link_at} succeeded"),
+            };
+            assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{name}: {op}, link at {link_at}: {err}");
+            assert!(err.to_string().contains(link_at), "{name}: {op}: the error names the link {link_at}: {err}");
+            assert_eq!(
+                snapshot(&outside),
+                before,
+                "{name}: {op} with a link at {link_at} changed files outside the root"
+            );
+            // The link itself is still there, untouched.
+            assert!(std::fs::symlink_metadata(&link_path).is_ok_and(|m| m.file_type().is_symlink()));
+        }
+    }
+    // The staging directory and the lock file as links.
+    let root = base.path().join("root-staging");
+    std::fs::create_dir_all(&root).expect("root");
+    fill_outside();
+    symlink(&outside, root.join(crate::fs::STAGING_DIR)).expect("symlink");
+    let before = snapshot(&outside);
+    let tier = open(&root);
+    let err = ops::put(tier.as_ref(), "x.bin", b"inside", 1 << 20).await.expect_err("staging through a link");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{}: {err}", tier.name());
+    assert!(err.to_string().contains(crate::fs::STAGING_DIR), "{}: {err}", tier.name());
+    assert_eq!(snapshot(&outside), before, "{}: a write through a linked staging dir", tier.name());
+    let root = base.path().join("root-lock");
+    std::fs::create_dir_all(&root).expect("root");
+    symlink(outside.join("lock"), root.join(format!("{}-lock-store", crate::key::RESERVED_PREFIX))).expect("symlink");
+    let before = snapshot(&outside);
+    let tier = open(&root);
+    let err = tier.lock("store").await.expect_err("a lock file that is a link");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{}: {err}", tier.name());
+    assert!(err.to_string().contains("lock-store"), "{}: {err}", tier.name());
+    assert_eq!(snapshot(&outside), before, "{}: the lock wrote through a link", tier.name());
+}
+
+/// Staging hygiene of a file tier: staged files of a dead writer (a pid no longer running,
+/// nobody holding the file's lock) are removed when the tier is next locked; a live
+/// writer's are kept. `open(root)` opens the tier under test over an existing directory.
+pub async fn staging_hygiene<F>(open: F)
+where
+    F: Fn(&std::path::Path) -> Arc<dyn Tier>,
+{
+    let base = tempfile::Builder::new()
+        .prefix("staging")
+        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
+        .expect("tempdir");
+    let root = base.path().join("root");
+    let staging = root.join(crate::fs::STAGING_DIR);
+    std::fs::create_dir_all(&staging).expect("staging");
+    // A pid that is not running: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    std::fs::write(staging.join(format!("{dead}-0")), vec![7u8; 1 << 16]).expect("dead writer's file");
+    // A writer whose pid this process cannot see (another pid namespace) but whose lock is
+    // held: kept.
+    std::fs::write(staging.join(format!("{dead}-1")), b"held").expect("held file");
+    let held = std::fs::File::open(staging.join(format!("{dead}-1"))).expect("open held");
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_SH) }, 0);
+    let tier = open(&root);
+    // A live writer of this process: its staged file stays.
+    let mut writer = tier.create("live.bin").await.expect("create");
+    let (res, _) = writer
+        .write_at(0, {
+            let mut b = buffer_for(tier.as_ref(), 0, 4096);
+            b.fill_from(&pattern(1, 4096)).expect("fill");
+            b
+        })
+        .await;
+    res.expect("write");
+    let lock = tier.lock("hygiene").await.expect("lock").expect("file tiers lock");
+    let names: Vec<String> = std::fs::read_dir(&staging)
+        .expect("read staging")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.contains(&format!("{dead}-0")),
+        "{}: the dead writer's staged file survived: {names:?}",
+        tier.name()
+    );
+    assert!(names.contains(&format!("{dead}-1")), "{}: a locked staged file was removed: {names:?}", tier.name());
+    assert_eq!(names.len(), 2, "{}: the live writer's staged file stays: {names:?}", tier.name());
+    writer.commit().await.expect("commit");
+    drop(lock);
+    drop(held);
+    let names: Vec<String> = std::fs::read_dir(&staging)
+        .expect("read staging")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, [format!("{dead}-1")], "{}", tier.name());
+}

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::blocking::BlockingPool;
 use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::fs::{FsRoot, StagedPath};
+use crate::fs::{FsRoot, StagedFile, StagedGuard};
 use crate::key::validate_key;
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 use crate::writes::WritesInFlight;
@@ -45,6 +45,9 @@ pub struct PosixConfig {
     /// For copies whose source stays durable elsewhere (`ringtier ckpt restore --no-sync`),
     /// where a write at page-cache speed is what `cp` gives.
     pub sync: bool,
+    /// Fail points of the root's system calls (feature `fail-points`, tests only).
+    #[cfg(feature = "fail-points")]
+    pub fail_points: Option<Arc<crate::fs::FsFailPoints>>,
 }
 
 impl PosixConfig {
@@ -84,6 +87,13 @@ impl PosixConfig {
         self
     }
 
+    /// Sets [`PosixConfig::fail_points`].
+    #[cfg(feature = "fail-points")]
+    pub fn with_fail_points(mut self, fail_points: Option<Arc<crate::fs::FsFailPoints>>) -> Self {
+        self.fail_points = fail_points;
+        self
+    }
+
     /// Sets [`PosixConfig::sync`].
     pub fn with_sync(mut self, sync: bool) -> Self {
         self.sync = sync;
@@ -96,7 +106,17 @@ impl PosixConfig {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let name = format!("posix:{}", root.display());
-        PosixConfig { root, create: false, threads: 8, name, read_chunk: 0, follow_links: false, sync: true }
+        PosixConfig {
+            root,
+            create: false,
+            threads: 8,
+            name,
+            read_chunk: 0,
+            follow_links: false,
+            sync: true,
+            #[cfg(feature = "fail-points")]
+            fail_points: None,
+        }
     }
 }
 
@@ -161,6 +181,11 @@ impl PosixTier {
                 .map_err(|e| e.with_tier(&config.name))?
                 .following_links(config.follow_links),
         );
+        #[cfg(feature = "fail-points")]
+        let root = match Arc::try_unwrap(root) {
+            Ok(r) => Arc::new(r.with_fail_points(config.fail_points.clone())),
+            Err(r) => r,
+        };
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
         Ok(PosixTier {
             inner: Arc::new(Inner { name: config.name, root, pool, read_chunk: config.read_chunk, sync: config.sync }),
@@ -245,14 +270,19 @@ impl Tier for PosixTier {
             .inner
             .pool
             .run(move || {
-                let staged = inner.root.new_staging_path()?;
-                let file = std::fs::OpenOptions::new().write(true).create_new(true).read(true).open(&staged)?;
+                let (file, staged) = inner.root.create_staged(0)?;
                 // Removed with the result if this future is dropped before it arrives.
-                Ok((file, StagedPath::new(staged)))
+                Ok((file, StagedGuard::new(staged)))
             })
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
-        let staged = staged.keep();
+        let Some(staged) = staged.keep() else {
+            return Err(Error::new(ErrorKind::Shutdown, "staged file lost").context(
+                Operation::Create,
+                key,
+                self.name(),
+            ));
+        };
         Ok(Box::new(PosixWriter {
             tier: self.clone(),
             key: key.to_string(),
@@ -307,7 +337,7 @@ struct PosixWriter {
     /// Writes not yet done on the pool (some perhaps abandoned by a dropped future).
     in_flight: Arc<WritesInFlight>,
     file: Option<Arc<File>>,
-    staged: PathBuf,
+    staged: StagedFile,
 }
 
 impl fmt::Debug for PosixWriter {
@@ -377,22 +407,21 @@ impl ObjectWriter for PosixWriter {
             })
             .await;
         if res.is_err() {
-            let _ = std::fs::remove_file(&self.staged);
+            let _ = self.staged.remove();
         }
         res.map_err(|e| e.context(Operation::Commit, &self.key, self.tier.name()))
     }
 
     async fn abort(mut self: Box<Self>) -> Result<()> {
         self.file.take();
-        std::fs::remove_file(&self.staged)
-            .map_err(|e| Error::from(e).context(Operation::Abort, &self.key, self.tier.name()))
+        self.staged.remove().map_err(|e| e.context(Operation::Abort, &self.key, self.tier.name()))
     }
 }
 
 impl Drop for PosixWriter {
     fn drop(&mut self) {
         if self.file.take().is_some() {
-            let _ = std::fs::remove_file(&self.staged);
+            let _ = self.staged.remove();
         }
     }
 }

@@ -94,3 +94,19 @@ async fn posix_dropped_create_leaves_no_staged_file() {
     let left: Vec<_> = std::fs::read_dir(&staging).expect("staging dir").flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "staged files left by dropped creates: {left:?}");
 }
+
+/// Links inside a posix tier's root are refused and named, and nothing outside changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_confinement() {
+    ringtier_core::conformance::confinement(|root| Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix")))
+        .await;
+}
+
+/// Staged files of dead writers go when the tier is next locked; live and locked ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_staging_hygiene() {
+    ringtier_core::conformance::staging_hygiene(|root| {
+        Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix"))
+    })
+    .await;
+}

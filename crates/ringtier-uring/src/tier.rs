@@ -2,10 +2,9 @@
 //! io_uring driver threads, with O_DIRECT decided per file.
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +13,7 @@ use futures_channel::oneshot;
 use ringtier_core::blocking::BlockingPool;
 use ringtier_core::buf::align_up;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
-use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedPath};
+use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedFile, StagedGuard};
 use ringtier_core::key::validate_key;
 use ringtier_core::{
     AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock,
@@ -478,41 +477,38 @@ impl Tier for UringTier {
             .inner
             .meta
             .run(move || {
-                let staged = inner.root.new_staging_path()?;
                 let want_direct = inner.shared.policy != DirectIoPolicy::Off && inner.root_align.0 > 0;
-                let open = |direct: bool| {
-                    let mut o = OpenOptions::new();
-                    o.write(true).create_new(true);
-                    if direct {
-                        o.custom_flags(libc::O_DIRECT);
-                    }
-                    o.open(&staged)
-                };
-                let (file, direct) = match open(want_direct) {
-                    Ok(f) => (f, want_direct),
-                    Err(e) if want_direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                        // The kernel may create the file before it refuses O_DIRECT.
-                        let _ = std::fs::remove_file(&staged);
-                        if inner.shared.policy == DirectIoPolicy::Required {
-                            return Err(Error::new(
-                                ErrorKind::Unsupported,
-                                format!("direct I/O is required but {} refuses O_DIRECT", inner.shared.fs_type),
-                            ));
+                let (file, staged, direct) =
+                    match inner.root.create_staged(if want_direct { libc::O_DIRECT } else { 0 }) {
+                        Ok((f, s)) => (f, s, want_direct),
+                        Err(e) if want_direct && e.os_code() == Some(libc::EINVAL) => {
+                            if inner.shared.policy == DirectIoPolicy::Required {
+                                return Err(Error::new(
+                                    ErrorKind::Unsupported,
+                                    format!("direct I/O is required but {} refuses O_DIRECT", inner.shared.fs_type),
+                                ));
+                            }
+                            inner.shared.count_fallback("the filesystem refused O_DIRECT for a new file");
+                            let (f, s) = inner.root.create_staged(0)?;
+                            (f, s, false)
                         }
-                        inner.shared.count_fallback("the filesystem refused O_DIRECT for a new file");
-                        (open(false)?, false)
-                    }
-                    Err(e) => return Err(e.into()),
-                };
+                        Err(e) => return Err(e),
+                    };
                 // From here the file exists: an error, or a result nobody waits for any more
                 // (this future dropped), removes it.
-                let staged = StagedPath::new(staged);
+                let staged = StagedGuard::new(staged);
                 let (mem, off) = if direct { dio_align_of_fd(file.as_raw_fd())? } else { (1, 1) };
                 Ok((file, staged, direct, u64::from(mem.max(off)).max(1)))
             })
             .await
             .map_err(|e| e.context(Operation::Create, key, self.name()))?;
-        let staged = staged.keep();
+        let Some(staged) = staged.keep() else {
+            return Err(Error::new(ErrorKind::Shutdown, "staged file lost").context(
+                Operation::Create,
+                key,
+                self.name(),
+            ));
+        };
         Ok(Box::new(UringWriter {
             tier: self.clone(),
             key: key.to_string(),
@@ -638,7 +634,7 @@ struct UringWriter {
     file: Option<Arc<File>>,
     /// A second, buffered descriptor for writes O_DIRECT cannot take (policy `auto`).
     buffered: Option<Arc<File>>,
-    staged: PathBuf,
+    staged: StagedFile,
     direct: bool,
     align: u64,
     end: u64,
@@ -714,9 +710,9 @@ impl ObjectWriter for UringWriter {
                 return (Err(self.err(e, Operation::Write)), buf);
             } else {
                 if self.buffered.is_none() {
-                    match OpenOptions::new().write(true).open(&self.staged) {
+                    match self.staged.reopen(libc::O_WRONLY) {
                         Ok(f) => self.buffered = Some(Arc::new(f)),
-                        Err(e) => return (Err(self.err(e.into(), Operation::Write)), buf),
+                        Err(e) => return (Err(self.err(e, Operation::Write)), buf),
                     }
                 }
                 self.tier.inner.shared.count_fallback("unaligned write");
@@ -766,7 +762,7 @@ impl ObjectWriter for UringWriter {
         self.buffered.take();
         // If this future is dropped before the rename, the staged file goes (a rename already
         // under way on a metadata thread then fails, or has already published the object).
-        let staged_guard = StagedPath::new(self.staged.clone());
+        let staged_guard = StagedGuard::new(self.staged.clone());
         let res = async {
             if self.padded {
                 file.set_len(self.end)?;
@@ -788,14 +784,14 @@ impl ObjectWriter for UringWriter {
     async fn abort(mut self: Box<Self>) -> Result<()> {
         self.file.take();
         self.buffered.take();
-        std::fs::remove_file(&self.staged).map_err(|e| self.err(e.into(), Operation::Abort))
+        self.staged.remove().map_err(|e| self.err(e, Operation::Abort))
     }
 }
 
 impl Drop for UringWriter {
     fn drop(&mut self) {
         if self.file.take().is_some() {
-            let _ = std::fs::remove_file(&self.staged);
+            let _ = self.staged.remove();
         }
     }
 }

@@ -67,3 +67,21 @@ mod ext4_sqpoll {
     use super::*;
     ringtier_core::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_sqpoll_idle_ms(10)));
 }
+
+/// Links inside an io_uring tier's root are refused and named, and nothing outside changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_confinement() {
+    ringtier_core::conformance::confinement(|root| {
+        Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
+    })
+    .await;
+}
+
+/// Staged files of dead writers go when the tier is next locked; live and locked ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_staging_hygiene() {
+    ringtier_core::conformance::staging_hygiene(|root| {
+        Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
+    })
+    .await;
+}

@@ -1,24 +1,28 @@
 //! Blocking filesystem helpers shared by the file tiers (posix and io_uring).
 //!
-//! [`FsRoot`] maps validated keys to files under one root directory. Files are opened with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to the root's descriptor, so
-//! neither a `..` nor a symlink can reach outside the root. Staged (uncommitted) objects live
-//! in `ROOT/.ringtier-staging/`, which listing skips, and become visible only through
-//! [`FsRoot::commit_staged`]: data fsync, atomic rename, directory fsync.
+//! [`FsRoot`] maps validated keys to files under one root directory, and every operation is
+//! relative to the root's descriptor: opens with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)`, and stat, list, create, mkdir, rename, unlink and the lock file with
+//! `*at` calls on descriptors of directories opened that way. Neither a `..` nor a symbolic
+//! link, at any component of any path, can lead an operation out of the root or anywhere else:
+//! a link met inside the root is an error that names it ([`ErrorKind::PermissionDenied`]).
+//! Staged (uncommitted) objects live in `ROOT/.ringtier-staging/`, which listing skips, and
+//! become visible only through [`FsRoot::commit_staged`]: data fsync, atomic rename, directory
+//! fsync. A staged file carries its writer's pid in its name and a shared `flock` for its
+//! life: [`FsRoot::lock`] removes those of dead writers (pid gone, lock free).
 //!
 //! A read-only dataset root may instead follow symbolic links ([`FsRoot::following_links`]):
 //! files and directories that are links (to another disk, a shared copy) are listed and read
 //! through the links, as torchvision's `ImageFolder` (`os.walk(followlinks=True)`) does; a
 //! link that leads back to a directory it is in is reported as a loop. Keys are still
 //! validated (no `..`, no absolute path), so only a link placed in the root leads out of it.
-//! Tiers that write (checkpoint stores) never follow links out of their root.
+//! Such a root refuses every write. docs/SECURITY.md states the rule.
 
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,36 +33,80 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
 use crate::tier::{ObjectMeta, Space};
 
+mod at;
+#[cfg(feature = "fail-points")]
+mod fail;
+#[cfg(feature = "fail-points")]
+pub use fail::FsFailPoints;
+
 /// Name of the staging directory inside a file tier's root.
 pub const STAGING_DIR: &str = ".ringtier-staging";
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// The path of a new staged file, removed when dropped unless [`StagedPath::keep`] takes it.
-///
-/// A staged file is made on a blocking thread for a caller that may have dropped its future
-/// meanwhile: returning the path in this guard makes the unanswered result remove the file
-/// (the pool drops it) instead of leaving it in the staging directory for the life of the
-/// process.
-#[derive(Debug)]
-pub struct StagedPath(Option<PathBuf>);
+/// A staged file: its name in the staging directory, reached through that directory's
+/// descriptor (never through a path that a link could redirect). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StagedFile {
+    dir: Arc<OwnedFd>,
+    name: CString,
+}
 
-impl StagedPath {
-    /// Guards the staged file at `path`.
-    pub fn new(path: PathBuf) -> Self {
-        StagedPath(Some(path))
+impl StagedFile {
+    /// Removes the staged file (a missing one counts as removed).
+    pub fn remove(&self) -> Result<()> {
+        match at::unlinkat(self.dir.as_raw_fd(), &self.name) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::from(e).with_key(self.display())),
+        }
     }
 
-    /// Hands the path on (to the writer that now owns the file); nothing is removed.
-    pub fn keep(mut self) -> PathBuf {
-        self.0.take().unwrap_or_default()
+    /// Opens the staged file again with `flags` (`O_WRONLY` for a buffered writer next to a
+    /// direct one); never through a link.
+    pub fn reopen(&self, flags: i32) -> Result<File> {
+        let fd = at::openat2(
+            self.dir.as_raw_fd(),
+            &self.name,
+            flags | libc::O_NOFOLLOW,
+            0,
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+        )
+        .map_err(|e| Error::from(e).with_key(self.display()))?;
+        Ok(File::from(fd))
+    }
+
+    /// `.ringtier-staging/NAME`, for messages.
+    pub fn display(&self) -> String {
+        format!("{STAGING_DIR}/{}", self.name.to_string_lossy())
     }
 }
 
-impl Drop for StagedPath {
+/// Removes a staged file when dropped unless [`StagedGuard::keep`] takes it.
+///
+/// A staged file is made on a blocking thread for a caller that may have dropped its future
+/// meanwhile: returning it in this guard makes the unanswered result remove the file (the pool
+/// drops it) instead of leaving it in the staging directory for the life of the process.
+#[derive(Debug)]
+pub struct StagedGuard(Option<StagedFile>);
+
+impl StagedGuard {
+    /// Guards `staged`.
+    pub fn new(staged: StagedFile) -> Self {
+        StagedGuard(Some(staged))
+    }
+
+    /// Hands the staged file on (to the writer that now owns it, or published); nothing is
+    /// removed.
+    pub fn keep(mut self) -> Option<StagedFile> {
+        self.0.take()
+    }
+}
+
+impl Drop for StagedGuard {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = fs::remove_file(path);
+        if let Some(staged) = self.0.take() {
+            let _ = staged.remove();
         }
     }
 }
@@ -68,22 +116,23 @@ impl Drop for StagedPath {
 pub struct FsRoot {
     root: PathBuf,
     root_fd: OwnedFd,
-    staging: PathBuf,
     durable: bool,
     follow_links: bool,
     /// Held while a commit checks for, creates and fsyncs missing parent directories: a
     /// directory another commit created but has not fsynced into its parent yet must not
     /// look durable to a concurrent commit that renames into it.
     dirs: std::sync::Mutex<()>,
+    #[cfg(feature = "fail-points")]
+    fail: Option<Arc<FsFailPoints>>,
 }
 
-/// `open_how` for `openat2` confined beneath the directory descriptor.
+/// `open_how` for `openat2` confined beneath the directory descriptor, following no link.
 pub fn open_how_beneath(flags: i32, mode: u32) -> libc::open_how {
     // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.mode = if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
     how
 }
 
@@ -97,8 +146,27 @@ pub fn fsync_dir(path: &Path) -> Result<()> {
     dir.sync_all().map_err(|e| Error::from(e).with_key(path.display().to_string()))
 }
 
+/// `(parent, leaf)` of a validated key: `("", key)` at the root.
+fn split_key(key: &str) -> (&str, &str) {
+    match key.rfind('/') {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => ("", key),
+    }
+}
+
+/// Whether `pid` names a running process (or one this user may not signal).
+fn pid_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 impl FsRoot {
-    /// Opens `root`, creating it (and the staging directory) when `create` is set.
+    /// Opens `root`, creating it when `create` is set. The root itself may be reached through
+    /// links (it is the caller's choice); nothing below it is.
     pub fn open(root: impl AsRef<Path>, create: bool) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
         let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Open).with_key(root.display().to_string());
@@ -112,16 +180,17 @@ impl FsRoot {
                 .with_key(root.display().to_string()));
         }
         let c = cstring(root.as_os_str().as_bytes())?;
-        // SAFETY: c is a valid NUL-terminated path; the flags open a directory read-only.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(ctx(io::Error::last_os_error()));
-        }
-        // SAFETY: fd is a freshly opened descriptor that nothing else owns.
-        let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let staging = root.join(STAGING_DIR);
+        let root_fd = at::openat2(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0, 0).map_err(ctx)?;
         let durable = fs_type_of_fd(root_fd.as_raw_fd()).is_none_or(|t| !is_volatile_fs_type(t));
-        Ok(FsRoot { root, root_fd, staging, durable, follow_links: false, dirs: std::sync::Mutex::default() })
+        Ok(FsRoot {
+            root,
+            root_fd,
+            durable,
+            follow_links: false,
+            dirs: std::sync::Mutex::default(),
+            #[cfg(feature = "fail-points")]
+            fail: None,
+        })
     }
 
     /// This root, following symbolic links that lead out of it when `follow` is set: for
@@ -130,6 +199,13 @@ impl FsRoot {
     /// and listings descend into linked directories, detecting loops.
     pub fn following_links(mut self, follow: bool) -> Self {
         self.follow_links = follow;
+        self
+    }
+
+    /// This root with fail points (feature `fail-points`, for tests).
+    #[cfg(feature = "fail-points")]
+    pub fn with_fail_points(mut self, fail: Option<Arc<FsFailPoints>>) -> Self {
+        self.fail = fail;
         self
     }
 
@@ -153,12 +229,13 @@ impl FsRoot {
     }
 
     /// The `RESOLVE_*` flags of `openat2` for keys of this root: `RESOLVE_BENEATH |
-    /// RESOLVE_NO_MAGICLINKS`, or only `RESOLVE_NO_MAGICLINKS` when following links.
+    /// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, or only `RESOLVE_NO_MAGICLINKS` when
+    /// following links.
     pub fn resolve_flags(&self) -> u64 {
         if self.follow_links {
             libc::RESOLVE_NO_MAGICLINKS
         } else {
-            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS
         }
     }
 
@@ -184,33 +261,106 @@ impl FsRoot {
         self.root_fd.as_raw_fd()
     }
 
-    /// The file path of a key. The key must already be validated.
+    /// The file path of a key, for messages (operations never use it). The key must already
+    /// be validated.
     pub fn path_of(&self, key: &str) -> PathBuf {
         self.root.join(key)
     }
 
-    /// Opens `key` relative to the root with `openat2(RESOLVE_BENEATH)`.
+    /// The error for a symbolic link met at `rel` (a path under the root) by a root that does
+    /// not follow links.
+    pub fn link_refused(&self, rel: &str) -> Error {
+        Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "{} is a symbolic link inside the tier root {}: a tier that writes never follows links \
+                 (remove it, or read a dataset through a link-following tier; see docs/SECURITY.md)",
+                self.root.join(rel).display(),
+                self.root.display()
+            ),
+        )
+        .with_key(rel)
+    }
+
+    /// After an `ELOOP` from a path under the root: the error naming the first link on
+    /// `rel`'s way, or the plain error when none is found (it changed meanwhile).
+    pub fn explain_eloop(&self, rel: &str, e: io::Error) -> Error {
+        if e.raw_os_error() == Some(libc::ELOOP) && !self.follow_links {
+            let mut end = 0;
+            for comp in rel.split('/') {
+                end += comp.len();
+                let sub = &rel[..end];
+                if let Ok(c) = at::c_name(sub) {
+                    if at::fstatat(self.root_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| at::is_link(&st)) {
+                        return self.link_refused(sub);
+                    }
+                }
+                end += 1;
+            }
+        }
+        Error::from(e).with_key(rel)
+    }
+
+    /// Opens the directory `rel` under the root (`""`: the root itself), never through a link
+    /// unless following links. With `create`, missing directories are made one at a time, and
+    /// with `sync` each new entry is fsynced into its parent. A missing directory is
+    /// [`ErrorKind::NotFound`].
+    fn dir_fd(&self, rel: &str, create: bool, sync: bool) -> Result<OwnedFd> {
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        if !create {
+            let path = if rel.is_empty() { "." } else { rel };
+            let c = at::c_name(path).map_err(|e| Error::from(e).with_key(rel))?;
+            return at::openat2(self.root_fd(), &c, flags, 0, self.resolve_flags())
+                .map_err(|e| self.explain_eloop(rel, e));
+        }
+        let dot = at::c_name(".").map_err(Error::from)?;
+        let mut cur = at::openat2(self.root_fd(), &dot, flags, 0, self.resolve_flags()).map_err(Error::from)?;
+        let mut end = 0;
+        for comp in rel.split('/').filter(|c| !c.is_empty()) {
+            end += comp.len();
+            let sub = &rel[..end];
+            end += 1;
+            let c = at::c_name(comp).map_err(|e| Error::from(e).with_key(sub))?;
+            let next = match at::openat2(cur.as_raw_fd(), &c, flags, 0, self.resolve_flags()) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match at::mkdirat(cur.as_raw_fd(), &c) {
+                        Ok(()) => {
+                            if sync {
+                                self.fsync_dir_fd(cur.as_raw_fd(), sub, false)?;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(Error::from(e).with_key(sub)),
+                    }
+                    at::openat2(cur.as_raw_fd(), &c, flags, 0, self.resolve_flags())
+                }
+                other => other,
+            };
+            cur = next.map_err(|e| self.explain_eloop(sub, e))?;
+        }
+        Ok(cur)
+    }
+
+    /// `fsync` of a directory of this root. `after_rename`: the fsync that makes a published
+    /// object durable (the fail point `dir_fsync` may fail it in tests).
+    fn fsync_dir_fd(&self, fd: RawFd, rel: &str, after_rename: bool) -> Result<()> {
+        #[cfg(feature = "fail-points")]
+        if after_rename {
+            if let Some(errno) = self.fail.as_ref().and_then(|f| f.take_dir_fsync()) {
+                return Err(Error::from(io::Error::from_raw_os_error(errno)).with_key(rel));
+            }
+        }
+        let _ = after_rename;
+        at::fsync(fd).map_err(|e| Error::from(e).with_key(rel))
+    }
+
+    /// Opens `key` relative to the root with `openat2`, confined as [`FsRoot::resolve_flags`]
+    /// says. A link on the way is an error that names it.
     pub fn open_beneath(&self, key: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
         validate_key(key)?;
         let c = cstring(key.as_bytes())?;
-        let mut how = open_how_beneath(flags, mode);
-        how.resolve = self.resolve_flags();
-        // SAFETY: root_fd is open, c is NUL-terminated and how is a valid open_how of the size
-        // passed.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                self.root_fd.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if fd < 0 {
-            return Err(Error::from(io::Error::last_os_error()).with_operation(Operation::Open).with_key(key));
-        }
-        // SAFETY: fd is a freshly opened descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+        at::openat2(self.root_fd(), &c, flags, mode, self.resolve_flags())
+            .map_err(|e| self.explain_eloop(key, e).with_operation(Operation::Open).with_key(key))
     }
 
     /// Runs a blocking call of this root (`FsRoot::stat`, `list`, `delete`) on `pool` and adds
@@ -227,114 +377,121 @@ impl FsRoot {
         pool.run(move || f(&root, &k)).await.map_err(|e| e.context(op, key, tier))
     }
 
+    /// `fstatat` of `name` in `dir` (a directory of this root at `rel_dir`), following a link
+    /// only when following links; a link otherwise is an error naming it.
+    fn stat_in(&self, dir: RawFd, name: &str, rel: &str) -> Result<libc::stat> {
+        let c = at::c_name(name).map_err(|e| Error::from(e).with_key(rel))?;
+        let flags = if self.follow_links { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+        let st = at::fstatat(dir, &c, flags).map_err(|e| Error::from(e).with_key(rel))?;
+        if !self.follow_links && at::is_link(&st) {
+            return Err(self.link_refused(rel));
+        }
+        Ok(st)
+    }
+
     /// Metadata of a committed object (a regular file under the root).
     pub fn stat(&self, key: &str) -> Result<ObjectMeta> {
         validate_key(key)?;
-        let path = self.path_of(key);
-        let meta = if self.follow_links { fs::metadata(&path) } else { fs::symlink_metadata(&path) };
-        let meta = meta.map_err(|e| Error::from(e).with_operation(Operation::Stat).with_key(key))?;
-        if !meta.is_file() {
+        let (parent, leaf) = split_key(key);
+        let dir = self.dir_fd(parent, false, false).map_err(|e| e.with_operation(Operation::Stat).with_key(key))?;
+        let st = self.stat_in(dir.as_raw_fd(), leaf, key).map_err(|e| e.with_operation(Operation::Stat))?;
+        if !at::is_file(&st) {
             return Err(Error::new(ErrorKind::NotFound, "not a regular file")
                 .with_operation(Operation::Stat)
                 .with_key(key));
         }
-        Ok(ObjectMeta { key: key.to_string(), size: meta.len(), modified: meta.modified().ok() })
+        Ok(ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: at::mtime(&st) })
     }
 
-    /// Committed objects whose key starts with `prefix`, sorted.
+    /// Committed objects whose key starts with `prefix`, sorted. In a root that does not
+    /// follow links, a link met on the way is an error that names it.
     pub fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         validate_prefix(prefix)?;
+        let list_err = |e: Error| e.with_operation(Operation::List);
         // Start at the deepest directory the prefix names completely.
         let dir_part = match prefix.rfind('/') {
             Some(i) => &prefix[..i],
             None => "",
         };
-        let start = if dir_part.is_empty() { self.root.clone() } else { self.root.join(dir_part) };
+        let start = match self.dir_fd(dir_part, false, false) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == ErrorKind::NotFound && !dir_part.is_empty() => return Ok(Vec::new()),
+            Err(e) => return Err(list_err(e).with_key(prefix)),
+        };
         let mut out = Vec::new();
         // (directory, its key, the (device, inode) of it and of the directories above it:
         // a linked directory met again below itself is a loop).
-        let ancestors = match fs::metadata(&start) {
-            Ok(m) if self.follow_links => vec![(m.dev(), m.ino())],
+        let ancestors = match at::fstat(start.as_raw_fd()) {
+            Ok(st) if self.follow_links => vec![(st.st_dev, st.st_ino)],
             _ => Vec::new(),
         };
         let mut stack = vec![(start, dir_part.to_string(), ancestors)];
         while let Some((dir, rel, ancestors)) = stack.pop() {
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && dir != self.root => continue,
-                Err(e) => return Err(Error::from(e).with_operation(Operation::List).with_key(prefix)),
-            };
-            for ent in rd {
-                let ent = ent.map_err(|e| Error::from(e).with_operation(Operation::List).with_key(prefix))?;
-                let name = ent.file_name();
-                let Some(name) = name.to_str() else { continue };
+            let names = at::read_dir_names(dir.as_raw_fd()).map_err(|e| list_err(Error::from(e)).with_key(prefix))?;
+            for name in names {
+                let Ok(name) = name.into_string() else { continue };
                 if name.starts_with(RESERVED_PREFIX) {
                     continue;
                 }
-                let key = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
-                let ft = match ent.file_type() {
-                    Ok(ft) => ft,
-                    Err(_) => continue,
-                };
-                // Through a link when following links: what it points at decides.
-                let followed = if self.follow_links && ft.is_symlink() {
-                    match fs::metadata(ent.path()) {
-                        Ok(m) => Some(m),
-                        Err(e) => {
+                let key = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+                // Descend only where keys below can still match the prefix.
+                let wanted_dir = prefix.starts_with(&format!("{key}/"))
+                    || key.starts_with(prefix)
+                    || format!("{key}/").starts_with(prefix);
+                if !wanted_dir && !key.starts_with(prefix) {
+                    continue;
+                }
+                let st = match self.stat_in(dir.as_raw_fd(), &name, &key) {
+                    Ok(st) => st,
+                    // Deleted between readdir and stat: not listed.
+                    Err(e) if e.kind() == ErrorKind::NotFound && e.os_code() == Some(libc::ENOENT) => {
+                        if self.follow_links && self.is_link_at(dir.as_raw_fd(), &name) {
                             return Err(Error::new(
-                                crate::error::kind_of_errno(e.raw_os_error().unwrap_or(libc::EIO)),
-                                format!("broken symbolic link ({e}): {}", ent.path().display()),
+                                ErrorKind::NotFound,
+                                format!("broken symbolic link: {}", self.root.join(&key).display()),
                             )
                             .with_operation(Operation::List)
-                            .with_key(key))
+                            .with_key(key));
                         }
+                        continue;
                     }
-                } else {
-                    None
+                    Err(e) => return Err(list_err(e)),
                 };
-                let is_dir = followed.as_ref().map_or(ft.is_dir(), |m| m.is_dir());
-                let is_file = followed.as_ref().map_or(ft.is_file(), |m| m.is_file());
-                if is_dir {
-                    // Descend only where keys below can still match the prefix.
-                    if prefix.starts_with(&format!("{key}/"))
-                        || key.starts_with(prefix)
-                        || format!("{key}/").starts_with(prefix)
-                    {
-                        let mut below = ancestors.clone();
-                        if self.follow_links {
-                            let id = match &followed {
-                                Some(m) => (m.dev(), m.ino()),
-                                None => match ent.metadata() {
-                                    Ok(m) => (m.dev(), m.ino()),
-                                    Err(_) => continue,
-                                },
-                            };
-                            if ancestors.contains(&id) {
-                                return Err(Error::new(
-                                    ErrorKind::InvalidInput,
-                                    format!(
-                                        "symbolic link loop: {} leads back to a directory it is in",
-                                        ent.path().display()
-                                    ),
-                                )
-                                .with_operation(Operation::List)
-                                .with_key(key));
-                            }
-                            below.push(id);
-                        }
-                        stack.push((ent.path(), key, below));
+                if at::is_dir(&st) {
+                    if !wanted_dir {
+                        continue;
                     }
-                } else if is_file && key.starts_with(prefix) {
-                    let meta = match followed {
-                        Some(m) => Ok(m),
-                        None => ent.metadata(),
+                    let id = (st.st_dev, st.st_ino);
+                    if self.follow_links && ancestors.contains(&id) {
+                        return Err(Error::new(
+                            ErrorKind::InvalidInput,
+                            format!(
+                                "symbolic link loop: {} leads back to a directory it is in",
+                                self.root.join(&key).display()
+                            ),
+                        )
+                        .with_operation(Operation::List)
+                        .with_key(key));
+                    }
+                    let c = at::c_name(&name).map_err(|e| list_err(Error::from(e)).with_key(key.as_str()))?;
+                    let sub = match at::openat2(
+                        dir.as_raw_fd(),
+                        &c,
+                        libc::O_RDONLY | libc::O_DIRECTORY,
+                        0,
+                        self.resolve_flags(),
+                    ) {
+                        Ok(fd) => fd,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(list_err(self.explain_eloop(&key, e))),
                     };
-                    match meta {
-                        Ok(m) => out.push(ObjectMeta { key, size: m.len(), modified: m.modified().ok() }),
-                        // Deleted between readdir and stat: not listed.
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(Error::from(e).with_operation(Operation::List).with_key(key)),
+                    let mut below = ancestors.clone();
+                    if self.follow_links {
+                        below.push(id);
                     }
+                    stack.push((sub, key, below));
+                } else if at::is_file(&st) && key.starts_with(prefix) {
+                    out.push(ObjectMeta { key, size: st.st_size as u64, modified: at::mtime(&st) });
                 }
             }
         }
@@ -342,26 +499,49 @@ impl FsRoot {
         Ok(out)
     }
 
+    fn is_link_at(&self, dir: RawFd, name: &str) -> bool {
+        at::c_name(name)
+            .ok()
+            .and_then(|c| at::fstatat(dir, &c, libc::AT_SYMLINK_NOFOLLOW).ok())
+            .is_some_and(|st| at::is_link(&st))
+    }
+
     /// Takes the exclusive advisory lock `name` on the root: `flock` on
-    /// `ROOT/.ringtier-lock-NAME` (never listed), which records the holder's pid. Fails at once
-    /// with [`ErrorKind::Busy`] when another open file description holds it (another process,
-    /// or another open in this one); the kernel releases it when the holder exits.
+    /// `ROOT/.ringtier-lock-NAME` (never listed, opened with `O_NOFOLLOW`: a link there is an
+    /// error naming it), which records the holder's pid. Fails at once with
+    /// [`ErrorKind::Busy`] when another open file description holds it (another process, or
+    /// another open in this one); the kernel releases it when the holder exits. Once held, the
+    /// staged files of dead writers are removed ([`FsRoot::remove_stale_staging`]).
     pub fn lock(&self, name: &str) -> Result<crate::tier::TierLock> {
         use std::io::{Read, Seek, Write};
         validate_key(name)?;
         if name.contains('/') {
             return Err(Error::new(ErrorKind::InvalidKey, format!("lock name {name:?}: one path component")));
         }
-        let path = self.root.join(format!("{RESERVED_PREFIX}-lock-{name}"));
+        self.check_writable(Operation::Open, name)?;
+        let file_name = format!("{RESERVED_PREFIX}-lock-{name}");
+        let path = self.root.join(&file_name);
         let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Open).with_key(name);
-        let mut file =
-            fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(ctx)?;
-        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
+        let c = at::c_name(&file_name).map_err(ctx)?;
+        let fd = at::openat2(
+            self.root_fd(),
+            &c,
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW,
+            0o644,
+            self.resolve_flags(),
+        )
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                self.link_refused(&file_name).with_operation(Operation::Open)
+            } else {
+                ctx(e)
+            }
+        })?;
+        let mut file = File::from(fd);
+        if let Err(e) = at::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
+                let _ = (&mut file).take(256).read_to_string(&mut holder);
                 let holder = holder.trim();
                 return Err(Error::new(
                     ErrorKind::Busy,
@@ -377,35 +557,69 @@ impl FsRoot {
         file.set_len(0).map_err(ctx)?;
         file.rewind().map_err(ctx)?;
         write!(file, "pid {}", std::process::id()).map_err(ctx)?;
+        match self.remove_stale_staging() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(root = %self.root.display(), removed = n, "removed staged files of dead writers"),
+            Err(e) => tracing::warn!(root = %self.root.display(), "cleaning the staging directory: {e}"),
+        }
         Ok(crate::tier::TierLock::new(file))
     }
 
-    /// Removes a committed object and makes the removal durable.
+    /// Removes a committed object and makes the removal durable. Never removes through a link:
+    /// a link on the way, or at the key, is an error naming it.
     pub fn delete(&self, key: &str) -> Result<()> {
         self.check_writable(Operation::Delete, key)?;
-        let meta = self.stat(key).map_err(|e| e.with_operation(Operation::Delete))?;
-        let path = self.path_of(&meta.key);
-        fs::remove_file(&path).map_err(|e| Error::from(e).with_operation(Operation::Delete).with_key(key))?;
-        if let Some(parent) = path.parent() {
-            fsync_dir(parent).map_err(|e| e.with_operation(Operation::Delete))?;
+        validate_key(key).map_err(|e| e.with_operation(Operation::Delete))?;
+        let (parent, leaf) = split_key(key);
+        let del = |e: Error| e.with_operation(Operation::Delete).with_key(key);
+        let dir = self.dir_fd(parent, false, false).map_err(del)?;
+        let st = self.stat_in(dir.as_raw_fd(), leaf, key).map_err(del)?;
+        if !at::is_file(&st) {
+            return Err(del(Error::new(ErrorKind::NotFound, "not a regular file")));
         }
-        Ok(())
+        let c = at::c_name(leaf).map_err(|e| del(Error::from(e)))?;
+        at::unlinkat(dir.as_raw_fd(), &c).map_err(|e| del(Error::from(e)))?;
+        self.fsync_dir_fd(dir.as_raw_fd(), parent, false).map_err(del)
     }
 
-    /// A fresh path in the staging directory (created on first use).
-    pub fn new_staging_path(&self) -> Result<PathBuf> {
+    /// Creates a new staged file (the staging directory is made on first use), opened
+    /// read-write with `extra_flags` (`O_DIRECT`), exclusively and never through a link, and
+    /// held with a shared `flock` for as long as the returned file (or a descriptor duplicated
+    /// from it) is open: what tells a live writer's staged file from a dead one's. On an error
+    /// nothing stays behind.
+    pub fn create_staged(&self, extra_flags: i32) -> Result<(File, StagedFile)> {
         self.check_writable(Operation::Create, STAGING_DIR)?;
-        if !self.staging.is_dir() {
-            fs::create_dir_all(&self.staging)
-                .map_err(|e| Error::from(e).with_operation(Operation::Create).with_key(STAGING_DIR))?;
-        }
+        let dir = Arc::new(self.dir_fd(STAGING_DIR, true, false).map_err(|e| e.with_operation(Operation::Create))?);
         let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
-        Ok(self.staging.join(format!("{}-{seq}", std::process::id())))
+        let name = at::c_name(&format!("{}-{seq}", std::process::id())).map_err(Error::from)?;
+        let staged = StagedFile { dir, name };
+        let fd = at::openat2(
+            staged.dir.as_raw_fd(),
+            &staged.name,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | extra_flags,
+            0o644,
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+        );
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => {
+                // The kernel may create the file before it refuses O_DIRECT.
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    let _ = staged.remove();
+                }
+                return Err(Error::from(e).with_operation(Operation::Create).with_key(staged.display()));
+            }
+        };
+        if let Err(e) = at::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) {
+            let _ = staged.remove();
+            return Err(Error::from(e).with_operation(Operation::Create).with_key(staged.display()));
+        }
+        Ok((File::from(fd), staged))
     }
 
     /// Makes a staged file durable and visible under `key`: fsync the data, create missing
     /// parent directories, rename atomically, fsync every directory that changed.
-    pub fn commit_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+    pub fn commit_staged(&self, file: &File, staged: &StagedFile, key: &str) -> Result<ObjectMeta> {
         validate_key(key)?;
         file.sync_data().map_err(|e| Error::from(e).with_operation(Operation::Commit).with_key(key))?;
         self.publish_staged(file, staged, key)
@@ -413,7 +627,7 @@ impl FsRoot {
 
     /// The second half of [`FsRoot::commit_staged`], for callers that synced the data
     /// themselves: create missing parents, rename atomically, fsync the directories.
-    pub fn publish_staged(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+    pub fn publish_staged(&self, file: &File, staged: &StagedFile, key: &str) -> Result<ObjectMeta> {
         self.rename_staged(file, staged, key, true)
     }
 
@@ -423,74 +637,97 @@ impl FsRoot {
     /// shorter than written. For copies whose source stays durable elsewhere (a checkpoint
     /// restored into a directory with `--no-sync`); [`FsRoot::commit_staged`] is the durable
     /// commit.
-    pub fn publish_staged_unsynced(&self, file: &File, staged: &Path, key: &str) -> Result<ObjectMeta> {
+    pub fn publish_staged_unsynced(&self, file: &File, staged: &StagedFile, key: &str) -> Result<ObjectMeta> {
         self.rename_staged(file, staged, key, false)
     }
 
-    fn rename_staged(&self, file: &File, staged: &Path, key: &str, sync: bool) -> Result<ObjectMeta> {
-        let ctx = |e: io::Error| Error::from(e).with_operation(Operation::Commit).with_key(key);
+    fn rename_staged(&self, file: &File, staged: &StagedFile, key: &str, sync: bool) -> Result<ObjectMeta> {
+        let ctx = |e: Error| e.with_operation(Operation::Commit).with_key(key);
+        self.check_writable(Operation::Commit, key)?;
         validate_key(key)?;
-        let dest = self.path_of(key);
-        let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
+        let (parent, leaf) = split_key(key);
         // Create missing parents one level at a time so each new entry can be fsynced; under
         // the lock, so that a parent found present is one whose creation is durable.
         let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
-        let mut missing = Vec::new();
-        let mut p = parent.as_path();
-        while p != self.root && !p.is_dir() {
-            missing.push(p.to_path_buf());
-            p = match p.parent() {
-                Some(pp) => pp,
-                None => break,
-            };
-        }
-        for dir in missing.iter().rev() {
-            match fs::create_dir(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(ctx(e)),
-            }
-            if let Some(pp) = dir.parent().filter(|_| sync) {
-                fsync_dir(pp).map_err(|e| e.with_operation(Operation::Commit))?;
-            }
-        }
+        let dir = self.dir_fd(parent, true, sync).map_err(ctx)?;
         drop(dirs);
-        if dest.is_dir() {
-            return Err(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")
-                .with_operation(Operation::Commit)
-                .with_key(key));
+        let c_leaf = at::c_name(leaf).map_err(|e| ctx(Error::from(e)))?;
+        match self.stat_in(dir.as_raw_fd(), leaf, key) {
+            Ok(st) if at::is_dir(&st) => {
+                return Err(ctx(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(ctx(e)),
         }
-        fs::rename(staged, &dest).map_err(ctx)?;
+        at::renameat(staged.dir.as_raw_fd(), &staged.name, dir.as_raw_fd(), &c_leaf)
+            .map_err(|e| ctx(Error::from(e)))?;
         if sync {
-            fsync_dir(&parent).map_err(|e| e.with_operation(Operation::Commit))?;
+            // The rename is durable only with its directory's fsync. Retried once; if it still
+            // fails, the object is un-published (renamed back into staging, where its writer's
+            // guard removes it), so that an error never leaves a visible object that a later
+            // open would take for committed.
+            let first = self.fsync_dir_fd(dir.as_raw_fd(), parent, true);
+            if let Err(e1) = first {
+                if let Err(e2) = self.fsync_dir_fd(dir.as_raw_fd(), parent, true) {
+                    let undone = at::renameat(dir.as_raw_fd(), &c_leaf, staged.dir.as_raw_fd(), &staged.name);
+                    let _ = at::fsync(dir.as_raw_fd());
+                    let what = match undone {
+                        Ok(()) => "the object was un-published".to_string(),
+                        Err(u) => format!("un-publishing it failed too ({u})"),
+                    };
+                    return Err(ctx(Error::new(
+                        e2.kind(),
+                        format!("the directory fsync after the rename failed twice ({e1}; {e2}): {what}"),
+                    )));
+                }
+                tracing::warn!(key, "a directory fsync after the rename failed once and succeeded when retried: {e1}");
+            }
         }
-        let meta = file.metadata().map_err(ctx)?;
-        Ok(ObjectMeta { key: key.to_string(), size: meta.len(), modified: meta.modified().ok() })
+        let st = at::fstat(file.as_raw_fd()).map_err(|e| ctx(Error::from(e)))?;
+        Ok(ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: at::mtime(&st) })
     }
 
-    /// Removes staged files left by processes that are no longer running (best effort).
-    /// Returns how many were removed.
+    /// Removes staged files left by writers that are no longer running: the pid in the name
+    /// is not alive and nobody holds the file's `flock` (a live writer holds it shared for the
+    /// file's life, which also covers a writer in another pid namespace). This process's own
+    /// files are left to their guards. Returns how many were removed.
     pub fn remove_stale_staging(&self) -> Result<usize> {
-        let rd = match fs::read_dir(&self.staging) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(Error::from(e).with_operation(Operation::Open).with_key(STAGING_DIR)),
+        if self.follow_links {
+            return Ok(0);
+        }
+        let dir = match self.dir_fd(STAGING_DIR, false, false) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e.with_operation(Operation::Open)),
         };
+        let names = at::read_dir_names(dir.as_raw_fd()).map_err(|e| Error::from(e).with_key(STAGING_DIR))?;
+        let me = std::process::id() as i32;
         let mut removed = 0;
-        for ent in rd.flatten() {
-            let name = ent.file_name();
-            let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
-            let alive = match pid {
-                Some(pid) => {
-                    // SAFETY: kill with signal 0 only checks whether the process exists.
-                    let rc = unsafe { libc::kill(pid, 0) };
-                    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-                }
-                None => true,
+        for name in names {
+            let pid = name.to_str().ok().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
+            if pid.is_none_or(|p| p == me || pid_alive(p)) {
+                continue;
+            }
+            let stale = match at::openat2(
+                dir.as_raw_fd(),
+                &name,
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                0,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            ) {
+                // Nobody holds it: no live writer.
+                Ok(fd) => at::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB).is_ok(),
+                // A link or something else that is not ours to open: not a staged file at all.
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => true,
+                Err(_) => false,
             };
-            if !alive && fs::remove_file(ent.path()).is_ok() {
+            if stale && at::unlinkat(dir.as_raw_fd(), &name).is_ok() {
                 removed += 1;
             }
+        }
+        if removed > 0 {
+            let _ = at::fsync(dir.as_raw_fd());
         }
         Ok(removed)
     }

@@ -642,7 +642,15 @@ impl Driver {
                         return self.submit_open(id, b, i, root_fd, false);
                     }
                     let msg = if errno == libc::EXDEV { "path leads outside the tier root" } else { "open failed" };
-                    let e = b.err(i, Error::from_errno(errno, msg));
+                    let e = match &b.target {
+                        // A link inside a root that does not follow links: named.
+                        Target::Keys { root } if errno == libc::ELOOP && !root.follows_links() => {
+                            let key = b.batch.get(i).map(|(k, _)| k).unwrap_or("");
+                            root.explain_eloop(key, std::io::Error::from_raw_os_error(errno))
+                        }
+                        _ => Error::from_errno(errno, msg),
+                    };
+                    let e = b.err(i, e);
                     b.states[i].result = Some(Err(e));
                     return self.entry_done(b, i);
                 }

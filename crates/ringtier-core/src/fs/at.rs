@@ -1,0 +1,168 @@
+//! System calls relative to directory descriptors (`openat2`, `fstatat`, `mkdirat`,
+//! `unlinkat`, `renameat`, `getdents` through `fdopendir`): what [`FsRoot`](super::FsRoot)
+//! builds its confinement from. Every unsafe block of the module is here, each small.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+/// A path or name as a C string; a NUL inside is `InvalidInput`.
+pub(crate) fn c_name(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `openat2(dir, path, flags | O_CLOEXEC, mode, resolve)`.
+pub(crate) fn openat2(dir: RawFd, path: &CStr, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
+    // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { u64::from(mode) } else { 0 };
+    how.resolve = resolve;
+    // SAFETY: dir is an open descriptor (or AT_FDCWD), path is NUL-terminated and how is a
+    // valid open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a freshly opened descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `fstatat(dir, name, flags)`: `AT_SYMLINK_NOFOLLOW` in `flags` looks at a link itself.
+pub(crate) fn fstatat(dir: RawFd, name: &CStr, flags: i32) -> io::Result<libc::stat> {
+    // SAFETY: stat is a plain C struct; all-zero is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: dir is open, name NUL-terminated, st writable and of the right type.
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// `fstat(fd)`.
+pub(crate) fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is a plain C struct; all-zero is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open and st writable and of the right type.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// `mkdirat(dir, name, 0o777)` (less the umask).
+pub(crate) fn mkdirat(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: dir is open and name NUL-terminated.
+    check(unsafe { libc::mkdirat(dir, name.as_ptr(), 0o777) })
+}
+
+/// `unlinkat(dir, name, 0)`: a file or a link, never what a link points at.
+pub(crate) fn unlinkat(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: dir is open and name NUL-terminated.
+    check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) })
+}
+
+/// `renameat(from_dir, from, to_dir, to)`: replaces `to` (a link itself, never its target).
+pub(crate) fn renameat(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    // SAFETY: both descriptors are open and both names NUL-terminated.
+    check(unsafe { libc::renameat(from_dir, from.as_ptr(), to_dir, to.as_ptr()) })
+}
+
+/// `fsync(fd)`, retried on EINTR.
+pub(crate) fn fsync(fd: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: fsync on an open descriptor.
+        match check(unsafe { libc::fsync(fd) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// `flock(fd, op)`.
+pub(crate) fn flock(fd: RawFd, op: libc::c_int) -> io::Result<()> {
+    // SAFETY: flock on an open descriptor; with LOCK_NB it never blocks.
+    check(unsafe { libc::flock(fd, op) })
+}
+
+/// Whether a `stat` mode is a symbolic link, a directory, a regular file.
+pub(crate) fn is_link(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFLNK
+}
+
+/// See [`is_link`].
+pub(crate) fn is_dir(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// See [`is_link`].
+pub(crate) fn is_file(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+/// The modification time of a `stat`.
+pub(crate) fn mtime(st: &libc::stat) -> Option<std::time::SystemTime> {
+    let secs = u64::try_from(st.st_mtime).ok()?;
+    let nanos = u32::try_from(st.st_mtime_nsec).ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::new(secs, nanos))
+}
+
+/// The names in the open directory `dir` (without `.` and `..`), read through a duplicate of
+/// the descriptor so that `dir` stays open and usable.
+pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an open descriptor returns a new one or -1.
+    let dup = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: dup is a fresh descriptor nothing else owns.
+    let dup = unsafe { OwnedFd::from_raw_fd(dup) };
+    // The duplicate shares the file offset: start from the beginning.
+    // SAFETY: lseek on an open descriptor.
+    if unsafe { libc::lseek(dup.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let raw = dup.into_raw_fd();
+    // SAFETY: raw is an open directory descriptor; on success the DIR owns it.
+    let dirp = unsafe { libc::fdopendir(raw) };
+    if dirp.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so raw is still ours to close.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        return Err(e);
+    }
+    let mut names = Vec::new();
+    let result = loop {
+        // readdir reports errors only through errno.
+        // SAFETY: __errno_location returns this thread's errno.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: dirp is an open DIR that only this function uses.
+        let ent = unsafe { libc::readdir64(dirp) };
+        if ent.is_null() {
+            let e = io::Error::last_os_error();
+            break if e.raw_os_error().unwrap_or(0) == 0 { Ok(()) } else { Err(e) };
+        }
+        // SAFETY: readdir returned an entry whose d_name is NUL-terminated and valid until the
+        // next readdir on dirp; it is copied out at once.
+        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
+        let bytes = name.to_bytes();
+        if bytes != b"." && bytes != b".." {
+            names.push(name.to_owned());
+        }
+    };
+    // SAFETY: dirp is open; closedir closes it and its descriptor.
+    unsafe { libc::closedir(dirp) };
+    result.map(|()| names)
+}

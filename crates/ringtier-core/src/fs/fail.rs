@@ -1,0 +1,43 @@
+//! Fail points of a file tier's root (feature `fail-points`, for tests): make chosen system
+//! calls fail as the kernel would, so that the handling of each failure can be tested.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Faults to inject into an [`FsRoot`](super::FsRoot). Share one between a test and a tier.
+#[derive(Debug, Default)]
+pub struct FsFailPoints {
+    /// How many of the next directory fsyncs after a publishing rename fail.
+    dir_fsync: AtomicU32,
+    /// The errno they fail with (`EIO` when 0).
+    errno: AtomicU32,
+    /// Faults fired so far.
+    fired: AtomicU64,
+}
+
+impl FsFailPoints {
+    /// No faults armed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The next `times` directory fsyncs that follow a publishing rename fail with `errno`.
+    pub fn fail_dir_fsync_after_rename(&self, times: u32, errno: i32) {
+        self.errno.store(errno as u32, Ordering::SeqCst);
+        self.dir_fsync.store(times, Ordering::SeqCst);
+    }
+
+    /// Faults fired so far.
+    pub fn fired(&self) -> u64 {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// The errno for this directory fsync, when one is armed.
+    pub(super) fn take_dir_fsync(&self) -> Option<i32> {
+        self.dir_fsync.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).ok()?;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        match self.errno.load(Ordering::SeqCst) {
+            0 => Some(libc::EIO),
+            e => Some(e as i32),
+        }
+    }
+}

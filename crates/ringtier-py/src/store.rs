@@ -24,6 +24,25 @@ use crate::errors::{self, IntoPy};
 use crate::loader::open_tier;
 use crate::view::fill_view;
 
+/// The part of a Python checkpoint holding its tree and plain values (`ringtier/_state.py`).
+const STATE_JSON: &str = "state.json";
+
+/// The most bytes of a checkpoint's `state.json` read for Python (1 GiB): it holds the
+/// state's tree, tensor metadata and plain values, never tensor data, and Python parses it
+/// whole. A larger one is refused from its manifest size, before it is read.
+const MAX_STATE_JSON_BYTES: u64 = 1 << 30;
+
+/// Refuses a `state.json` part of `size` bytes over [`MAX_STATE_JSON_BYTES`].
+fn check_state_json(name: &str, size: u64) -> ringtier_core::Result<()> {
+    if name == STATE_JSON && size > MAX_STATE_JSON_BYTES {
+        return Err(ringtier_core::Error::new(
+            ringtier_core::ErrorKind::Corrupt,
+            format!("part {name:?} of {size} bytes is larger than a Python state can be ({MAX_STATE_JSON_BYTES})"),
+        ));
+    }
+    Ok(())
+}
+
 /// The parts of a save as Python hands them over: a name and the buffers to concatenate.
 type PyParts<'py> = Vec<(String, Vec<Bound<'py, PyAny>>)>;
 
@@ -221,7 +240,7 @@ impl CheckpointStore {
         }
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
-        let opened: Vec<_> = tiers.iter().map(|d| open_tier(d, engine, None, create)).collect::<PyResult<Vec<_>>>()?;
+        let opened: Vec<_> = tiers.iter().map(|d| open_tier(d, engine, None, create, false)).collect::<PyResult<Vec<_>>>()?;
         let cfg = StoreConfig::default()
             .with_prefix(prefix)
             .with_chunk_bytes(chunk_bytes)
@@ -319,15 +338,36 @@ impl CheckpointStore {
         };
         let parts = PyList::empty(py);
         for (name, data) in restored.parts {
+            check_state_json(&name, data.len() as u64).py_err()?;
             parts.append((name, PartBuffer::new(data)))?;
         }
         Ok(Some((restored.step, restored.tier, parts, restored.fallbacks).into_pyobject(py)?.into_any()))
     }
 
-    /// Reads part `name` of checkpoint `step` (checksum verified) into a new `PartBuffer`.
+    /// Reads part `name` of checkpoint `step` (checksum verified) into a new `PartBuffer`. A
+    /// `state.json` larger than [`MAX_STATE_JSON_BYTES`] is refused before it is read.
     fn read_part(&self, py: Python<'_>, step: u64, name: String) -> PyResult<PartBuffer> {
         let st = self.st()?;
-        let data = wait_plain(py, &st.engine, st.store.read_part(step, &name))?.py_err()?;
+        let mut data = Vec::new();
+        let mut sink = FnSink(|ev: RestoreEvent<'_>| {
+            match ev {
+                RestoreEvent::Begin(part) => {
+                    check_state_json(&part.name, part.size)?;
+                    data.clear();
+                    let n = usize::try_from(part.end - part.start).unwrap_or(usize::MAX);
+                    data.try_reserve_exact(n).map_err(|e| {
+                        let why = format!("part {:?} ({n} bytes) does not fit in memory: {e}", part.name);
+                        ringtier_core::Error::new(ringtier_core::ErrorKind::ResourceExhausted, why)
+                    })?;
+                }
+                RestoreEvent::Data { bytes, .. } => data.extend_from_slice(bytes),
+                RestoreEvent::Discard(_) => data.clear(),
+                RestoreEvent::Finish(_) => {}
+            }
+            Ok(())
+        });
+        let opts = RestoreOptions::default().with_parts(Some(vec![name]));
+        wait_plain(py, &st.engine, st.store.restore(step, &mut sink, &opts))?.py_err()?;
         Ok(PartBuffer::new(data))
     }
 

@@ -26,6 +26,8 @@
 //! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
 //! alone).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 mod tfrecord;
 mod wds;

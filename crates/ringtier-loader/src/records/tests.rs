@@ -252,3 +252,45 @@ fn tfrecord_lengths_past_the_shard_are_errors() {
         }
     }
 }
+
+#[test]
+fn a_long_name_belongs_to_the_next_member_whatever_its_type() {
+    // A GNU long name for a directory, then a file: the file keeps its own name.
+    let mut tar = Vec::new();
+    let long = format!("{}/", "d".repeat(150));
+    write_tar_member(&mut tar, "././@LongLink", long.as_bytes());
+    tar[156] = b'L';
+    fix_tar_checksum(&mut tar[..512]);
+    let dir = tar.len();
+    write_tar_member(&mut tar, "ddd/", b"");
+    tar[dir + 156] = b'5';
+    fix_tar_checksum(&mut tar[dir..dir + 512]);
+    let file = tar.len();
+    write_tar_member(&mut tar, "x.txt", b"hello");
+    write_tar_end(&mut tar);
+    let out = parse_all(&mut wds::WdsParser::new(0, tar.len() as u64), &tar, 100);
+    let r = out[0].as_ref().expect("sample");
+    assert_eq!((r.key.as_str(), r.offset, r.field("txt")), ("x", file as u64, Some(&b"hello"[..])));
+    fuzzing::wds(&[0].iter().chain(&tar).copied().collect::<Vec<u8>>());
+}
+
+#[test]
+fn fuzz_entry_points_accept_valid_and_hostile_input() {
+    let (tar, _) = wds_shard(5);
+    let mut tfr = Vec::new();
+    for d in payloads(5) {
+        write_tfrecord(&mut tfr, &d);
+    }
+    for piece in [0u8, 1, 7, 255] {
+        let with = |b: &[u8]| [piece].iter().chain(b).copied().collect::<Vec<u8>>();
+        fuzzing::wds(&with(&tar));
+        fuzzing::wds(&with(&tar[..tar.len() / 2]));
+        fuzzing::tfrecord(&with(&tfr));
+        fuzzing::tfrecord(&with(&tfr[..tfr.len() - 5]));
+        fuzzing::tfrecord(&with(&tar));
+        fuzzing::wds(&with(&tfr));
+    }
+    fuzzing::index(b"");
+    fuzzing::index(b"\xff\x00v1.2 1\njpg 512 3 a.jpg cls 1536 1 a.cls\n");
+    fuzzing::index(b"\x00\x01 0 16\n16 20\n\xff");
+}

@@ -211,9 +211,14 @@ impl WdsParser {
             if self.sample.as_ref().is_some_and(|(k, ..)| k != split_key(&self.path).0) {
                 self.flush(out);
             }
+        } else if kind == Kind::Skip {
+            // A long name or pax path names the next member, whatever its type: a directory's
+            // long name is not the next file's.
+            self.path = self.next_path.take().unwrap_or(path);
+            self.sample_start = None;
         } else {
             self.path = path;
-            if kind != Kind::Skip && self.sample_start.is_none() {
+            if self.sample_start.is_none() {
                 self.sample_start = Some(self.member_start);
             }
         }

@@ -22,7 +22,7 @@
 //! A retried conditional write whose first attempt did land is answered 412; the lease is
 //! then read back, and if it holds exactly what was sent, it is ours.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -158,18 +158,35 @@ fn process_id() -> &'static str {
     })
 }
 
-/// Leases this process holds or is releasing (endpoint, bucket, object path).
-fn held() -> &'static Mutex<HashSet<String>> {
-    static HELD: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    HELD.get_or_init(|| Mutex::new(HashSet::new()))
+/// Leases this process holds (`false`) or is releasing (`true`), by endpoint, bucket and
+/// object path.
+fn held() -> &'static Mutex<HashMap<String, bool>> {
+    static HELD: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+    HELD.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A lease's place in [`held`], given up when dropped.
-struct Held(String);
+/// Holder ids of the leases this process holds or is releasing.
+fn live_holders() -> &'static Mutex<std::collections::HashSet<String>> {
+    static LIVE: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(std::collections::HashSet::new()))
+}
+
+/// `host H, pid P` of a holder id `H/P/TOKEN/N`, with the rest after it.
+fn describe(holder: &str) -> String {
+    let mut it = holder.splitn(3, '/');
+    match (it.next(), it.next(), it.next()) {
+        (Some(h), Some(p), Some(rest)) => format!("host {h}, pid {p} (lease {rest})"),
+        _ => format!("{holder:?}"),
+    }
+}
+
+/// A lease's place in [`held`] and its holder id in [`live_holders`], given up when dropped.
+struct Held(String, String);
 
 impl Drop for Held {
     fn drop(&mut self) {
         held().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.0);
+        live_holders().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
     }
 }
 
@@ -182,10 +199,16 @@ pub(crate) struct LeaseGuard {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     inner: Arc<Inner>,
     name: String,
+    /// Its key in [`held`].
+    place: String,
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        // Releasing: a lock taken again in this process waits for the DELETE to end.
+        if let Some(r) = held().lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.place) {
+            *r = true;
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -296,24 +319,54 @@ pub(crate) async fn acquire(inner: &Arc<Inner>, name: &str) -> Result<LeaseGuard
     })?;
     let url = object_url(inner, &path);
     let place = format!("{}|{}|{path}", inner.endpoint.as_deref().unwrap_or("aws"), inner.cfg.bucket);
-    if !held().lock().unwrap_or_else(|p| p.into_inner()).insert(place.clone()) {
-        return Err(Error::new(
-            ErrorKind::Busy,
-            format!("the lease {url} is held by this process ({}) already", process_id().trim_end_matches('/')),
-        )
-        .context(Operation::Open, name, &inner.cfg.name));
-    }
-    let held_place = Held(place);
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let holder = format!("{}{}", process_id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let timeout = inner.cfg.lease_timeout;
     let lease = Lease { inner: Arc::clone(inner), url, key };
-    let (etag, rec, lease) =
-        inner.spawn(async move { take(&lease, &holder, timeout).await.map(|(e, r)| (e, r, lease)) }).await??;
+    let wait = inner.cfg.request_timeout * 2;
+    let (etag, rec, lease, held_place) = inner
+        .spawn(async move {
+            // Held here already: Busy; being released by a guard just dropped: wait for the
+            // release (its DELETE) to end first.
+            let since = std::time::Instant::now();
+            loop {
+                let releasing = {
+                    let mut h = held().lock().unwrap_or_else(|p| p.into_inner());
+                    match h.get(&place) {
+                        None => {
+                            h.insert(place.clone(), false);
+                            break;
+                        }
+                        Some(r) => *r,
+                    }
+                };
+                if !releasing || since.elapsed() > wait {
+                    return Err(lease.fail(
+                        ErrorKind::Busy,
+                        format!(
+                            "the lease {} is held by this process already ({})",
+                            lease.url,
+                            describe(process_id().trim_end_matches('/'))
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            live_holders().lock().unwrap_or_else(|p| p.into_inner()).insert(holder.clone());
+            let held_place = Held(place, holder.clone());
+            take(&lease, &holder, timeout).await.map(|(e, r)| (e, r, lease, held_place))
+        })
+        .await??;
     inner.lost_leases.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let guard = LeaseGuard {
+        stop: Some(stop_tx),
+        inner: Arc::clone(inner),
+        name: name.to_string(),
+        place: held_place.0.clone(),
+    };
     inner.io_handle().spawn(renew(lease, etag, rec, stop_rx, held_place, name.to_string()));
-    Ok(LeaseGuard { stop: Some(stop_tx), inner: Arc::clone(inner), name: name.to_string() })
+    Ok(guard)
 }
 
 /// Creates the lease, or takes over a stale one; returns its ETag and what it holds.
@@ -332,9 +385,13 @@ async fn take(lease: &Lease, holder: &str, timeout: Duration) -> Result<(String,
             return Ok((etag, rec)); // our own create, answered 412 on a retry
         }
         let their_timeout = theirs.as_ref().map_or(timeout, |r| r.timeout);
-        let who = theirs.as_ref().map_or("an unknown writer (unreadable lease)".to_string(), |r| r.holder.clone());
-        // Left by this process (its guard is gone: the place was free in `held`).
-        let ours = theirs.as_ref().is_some_and(|r| r.holder.starts_with(process_id()));
+        let who = theirs.as_ref().map_or("an unknown writer (unreadable lease)".to_string(), |r| describe(&r.holder));
+        // Left by this process, whose guard is gone (a store dropped while the server was
+        // down): no live lease of this process has that holder id.
+        let ours = theirs.as_ref().is_some_and(|r| {
+            r.holder.starts_with(process_id())
+                && !live_holders().lock().unwrap_or_else(|p| p.into_inner()).contains(&r.holder)
+        });
         // Last-Modified and Date are to the second: stale past the timeout plus that second.
         let stale = seen.age.is_some_and(|a| a > their_timeout.as_secs_f64().ceil() as u64);
         if !(stale || ours) {
@@ -418,8 +475,9 @@ async fn renew(
                     Ok(seen) => {
                         let by = seen
                             .and_then(|s| parse_lease(&s.body))
-                            .map_or("deleted".to_string(), |r| format!("taken over by {}", r.holder));
-                        let why = format!("the lease {} was lost ({by}) while held by {}", lease.url, rec.holder);
+                            .map_or("deleted".to_string(), |r| format!("taken over by {}", describe(&r.holder)));
+                        let why =
+                            format!("the lease {} was lost ({by}) while held by {}", lease.url, describe(&rec.holder));
                         tracing::error!(lease = %lease.url, "s3: {why}; commits and deletes on this tier now fail");
                         inner.lost_leases.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), why);
                         let _ = stop.await;

@@ -55,6 +55,10 @@ pub const CKPT_DRAINED_BYTES_TOTAL: &str = "ringtier_checkpoint_drained_bytes_to
 pub const CKPT_EVICTIONS_TOTAL: &str = "ringtier_checkpoint_evictions_total";
 /// Restores that fell back to a slower copy (checksum mismatch or unreadable fast copy).
 pub const CKPT_RESTORE_FALLBACKS_TOTAL: &str = "ringtier_checkpoint_restore_fallbacks_total";
+/// Counter: checkpoint copies quarantined (no intact copy: set aside with a reason), by tier.
+pub const CKPT_QUARANTINED_TOTAL: &str = "ringtier_checkpoint_quarantined_total";
+/// Counter: bad checkpoint copies replaced from an intact copy on another tier, by tier.
+pub const CKPT_REPAIRS_TOTAL: &str = "ringtier_checkpoint_repairs_total";
 
 /// Time the training loop waited for its next batch.
 pub const LOADER_STALL_SECONDS: &str = "ringtier_loader_stall_seconds";
@@ -186,6 +190,18 @@ pub const CATALOG: &[MetricDef] = &[
         name: CKPT_RESTORE_FALLBACKS_TOTAL,
         kind: "counter",
         help: "Restores that used a slower copy because the faster one failed verification.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_QUARANTINED_TOTAL,
+        kind: "counter",
+        help: "Checkpoint copies quarantined: no intact copy anywhere, set aside with their reason.",
+        labels: &["tier"],
+    },
+    MetricDef {
+        name: CKPT_REPAIRS_TOTAL,
+        kind: "counter",
+        help: "Bad checkpoint copies removed and replaced from an intact copy on another tier.",
         labels: &["tier"],
     },
     MetricDef {

@@ -3,8 +3,9 @@
 mod manifest;
 mod store;
 
-pub use manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
+pub use manifest::{CheckpointManifest, PartMeta, FORMAT, MAX_MANIFEST_BYTES, VERSION};
 pub use store::{
-    BufferSink, CheckpointInfo, CheckpointStore, DrainStats, FnSink, OnFull, Part, PartData, PartInfo, RestoreEvent,
-    RestoreOptions, RestoreReport, RestoreSink, Restored, SaveReport, SeekRead, StoreConfig, TierSink,
+    is_bad_copy, BufferSink, CheckpointInfo, CheckpointStore, DrainStats, FnSink, OnFull, Part, PartData, PartInfo,
+    QuarantinedCopy, RestoreEvent, RestoreOptions, RestoreReport, RestoreSink, Restored, SaveReport, SeekRead,
+    StoreConfig, TierSink, QUARANTINE_FILE,
 };

@@ -150,15 +150,32 @@ struct Call {
 }
 
 impl Call {
-    /// The quoted strings among the arguments (paths), in order.
-    fn paths(&self) -> Vec<String> {
+    /// The paths among the arguments, each name relative to a directory descriptor (`*at`
+    /// calls: `5</root/dir>, "name"`) joined to the path strace shows for that descriptor
+    /// (`-y`), in order.
+    fn resolved_paths(&self) -> Vec<String> {
         let mut out = Vec::new();
-        let mut rest = self.args.as_str();
-        while let Some(i) = rest.find('"') {
-            let tail = &rest[i + 1..];
-            let Some(j) = tail.find('"') else { break };
-            out.push(tail[..j].to_string());
-            rest = &tail[j + 1..];
+        let mut dir: Option<String> = None;
+        for tok in self.args.split(", ") {
+            let tok = tok.trim();
+            if let Some(q) = tok.strip_prefix('"') {
+                let name = q.split('"').next().unwrap_or_default();
+                let full = match dir.take() {
+                    Some(d) if !name.starts_with('/') => {
+                        if name == "." {
+                            d
+                        } else {
+                            format!("{d}/{name}")
+                        }
+                    }
+                    _ => name.to_string(),
+                };
+                out.push(full);
+            } else if let (Some(a), Some(b)) = (tok.find('<'), tok.rfind('>')) {
+                dir = Some(tok[a + 1..b].trim_end_matches(" (deleted)").to_string());
+            } else {
+                dir = None;
+            }
         }
         out
     }
@@ -225,7 +242,7 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
         .iter()
         .filter(ok)
         .filter(|c| matches!(c.name.as_str(), "rename" | "renameat" | "renameat2"))
-        .filter(|c| c.paths().get(1).is_some_and(|d| d.starts_with(&format!("{root}/ckpt/"))))
+        .filter(|c| c.resolved_paths().get(1).is_some_and(|d| d.starts_with(&format!("{root}/ckpt/"))))
         .collect();
     let fsyncs: Vec<&Call> =
         calls.iter().filter(ok).filter(|c| matches!(c.name.as_str(), "fsync" | "fdatasync")).collect();
@@ -233,11 +250,13 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
         fsyncs.iter().find(|s| s.start > after && s.fd_path().as_deref() == Some(dir)).copied()
     };
     let marker = |what: &str| {
-        calls.iter().find(|c| c.name == "openat" && c.paths().iter().any(|p| p.ends_with(&format!("{MARKER}-{what}"))))
+        calls
+            .iter()
+            .find(|c| c.name == "openat" && c.resolved_paths().iter().any(|p| p.ends_with(&format!("{MARKER}-{what}"))))
     };
     let mut manifests = 0;
     for r in &renames {
-        let paths = r.paths();
+        let paths = r.resolved_paths();
         let (src, dst) = (&paths[0], &paths[1]);
         // The data is durable before the name is: the staged file's fsync ends before the
         // rename, after its last write.
@@ -260,10 +279,10 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
             // Every part is durable (renamed, its directory fsynced) before the manifest's
             // rename, the commit point; nothing is renamed into the checkpoint after it.
             let parts: Vec<&&Call> =
-                renames.iter().filter(|p| p.paths()[1].starts_with(&format!("{step_dir}/parts/"))).collect();
+                renames.iter().filter(|p| p.resolved_paths()[1].starts_with(&format!("{step_dir}/parts/"))).collect();
             assert_eq!(parts.len(), PARTS.len(), "{step_dir}: parts committed: {parts:?}");
             for p in parts {
-                let pd = p.paths()[1].clone();
+                let pd = p.resolved_paths()[1].clone();
                 assert!(p.end < r.start, "{pd} renamed after the manifest {dst}");
                 let synced = dir_synced_after(parent(&pd), p.end);
                 assert!(
@@ -283,11 +302,11 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
         .iter()
         .filter(ok)
         .filter(|c| matches!(c.name.as_str(), "mkdir" | "mkdirat"))
-        .filter(|c| c.paths().first().is_some_and(|d| d.starts_with(&format!("{root}/ckpt"))))
+        .filter(|c| c.resolved_paths().first().is_some_and(|d| d.starts_with(&format!("{root}/ckpt"))))
         .collect();
     for m in &mkdirs {
-        let dir = m.paths()[0].clone();
-        let first_use = renames.iter().find(|r| r.paths()[1].starts_with(&format!("{dir}/"))).map(|r| r.start);
+        let dir = m.resolved_paths()[0].clone();
+        let first_use = renames.iter().find(|r| r.resolved_paths()[1].starts_with(&format!("{dir}/"))).map(|r| r.start);
         if let Some(first_use) = first_use {
             let synced = dir_synced_after(parent(&dir), m.end);
             assert!(
@@ -302,16 +321,16 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
         .iter()
         .filter(ok)
         .filter(|c| matches!(c.name.as_str(), "unlink" | "unlinkat"))
-        .filter(|c| c.paths().iter().any(|p| p.starts_with(&format!("{root}/ckpt/"))))
+        .filter(|c| c.resolved_paths().iter().any(|p| p.starts_with(&format!("{root}/ckpt/"))))
         .collect();
     let mut evicted = 0;
-    for u in unlinks.iter().filter(|u| u.paths().iter().any(|p| p.contains("/parts/"))) {
-        let p = u.paths().into_iter().find(|p| p.contains("/parts/")).unwrap_or_default();
+    for u in unlinks.iter().filter(|u| u.resolved_paths().iter().any(|p| p.contains("/parts/"))) {
+        let p = u.resolved_paths().into_iter().find(|p| p.contains("/parts/")).unwrap_or_default();
         let step_dir = p.split("/parts/").next().unwrap_or_default().to_string();
         let manifest = format!("{step_dir}/MANIFEST.json");
         let um = unlinks
             .iter()
-            .find(|m| m.paths().contains(&manifest))
+            .find(|m| m.resolved_paths().contains(&manifest))
             .unwrap_or_else(|| panic!("{p} removed but its manifest never was"));
         assert!(um.end < u.start, "{p} removed before its manifest");
         let synced = dir_synced_after(&step_dir, um.end);

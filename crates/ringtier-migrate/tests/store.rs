@@ -108,7 +108,7 @@ async fn corrupt_copies_fall_back_to_slower_ones() {
     ops::put(fast.as_ref(), &key(2, "parts/optimizer"), &opt[..opt.len() / 2], 1 << 20).await.expect("put");
     ops::put(fast.as_ref(), &key(3, "MANIFEST.json"), b"{ not json", 4096).await.expect("put");
     let m = String::from_utf8(ops::get(fast.as_ref(), &key(4, "MANIFEST.json")).await.expect("get")).expect("utf8");
-    ops::put(fast.as_ref(), &key(4, "MANIFEST.json"), m.replace("\"version\": 1", "\"version\": 7").as_bytes(), 4096)
+    ops::put(fast.as_ref(), &key(4, "MANIFEST.json"), m.replace("\"version\": 2", "\"version\": 7").as_bytes(), 4096)
         .await
         .expect("put");
     for (step, why) in [(1, "checksum mismatch"), (2, "truncated"), (3, "not JSON"), (4, "unknown version 7")] {

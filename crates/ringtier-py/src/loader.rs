@@ -40,20 +40,24 @@ fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
     Err(errors::to_py(Error::new(ErrorKind::NotFound, why)))
 }
 
-/// One engine's tier over `dir`, reading into `pool` where given.
+/// One engine's tier over `dir`, reading into `pool` where given. A dataset (`dataset`
+/// true) is read-only and read through the links it holds; a store's directory never follows
+/// a link (docs/SECURITY.md).
 pub(crate) fn open_tier(
     dir: &Path,
     engine_name: &str,
     pool: Option<BufferPool>,
     create: bool,
+    dataset: bool,
 ) -> PyResult<Arc<dyn Tier>> {
     match engine_name {
         "uring" => {
-            let options = UringTierOptions::default().with_pool(pool).with_create_root(create);
+            let options =
+                UringTierOptions::default().with_pool(pool).with_create_root(create).with_follow_links(dataset);
             Ok(Arc::new(UringTier::with_options(dir, UringConfig::default(), options).py_err()?))
         }
         "posix" => {
-            let cfg = PosixConfig::new(dir).with_create(create);
+            let cfg = PosixConfig::new(dir).with_create(create).with_follow_links(dataset);
             Ok(Arc::new(PosixTier::new(cfg).py_err()?))
         }
         other => Err(errors::invalid(format!("engine must be \"uring\" or \"posix\", not {other:?}"))),
@@ -163,7 +167,7 @@ impl Loader {
         // List (or read the manifest) through a tier without a pool, then open the tier the
         // loader reads through with a pool of the loader's shape plus `hold` buffers for the
         // samples Python keeps.
-        let lister = open_tier(&dir, engine, None, false)?;
+        let lister = open_tier(&dir, engine, None, false, true)?;
         let alignment = lister.capabilities().alignment;
         let dataset = match keys {
             Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys(lister, keys))?,
@@ -176,7 +180,7 @@ impl Loader {
         let mut pool_cfg = ringtier_loader::Loader::pool_config(dataset.max_size(), alignment, &cfg);
         pool_cfg = pool_cfg.with_count(pool_cfg.count + hold.unwrap_or(batch_size));
         let pool = if engine == "uring" { Some(BufferPool::new(pool_cfg).py_err()?) } else { None };
-        let tier = open_tier(&dir, engine, pool, false)?;
+        let tier = open_tier(&dir, engine, pool, false, true)?;
         let dataset = dataset.with_tier(tier);
         let keys: Vec<String> = dataset.samples().iter().map(|s| s.key.clone()).collect();
         let loader = ringtier_loader::Loader::new(dataset, cfg).py_err()?;

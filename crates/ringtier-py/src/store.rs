@@ -240,7 +240,8 @@ impl CheckpointStore {
         }
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
-        let opened: Vec<_> = tiers.iter().map(|d| open_tier(d, engine, None, create, false)).collect::<PyResult<Vec<_>>>()?;
+        let opened: Vec<_> =
+            tiers.iter().map(|d| open_tier(d, engine, None, create, false)).collect::<PyResult<Vec<_>>>()?;
         let cfg = StoreConfig::default()
             .with_prefix(prefix)
             .with_chunk_bytes(chunk_bytes)

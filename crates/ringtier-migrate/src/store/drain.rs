@@ -27,7 +27,7 @@ impl DrainStats {
 }
 
 /// Chunk reads of the fast copy in flight ahead of the drain's writer (each a write chunk).
-const DRAIN_READ_DEPTH: usize = 2;
+pub(super) const DRAIN_READ_DEPTH: usize = 2;
 
 impl Inner {
     /// A drain's wait for saves in progress, counted in [`DrainStats::paused_seconds`].
@@ -76,35 +76,7 @@ impl Inner {
     /// Copies `step` from tier `from` to `from + 1`, verifying every checksum, then commits
     /// its manifest there.
     pub(super) async fn drain_one(&self, step: u64, from: usize) -> Result<u64> {
-        let to = from + 1;
-        let manifest = self.manifest(from, step).await?;
-        if self.is_committed(to, step).await? {
-            return Ok(0); // already there (recovered after a crash between commit and eviction)
-        }
-        // A partial copy from an interrupted drain is replaced part by part.
-        let mut bytes = 0;
-        for p in &manifest.parts {
-            let key = self.part_key(step, &p.name);
-            let (chunk, _) = self.chunk_layout(to);
-            let src = TierChunks::new(Arc::clone(&self.tiers[from]), key.clone(), p.size, chunk, DRAIN_READ_DEPTH);
-            let (size, crc) = self.write_stream(to, &key, true, src).await?;
-            if size != p.size || crc != p.crc32c {
-                let _ = self.tiers[to].delete(&key).await;
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "part {:?} of step {step} on tier {:?} does not match its manifest (size {size} vs {}, crc32c {crc:08x} vs {:08x}); not drained",
-                        p.name,
-                        self.tiers[from].name(),
-                        p.size,
-                        p.crc32c
-                    ),
-                ));
-            }
-            bytes += size;
-        }
-        self.write_object(to, &self.manifest_key(step), &manifest.to_bytes()).await?;
-        Ok(bytes)
+        self.copy_step(step, from, from + 1).await
     }
 }
 
@@ -126,6 +98,13 @@ pub(super) async fn drain_loop(weak: Weak<Inner>, mut rx: mpsc::UnboundedReceive
                     other => break other,
                 }
             };
+            // Deleted meanwhile: what this drain copied goes too.
+            let deleted = inner.state.lock().unwrap_or_else(|p| p.into_inner()).deleted.remove(&step);
+            if deleted {
+                let _ = inner.remove(from + 1, step).await;
+                inner.finish_drain(step, None);
+                return;
+            }
             match result {
                 Ok(bytes) => {
                     let secs = start.elapsed().as_secs_f64();
@@ -154,6 +133,20 @@ pub(super) async fn drain_loop(weak: Weak<Inner>, mut rx: mpsc::UnboundedReceive
                         inner.finish_drain(step, None);
                     }
                     inner.changed.notify_waiters();
+                }
+                // The copy being drained is bad (a part failed its checksum): with no intact
+                // copy anywhere it is quarantined, and the drain goes on with later steps.
+                Err(e) if e.kind() == ErrorKind::Corrupt => {
+                    let why = e.to_string();
+                    let res = inner.quarantine(from, step, &why).await;
+                    let _ = inner.remove(from + 1, step).await;
+                    match res {
+                        Ok(()) => inner.finish_drain(step, None),
+                        Err(q) => {
+                            tracing::error!(step, "quarantining a bad copy failed: {q}");
+                            inner.finish_drain(step, Some(format!("{why}; quarantining it failed: {q}")));
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::error!(step, "drain to {} failed: {e}", inner.tiers[from + 1].name());
@@ -198,6 +191,13 @@ impl CheckpointStore {
     /// What the drain has done since the store was opened.
     pub fn drain_stats(&self) -> DrainStats {
         *self.inner.drained.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Steps quarantined since the store was opened (at recovery or by the drain), with the
+    /// reason: what [`drain`](Self::drain) did not copy because no intact copy exists.
+    pub fn quarantined_since_open(&self) -> Vec<(u64, String)> {
+        let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.quarantined.iter().map(|(s, r)| (*s, r.clone())).collect()
     }
 
     /// Bytes of committed checkpoints waiting for or in the drain.

@@ -8,7 +8,8 @@
 //! * [`drain`]: the background copy to slower tiers;
 //! * [`evict`]: removing drained faster copies, manifest first;
 //! * [`read`]: the one read path (chunks in flight, in order) and [`RestoreSink`];
-//! * [`restore`]: list, restore into sinks, load, verify, with fallback to slower copies.
+//! * [`restore`]: list, restore into sinks, load, verify, with fallback to slower copies;
+//! * [`heal`]: checking copies, quarantine, repair from an intact copy, deleting a step.
 
 use crate::manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
 use ringtier_core::buf::AlignedBuf;
@@ -27,6 +28,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 mod config;
 mod drain;
 mod evict;
+mod heal;
 mod part;
 mod read;
 mod restore;
@@ -36,12 +38,13 @@ pub use config::{OnFull, StoreConfig};
 use drain::drain_loop;
 pub use drain::DrainStats;
 use evict::Evict;
+pub use heal::QuarantinedCopy;
 use part::*;
 pub use part::{Part, PartData, SeekRead};
 use read::{ChunkReads, Span};
 pub use read::{PartInfo, RestoreSink};
 pub use restore::{
-    BufferSink, CheckpointInfo, FnSink, RestoreEvent, RestoreOptions, RestoreReport, Restored, TierSink,
+    is_bad_copy, BufferSink, CheckpointInfo, FnSink, RestoreEvent, RestoreOptions, RestoreReport, Restored, TierSink,
 };
 pub use save::SaveReport;
 use save::*;
@@ -52,6 +55,10 @@ struct State {
     pending: BTreeMap<u64, (usize, u64)>,
     /// steps whose drain failed permanently, with the reason
     failed: BTreeMap<u64, String>,
+    /// steps quarantined since the store was opened (no intact copy), with the reason
+    quarantined: BTreeMap<u64, String>,
+    /// steps deleted while a drain of theirs may be running: the drain drops what it copied
+    deleted: BTreeSet<u64>,
 }
 
 struct Metrics {
@@ -64,6 +71,8 @@ struct Metrics {
     drained_bytes: Vec<metrics::Counter>,
     evictions: Vec<metrics::Counter>,
     fallbacks: Vec<metrics::Counter>,
+    quarantined: Vec<metrics::Counter>,
+    repairs: Vec<metrics::Counter>,
 }
 
 impl Metrics {
@@ -82,6 +91,8 @@ impl Metrics {
             drained_bytes: per(&|t| metrics::counter!(catalog::CKPT_DRAINED_BYTES_TOTAL, "tier" => t)),
             evictions: per(&|t| metrics::counter!(catalog::CKPT_EVICTIONS_TOTAL, "tier" => t)),
             fallbacks: per(&|t| metrics::counter!(catalog::CKPT_RESTORE_FALLBACKS_TOTAL, "tier" => t)),
+            quarantined: per(&|t| metrics::counter!(catalog::CKPT_QUARANTINED_TOTAL, "tier" => t)),
+            repairs: per(&|t| metrics::counter!(catalog::CKPT_REPAIRS_TOTAL, "tier" => t)),
         }
     }
 }
@@ -96,6 +107,8 @@ struct Inner {
     /// the training loop's blocking save.
     saving: std::sync::atomic::AtomicUsize,
     save_done: Notify,
+    /// Steps being saved now: a second save of one of them is refused.
+    saving_steps: Mutex<BTreeSet<u64>>,
     tx: mpsc::UnboundedSender<(u64, usize)>,
     state: Mutex<State>,
     changed: Notify,
@@ -124,6 +137,9 @@ impl fmt::Debug for CheckpointStore {
     }
 }
 
+/// Name of the marker that sets a step's copy aside (quarantine), next to its manifest.
+pub const QUARANTINE_FILE: &str = "QUARANTINE.json";
+
 /// How long `open` retries a lock held by a store that is just shutting down.
 const LOCK_GRACE: Duration = Duration::from_secs(2);
 
@@ -131,12 +147,35 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A committed or partial checkpoint found on a tier.
+/// A committed, partial or quarantined checkpoint found on a tier.
 #[derive(Debug, Default, Clone)]
 struct Found {
     manifest: bool,
+    /// A quarantine marker: the copy is set aside (whatever else is there).
+    quarantined: bool,
     keys: Vec<String>,
     bytes: u64,
+    /// Part name -> size, as listed.
+    parts: BTreeMap<String, u64>,
+}
+
+impl Found {
+    /// Committed and not quarantined.
+    fn committed(&self) -> bool {
+        self.manifest && !self.quarantined
+    }
+}
+
+/// Digits of a step's directory name: steps are written as `{step:020}`, and only such names
+/// are steps (a directory `99` someone made under the prefix is not one).
+const STEP_DIGITS: usize = 20;
+
+/// The step a directory name stands for, if it is one.
+fn parse_step_dir(name: &str) -> Option<u64> {
+    if name.len() != STEP_DIGITS || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
 }
 
 /// Warns (once per tier name and prefix in a process) when the slowest tier of a store is not
@@ -172,6 +211,10 @@ impl Inner {
         format!("{}/MANIFEST.json", self.dir(step))
     }
 
+    pub(super) fn quarantine_key(&self, step: u64) -> String {
+        format!("{}/{QUARANTINE_FILE}", self.dir(step))
+    }
+
     /// Every checkpoint directory on tier `t`.
     pub(super) async fn scan(&self, t: usize) -> Result<BTreeMap<u64, Found>> {
         let prefix = format!("{}/", self.cfg.prefix);
@@ -179,12 +222,17 @@ impl Inner {
         for meta in self.tiers[t].list(&prefix).await? {
             let rest = &meta.key[prefix.len()..];
             let Some((step, tail)) = rest.split_once('/') else { continue };
-            let Ok(step) = step.parse::<u64>() else { continue };
+            let Some(step) = parse_step_dir(step) else { continue };
             let f = out.entry(step).or_default();
             if tail == "MANIFEST.json" {
                 f.manifest = true;
+            } else if tail == QUARANTINE_FILE {
+                f.quarantined = true;
             } else {
                 f.bytes += meta.size;
+                if let Some(name) = tail.strip_prefix("parts/") {
+                    f.parts.insert(name.to_string(), meta.size);
+                }
             }
             f.keys.push(meta.key);
         }
@@ -202,7 +250,7 @@ impl Inner {
     }
 
     pub(super) async fn committed(&self, t: usize) -> Result<BTreeSet<u64>> {
-        Ok(self.scan(t).await?.into_iter().filter(|(_, f)| f.manifest).map(|(s, _)| s).collect())
+        Ok(self.scan(t).await?.into_iter().filter(|(_, f)| f.committed()).map(|(s, _)| s).collect())
     }
 
     pub(super) fn update_gauges(&self, st: &State) {
@@ -289,6 +337,7 @@ impl CheckpointStore {
             buffers: Mutex::default(),
             saving: std::sync::atomic::AtomicUsize::new(0),
             save_done: Notify::new(),
+            saving_steps: Mutex::default(),
             tx,
             state: Mutex::default(),
             changed: Notify::new(),
@@ -314,13 +363,19 @@ impl CheckpointStore {
         Ok(store)
     }
 
+    /// Recovery at open: partial checkpoints (no manifest) are removed; every manifest is read
+    /// and checked (its own checksum, its parts present at their sizes); a bad copy with an
+    /// intact copy elsewhere is removed (and, where the intact copy is slower, replaced from
+    /// it in the background); a step with no intact copy is quarantined. Then committed steps
+    /// not yet on the next tier are queued for the drain, and the eviction policy applied.
     async fn recover(&self) -> Result<()> {
         let inner = &self.inner;
         let n = inner.tiers.len();
         let mut scans = Vec::with_capacity(n);
         for t in 0..n {
             let mut found = inner.scan(t).await?;
-            let partial: Vec<u64> = found.iter().filter(|(_, f)| !f.manifest).map(|(s, _)| *s).collect();
+            let partial: Vec<u64> =
+                found.iter().filter(|(_, f)| !f.manifest && !f.quarantined).map(|(s, _)| *s).collect();
             for step in partial {
                 tracing::info!(step, tier = inner.tiers[t].name(), "removing a partial checkpoint (no manifest)");
                 inner.remove(t, step).await?;
@@ -328,9 +383,11 @@ impl CheckpointStore {
             }
             scans.push(found);
         }
+        inner.heal(&mut scans).await?;
         for t in 0..n.saturating_sub(1) {
-            for (step, f) in &scans[t] {
-                if !scans[t + 1].contains_key(step) && !(t + 2..n).any(|s| scans[s].contains_key(step)) {
+            for (step, f) in scans[t].iter().filter(|(_, f)| f.committed()) {
+                let below = |s: usize| scans[s].get(step).is_some_and(|f| f.committed());
+                if !(t + 1..n).any(below) {
                     inner.enqueue(*step, t, f.bytes);
                 }
             }

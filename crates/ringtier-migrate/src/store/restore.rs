@@ -24,12 +24,28 @@ pub struct Restored {
     pub parts: Vec<(String, Vec<u8>)>,
     /// Why faster copies were not used, one line per skipped tier.
     pub fallbacks: Vec<String>,
+    /// Newer steps passed over (by [`CheckpointStore::load_latest`]) because no copy of
+    /// theirs was intact, with the reason, newest first.
+    pub skipped: Vec<(u64, String)>,
 }
 
 impl Inner {
     pub(super) async fn manifest(&self, t: usize, step: u64) -> Result<CheckpointManifest> {
         let key = self.manifest_key(step);
         let tier = self.tiers[t].as_ref();
+        // Bounded before anything is allocated for it.
+        let meta = tier.stat(&key).await?;
+        if meta.size > crate::manifest::MAX_MANIFEST_BYTES {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "checkpoint manifest {key} on tier {:?}: {} bytes, more than a manifest can hold ({})",
+                    tier.name(),
+                    meta.size,
+                    crate::manifest::MAX_MANIFEST_BYTES
+                ),
+            ));
+        }
         let bytes = ringtier_core::ops::get(tier, &key).await?;
         CheckpointManifest::parse(&bytes, step, &format!("{key} on tier {:?}", tier.name()))
     }
@@ -73,15 +89,34 @@ impl CheckpointStore {
         Ok(self.list().await?.last().map(|c| c.step))
     }
 
-    /// Reads and verifies the newest committed checkpoint ([`latest`](Self::latest), then
-    /// [`load`](Self::load)): what a restarted training job resumes from. `None` when the store
-    /// holds none; an error (naming every copy's reason) when the newest cannot be read from
-    /// any tier, rather than silently resuming from an older step.
+    /// Reads and verifies the newest intact checkpoint: what a restarted training job resumes
+    /// from. Steps newer than it whose every copy is bad (a torn manifest, a part failing its
+    /// checksum) are passed over, each named with its reason in [`Restored::skipped`] and in a
+    /// warning. `None` when the store holds none. A step that cannot be read because a tier
+    /// cannot be asked now (an S3 server down) is an error, not passed over: resuming from an
+    /// older step is only for steps known to be bad.
     pub async fn load_latest(&self) -> Result<Option<Restored>> {
-        match self.latest().await? {
-            Some(step) => self.load(step).await.map(Some),
-            None => Ok(None),
+        let mut skipped = Vec::new();
+        for step in self.list().await?.iter().rev().map(|c| c.step) {
+            match self.load(step).await {
+                Ok(mut r) => {
+                    r.skipped = skipped;
+                    return Ok(Some(r));
+                }
+                Err(e) if is_bad_copy(&e) => {
+                    tracing::warn!(step, "skipping checkpoint {step}, no intact copy: {e}");
+                    skipped.push((step, e.to_string()));
+                }
+                Err(e) => return Err(e),
+            }
         }
+        if let Some((step, why)) = skipped.first() {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("no intact checkpoint: every step is bad (the newest, {step}: {why})"),
+            ));
+        }
+        Ok(None)
     }
 
     /// Reads and verifies checkpoint `step` into memory, one `Vec` per part: a convenience for
@@ -92,7 +127,13 @@ impl CheckpointStore {
     pub async fn load(&self, step: u64) -> Result<Restored> {
         let mut sink = VecSink::default();
         let report = self.restore(step, &mut sink, &RestoreOptions::default()).await?;
-        Ok(Restored { step, tier: report.tier_summary(), parts: sink.parts, fallbacks: report.fallbacks })
+        Ok(Restored {
+            step,
+            tier: report.tier_summary(),
+            parts: sink.parts,
+            fallbacks: report.fallbacks,
+            skipped: Vec::new(),
+        })
     }
 
     /// Reads and verifies the parts named in `buffers` into them: each buffer must be exactly
@@ -160,6 +201,12 @@ impl CheckpointStore {
         }
         Ok(out)
     }
+}
+
+/// Whether a restore error says the step's copies are bad (so an older step may be used),
+/// rather than that a tier cannot be asked now.
+pub fn is_bad_copy(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound) && !e.is_temporary()
 }
 
 /// Settings of one restore.

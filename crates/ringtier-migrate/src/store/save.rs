@@ -36,6 +36,28 @@ pub(super) fn free_slack(need: u64) -> u64 {
     need / 256 + (1 << 20)
 }
 
+/// Holds `step` in the set of steps being saved for as long as it lives.
+pub(super) struct StepGuard<'a>(&'a Inner, u64);
+
+impl<'a> StepGuard<'a> {
+    fn new(inner: &'a Inner, step: u64) -> Result<Self> {
+        if !inner.saving_steps.lock().unwrap_or_else(|p| p.into_inner()).insert(step) {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("checkpoint {step} is already being saved (wait for that save to finish)"),
+            )
+            .with_operation(Operation::Write));
+        }
+        Ok(StepGuard(inner, step))
+    }
+}
+
+impl Drop for StepGuard<'_> {
+    fn drop(&mut self) {
+        self.0.saving_steps.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
+    }
+}
+
 /// Counts a save in progress for as long as it lives.
 pub(super) struct SavingGuard<'a>(&'a Inner);
 
@@ -260,11 +282,24 @@ impl CheckpointStore {
                 return Err(Error::new(ErrorKind::InvalidInput, format!("part {:?} given twice", p.name)));
             }
         }
+        // One save of a step at a time (two `async_save`s of one step from Python, say): the
+        // second is refused rather than racing the first's files.
+        let _step_guard = StepGuard::new(inner, step)?;
         for t in 0..inner.tiers.len() {
             if inner.is_committed(t, step).await? {
                 return Err(Error::new(
                     ErrorKind::AlreadyExists,
                     format!("checkpoint {step} already exists on tier {:?}", inner.tiers[t].name()),
+                ));
+            }
+            if inner.is_quarantined(t, step).await? {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "checkpoint {step} has a quarantined copy on tier {:?} (see `ringtier ckpt ls`); remove it \
+                         first (`ringtier ckpt rm --step {step}`, CheckpointStore::delete)",
+                        inner.tiers[t].name()
+                    ),
                 ));
             }
         }

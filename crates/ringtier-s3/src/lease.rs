@@ -201,14 +201,19 @@ pub(crate) struct LeaseGuard {
     name: String,
     /// Its key in [`held`].
     place: String,
+    /// Its holder id, in [`live_holders`].
+    holder: String,
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        // Releasing: a lock taken again in this process waits for the DELETE to end.
+        // Releasing: a lock taken again in this process at the same place waits for the
+        // DELETE to end; the holder id no longer protects anything (a lease left behind
+        // under it, the release failing, is this process's to take over).
         if let Some(r) = held().lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.place) {
             *r = true;
         }
+        live_holders().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.holder);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -256,12 +261,12 @@ impl Lease {
 
     fn answer(&self, status: u16, body: &[u8], what: &str) -> Error {
         let (code, message) = crate::xml::parse_error(body);
-        let kind = match status {
-            401 | 403 => ErrorKind::PermissionDenied,
-            404 if code == "NoSuchBucket" => ErrorKind::NotFound,
-            _ => ErrorKind::Io,
+        let (kind, hint) = match status {
+            401 | 403 => (ErrorKind::PermissionDenied, " (check the credentials)"),
+            404 if code == "NoSuchBucket" => (ErrorKind::NotFound, " (no such bucket)"),
+            _ => (ErrorKind::Io, ""),
         };
-        self.fail(kind, format!("{what} {}: HTTP {status} {code}: {message}", self.url))
+        self.fail(kind, format!("{what} {}: HTTP {status} {code}: {message}{hint}", self.url))
             .set_temporary(status >= 500 || status == 429 || status == 408)
     }
 
@@ -364,6 +369,7 @@ pub(crate) async fn acquire(inner: &Arc<Inner>, name: &str) -> Result<LeaseGuard
         inner: Arc::clone(inner),
         name: name.to_string(),
         place: held_place.0.clone(),
+        holder: held_place.1.clone(),
     };
     inner.io_handle().spawn(renew(lease, etag, rec, stop_rx, held_place, name.to_string()));
     Ok(guard)
@@ -435,7 +441,11 @@ async fn renew(
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stop => {
-                lease.release(&etag, &rec.holder).await;
+                // Bounded: with the server down, the lease is left to go stale.
+                let limit = inner.cfg.request_timeout.min(rec.timeout);
+                if tokio::time::timeout(limit, lease.release(&etag, &rec.holder)).await.is_err() {
+                    tracing::warn!(lease = %lease.url, "s3: no answer releasing the lease (it goes stale after its timeout)");
+                }
                 return;
             }
         }

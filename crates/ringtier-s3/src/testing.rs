@@ -542,6 +542,11 @@ macro_rules! part_checksum_fs {
                 &self,
                 req: s3s::S3Request<s3s::dto::PutObjectInput>,
             ) -> s3s::S3Result<s3s::S3Response<s3s::dto::PutObjectOutput>> {
+                // AWS: a PutObject into a missing bucket is NoSuchBucket; s3s-fs 0.14 creates
+                // the bucket's directory instead.
+                if !self.root.join(&req.input.bucket).is_dir() {
+                    return Err(s3s::s3_error!(NoSuchBucket));
+                }
                 if req.input.if_none_match.is_none() && req.input.if_match.is_none() {
                     return self.inner.put_object(req).await;
                 }

@@ -282,7 +282,8 @@ async fn the_server_killed_mid_drain_loses_nothing_and_leaves_no_upload() {
         }
         assert_eq!(s3s_uploads(s3_dir.path()), 0, "round {round}: no orphaned upload");
         // What S3 holds is the checkpoint, whole: read it from S3 alone.
-        let only_s3 = CheckpointStore::open(vec![slow()], cfg()).await.expect("open S3 only");
+        // Read-only: the store of this round may still be open, holding the prefix's lease.
+        let only_s3 = CheckpointStore::open_read_only(vec![slow()], cfg()).await.expect("open S3 only");
         assert!(only_s3.read_part(round, "model").await.expect("read from S3") == data, "round {round}");
         drop(server);
     }

@@ -274,8 +274,16 @@ pub(crate) enum CkptAction {
         #[arg(long)]
         step: Option<u64>,
     },
-    /// Recover and drain everything queued to the slowest tier.
+    /// Recover and drain everything queued to the slowest tier. Steps with no intact copy
+    /// are quarantined (named in a warning, shown by `ls` and `verify`) and the drain goes on.
     Drain,
+    /// Remove a checkpoint from every tier (quarantined copies included), each copy manifest
+    /// first, as eviction does.
+    Rm {
+        /// The step.
+        #[arg(long)]
+        step: u64,
+    },
     /// Crash-test child: save until killed, printing each step once durable.
     #[command(hide = true)]
     CrashHelper {

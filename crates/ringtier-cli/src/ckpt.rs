@@ -105,10 +105,58 @@ pub(crate) async fn restore_to_dir(
         let config = PosixConfig::new(dir).with_name("out".to_string()).with_threads(2).with_sync(false);
         Arc::new(PosixTier::new(config).with_context(|| format!("opening {} for writing", dir.display()))?)
     };
-    let mut sink = TierSink::new(tier, None);
+    let mut sink = TierSink::new(Arc::clone(&tier), None);
     let res = store.restore(step, &mut sink, opts).await;
+    if res.is_err() {
+        // Parts of a failed restore that were already written go: nothing in `dir` may look
+        // like a checkpoint that was restored.
+        for meta in sink.written() {
+            let _ = tier.delete(&meta.key).await;
+        }
+    }
+    drop(sink);
+    drop(tier);
     let _ = std::fs::remove_dir(dir.join(ringtier_core::fs::STAGING_DIR));
-    res.with_context(|| format!("restoring checkpoint {step} into {}", dir.display()))
+    Ok(res?)
+}
+
+/// Restores the newest intact checkpoint into `dir`: a step whose every copy is bad is passed
+/// over with a warning naming it and why, and the next older one restored.
+async fn restore_latest_to_dir(
+    store: &CheckpointStore,
+    dir: &Path,
+    opts: &RestoreOptions,
+    sync: bool,
+) -> Result<(u64, RestoreReport)> {
+    let steps: Vec<u64> = store.list().await?.iter().rev().map(|c| c.step).collect();
+    let mut skipped = 0;
+    for step in steps {
+        match restore_to_dir(store, step, dir, opts, sync).await {
+            Ok(r) => return Ok((step, r)),
+            Err(e) => match e.downcast_ref::<ringtier_core::Error>() {
+                Some(re) if ringtier_migrate::is_bad_copy(re) => {
+                    eprintln!("warning: skipping checkpoint {step}, no intact copy: {re}");
+                    skipped += 1;
+                }
+                _ => return Err(e.context(format!("restoring checkpoint {step} into {}", dir.display()))),
+            },
+        }
+    }
+    if skipped > 0 {
+        bail!("no intact checkpoint to restore ({skipped} bad, see the warnings)");
+    }
+    bail!("no checkpoint to restore")
+}
+
+/// Warns about every step the store quarantined since it was opened (recovery or the drain):
+/// the drain went on without them.
+fn report_quarantined(store: &CheckpointStore) {
+    for (step, why) in store.quarantined_since_open() {
+        eprintln!(
+            "warning: checkpoint {step} quarantined, no intact copy ({why}); later steps drain on; \
+             `ringtier ckpt rm --step {step}` removes it"
+        );
+    }
 }
 
 /// Deterministic contents of a crash-test checkpoint part (the test regenerates them with the
@@ -567,6 +615,7 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             if !no_drain {
                 let t = std::time::Instant::now();
                 store.drain().await?;
+                report_quarantined(&store);
                 println!("drained to the slowest tier in {:.3} s", t.elapsed().as_secs_f64());
             }
         }
@@ -575,21 +624,28 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             for c in store.list().await? {
                 println!("{:>20}  {:>12.1}  {}", c.step, c.bytes as f64 / 1e6, c.tiers.join(", "));
             }
+            for q in store.quarantined().await? {
+                println!("{:>20}  {:>12}  {} QUARANTINED: {}", q.step, "-", q.tier, q.reason);
+            }
             let backlog = store.drain_backlog_bytes();
             if backlog > 0 {
                 println!("drain backlog: {:.1} MB (run `ringtier ckpt ... drain`)", backlog as f64 / 1e6);
             }
         }
         CkptAction::Restore { step, out, parts, depth, chunk, no_sync } => {
-            let step = match step {
-                Some(s) => s,
-                None => store.latest().await?.context("no checkpoint to restore")?,
-            };
             let opts = RestoreOptions::default()
                 .with_depth(depth)
                 .with_chunk_bytes(usize::try_from(chunk).context("--chunk too large")?)
                 .with_parts((!parts.is_empty()).then_some(parts));
-            let r = restore_to_dir(&store, step, &out, &opts, !no_sync).await?;
+            let (step, r) = match step {
+                Some(step) => (
+                    step,
+                    restore_to_dir(&store, step, &out, &opts, !no_sync)
+                        .await
+                        .with_context(|| format!("restoring checkpoint {step} into {}", out.display()))?,
+                ),
+                None => restore_latest_to_dir(&store, &out, &opts, !no_sync).await?,
+            };
             for f in &r.fallbacks {
                 eprintln!("warning: checkpoint {step}: {f}");
             }
@@ -610,6 +666,12 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
                 None => store.list().await?.iter().map(|c| c.step).collect(),
             };
             let mut bad = 0;
+            for q in store.quarantined().await? {
+                if step.is_none_or(|s| s == q.step) {
+                    bad += 1;
+                    println!("step {} on {}: QUARANTINED: {}", q.step, q.tier, q.reason);
+                }
+            }
             for s in steps {
                 for (tier, res) in store.verify(s).await? {
                     match res {
@@ -628,7 +690,12 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
         CkptAction::Drain => {
             let backlog = store.drain_backlog_bytes();
             store.drain().await?;
+            report_quarantined(&store);
             println!("drained {:.1} MB to the slowest tier", backlog as f64 / 1e6);
+        }
+        CkptAction::Rm { step } => {
+            store.delete(step).await.with_context(|| format!("removing checkpoint {step}"))?;
+            println!("removed step {step} from every tier");
         }
         CkptAction::CrashHelper { start, count, size } => {
             let start = start.max(store.latest().await?.map_or(0, |s| s + 1));

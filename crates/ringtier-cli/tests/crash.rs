@@ -63,6 +63,21 @@ fn sigkill_at_random_points_loses_no_saved_checkpoint() {
             )
             .await
             .unwrap_or_else(|e| panic!("iteration {iter}: reopen failed: {e}"));
+            // No staged file of the killed child outlives the reopen (this process's own drain
+            // may be staging files already: those carry its pid).
+            let mine = format!("{}-", std::process::id());
+            for root in [&fast, &slow] {
+                let staging = root.join(ringtier_core::fs::STAGING_DIR);
+                let left: Vec<String> = std::fs::read_dir(&staging)
+                    .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                    .unwrap_or_default();
+                let left: Vec<&String> = left.iter().filter(|n| !n.starts_with(&mine)).collect();
+                assert!(
+                    left.is_empty(),
+                    "iteration {iter}: staged files outlived recovery in {}: {left:?}",
+                    root.display()
+                );
+            }
             let listed: Vec<u64> = store.list().await.expect("list").iter().map(|c| c.step).collect();
             for step in &saved {
                 assert!(listed.contains(step), "iteration {iter}: saved step {step} is not listed ({listed:?})");

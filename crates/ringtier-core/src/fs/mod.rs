@@ -44,6 +44,10 @@ pub const STAGING_DIR: &str = ".ringtier-staging";
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// How long [`FsRoot::remove_stale_staging`] waits, in all, for the locks of staged files
+/// whose writer's pid is gone (a killed process's io_uring is torn down asynchronously).
+const STALE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A staged file: its name in the staging directory, reached through that directory's
 /// descriptor (never through a path that a link could redirect). Cheap to clone.
 #[derive(Debug, Clone)]
@@ -704,23 +708,33 @@ impl FsRoot {
         let names = at::read_dir_names(dir.as_raw_fd()).map_err(|e| Error::from(e).with_key(STAGING_DIR))?;
         let me = std::process::id() as i32;
         let mut removed = 0;
+        // A writer killed a moment ago may still hold its lock while the kernel tears its
+        // io_uring down (requests in flight keep files open): a dead pid's held lock is asked
+        // again for up to STALE_LOCK_WAIT, in case it is one of those.
+        let deadline = std::time::Instant::now() + STALE_LOCK_WAIT;
         for name in names {
             let pid = name.to_str().ok().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
             if pid.is_none_or(|p| p == me || pid_alive(p)) {
                 continue;
             }
-            let stale = match at::openat2(
-                dir.as_raw_fd(),
-                &name,
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-                0,
-                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
-            ) {
-                // Nobody holds it: no live writer.
-                Ok(fd) => at::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB).is_ok(),
-                // A link or something else that is not ours to open: not a staged file at all.
-                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => true,
-                Err(_) => false,
+            let stale = loop {
+                let free = match at::openat2(
+                    dir.as_raw_fd(),
+                    &name,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    0,
+                    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+                ) {
+                    // Nobody holds it: no live writer.
+                    Ok(fd) => at::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB).is_ok(),
+                    // A link or something else that is not ours to open: not a staged file.
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => true,
+                    Err(_) => false,
+                };
+                if free || std::time::Instant::now() >= deadline {
+                    break free;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             };
             if stale && at::unlinkat(dir.as_raw_fd(), &name).is_ok() {
                 removed += 1;

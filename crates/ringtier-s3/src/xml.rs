@@ -177,7 +177,7 @@ pub(crate) fn parse_complete(body: &[u8]) -> Result<(bool, Option<String>), XmlE
 /// when missing or unreadable.
 pub(crate) fn parse_error(body: &[u8]) -> (String, String) {
     let text = String::from_utf8_lossy(&body[..body.len().min(64 << 10)]);
-    let get = |tag| first(&text, tag).ok().flatten().map(|s| quote(s)).unwrap_or_default();
+    let get = |tag| first(&text, tag).ok().flatten().map(quote).unwrap_or_default();
     (get("Code"), get("Message"))
 }
 

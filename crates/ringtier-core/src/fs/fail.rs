@@ -12,6 +12,8 @@ pub struct FsFailPoints {
     errno: AtomicU32,
     /// Faults fired so far.
     fired: AtomicU64,
+    /// Only renames of keys ending with this (empty: any).
+    suffix: std::sync::Mutex<String>,
 }
 
 impl FsFailPoints {
@@ -20,8 +22,10 @@ impl FsFailPoints {
         Self::default()
     }
 
-    /// The next `times` directory fsyncs that follow a publishing rename fail with `errno`.
-    pub fn fail_dir_fsync_after_rename(&self, times: u32, errno: i32) {
+    /// The next `times` directory fsyncs that follow a publishing rename of a key ending with
+    /// `suffix` (`""`: any key) fail with `errno`.
+    pub fn fail_dir_fsync_after_rename(&self, suffix: &str, times: u32, errno: i32) {
+        *self.suffix.lock().unwrap_or_else(|p| p.into_inner()) = suffix.to_string();
         self.errno.store(errno as u32, Ordering::SeqCst);
         self.dir_fsync.store(times, Ordering::SeqCst);
     }
@@ -31,8 +35,11 @@ impl FsFailPoints {
         self.fired.load(Ordering::SeqCst)
     }
 
-    /// The errno for this directory fsync, when one is armed.
-    pub(super) fn take_dir_fsync(&self) -> Option<i32> {
+    /// The errno for this directory fsync after the rename of `key`, when one is armed.
+    pub(super) fn take_dir_fsync(&self, key: &str) -> Option<i32> {
+        if !key.ends_with(self.suffix.lock().unwrap_or_else(|p| p.into_inner()).as_str()) {
+            return None;
+        }
         self.dir_fsync.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).ok()?;
         self.fired.fetch_add(1, Ordering::SeqCst);
         match self.errno.load(Ordering::SeqCst) {

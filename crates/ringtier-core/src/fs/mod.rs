@@ -330,7 +330,7 @@ impl FsRoot {
                     match at::mkdirat(cur.as_raw_fd(), &c) {
                         Ok(()) => {
                             if sync {
-                                self.fsync_dir_fd(cur.as_raw_fd(), sub, false)?;
+                                self.fsync_dir_fd(cur.as_raw_fd(), sub, None)?;
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -345,12 +345,12 @@ impl FsRoot {
         Ok(cur)
     }
 
-    /// `fsync` of a directory of this root. `after_rename`: the fsync that makes a published
-    /// object durable (the fail point `dir_fsync` may fail it in tests).
-    fn fsync_dir_fd(&self, fd: RawFd, rel: &str, after_rename: bool) -> Result<()> {
+    /// `fsync` of a directory of this root. `after_rename`: the key whose publishing rename
+    /// this fsync makes durable (a fail point may fail it in tests).
+    fn fsync_dir_fd(&self, fd: RawFd, rel: &str, after_rename: Option<&str>) -> Result<()> {
         #[cfg(feature = "fail-points")]
-        if after_rename {
-            if let Some(errno) = self.fail.as_ref().and_then(|f| f.take_dir_fsync()) {
+        if let Some(key) = after_rename {
+            if let Some(errno) = self.fail.as_ref().and_then(|f| f.take_dir_fsync(key)) {
                 return Err(Error::from(io::Error::from_raw_os_error(errno)).with_key(rel));
             }
         }
@@ -583,7 +583,7 @@ impl FsRoot {
         }
         let c = at::c_name(leaf).map_err(|e| del(Error::from(e)))?;
         at::unlinkat(dir.as_raw_fd(), &c).map_err(|e| del(Error::from(e)))?;
-        self.fsync_dir_fd(dir.as_raw_fd(), parent, false).map_err(del)
+        self.fsync_dir_fd(dir.as_raw_fd(), parent, None).map_err(del)
     }
 
     /// Creates a new staged file (the staging directory is made on first use), opened
@@ -671,9 +671,9 @@ impl FsRoot {
             // fails, the object is un-published (renamed back into staging, where its writer's
             // guard removes it), so that an error never leaves a visible object that a later
             // open would take for committed.
-            let first = self.fsync_dir_fd(dir.as_raw_fd(), parent, true);
+            let first = self.fsync_dir_fd(dir.as_raw_fd(), parent, Some(key));
             if let Err(e1) = first {
-                if let Err(e2) = self.fsync_dir_fd(dir.as_raw_fd(), parent, true) {
+                if let Err(e2) = self.fsync_dir_fd(dir.as_raw_fd(), parent, Some(key)) {
                     let undone = at::renameat(dir.as_raw_fd(), &c_leaf, staged.dir.as_raw_fd(), &staged.name);
                     let _ = at::fsync(dir.as_raw_fd());
                     let what = match undone {

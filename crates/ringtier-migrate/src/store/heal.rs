@@ -69,13 +69,12 @@ impl Inner {
     /// copy is on a slower tier; a step with no intact copy has its bad copies quarantined.
     /// `scans` is updated to what stays committed.
     pub(super) async fn heal(self: &Arc<Self>, scans: &mut [BTreeMap<u64, Found>]) -> Result<()> {
-        let n = self.tiers.len();
         let steps: BTreeSet<u64> = scans.iter().flat_map(|s| s.keys().copied()).collect();
         for step in steps {
             let mut bad: Vec<(usize, String)> = Vec::new();
             let mut intact: Vec<usize> = Vec::new();
-            for t in 0..n {
-                let Some(f) = scans[t].get(&step).filter(|f| f.committed()) else { continue };
+            for (t, scan) in scans.iter().enumerate() {
+                let Some(f) = scan.get(&step).filter(|f| f.committed()) else { continue };
                 match self.check_copy(t, step, f).await? {
                     Ok(()) => intact.push(t),
                     Err(why) => bad.push((t, why)),

@@ -325,8 +325,9 @@ impl CheckpointStore {
         Ok(SaveFuture { shared, engine: ForkGuarded::new("SaveFuture", Arc::clone(&st.engine)), step })
     }
 
-    /// Loads checkpoint `step` (the newest when None): `(step, tier, [(name, PartBuffer)],
-    /// fallbacks)`, or None when the store holds no checkpoint.
+    /// Loads checkpoint `step` (the newest intact one when None): `(step, tier, [(name,
+    /// PartBuffer)], fallbacks, skipped)`, `skipped` the newer steps passed over as `[(step,
+    /// reason)]`; or None when the store holds no checkpoint.
     #[pyo3(signature = (step=None))]
     fn load<'py>(&self, py: Python<'py>, step: Option<u64>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let st = self.st()?;
@@ -342,7 +343,9 @@ impl CheckpointStore {
             check_state_json(&name, data.len() as u64).py_err()?;
             parts.append((name, PartBuffer::new(data)))?;
         }
-        Ok(Some((restored.step, restored.tier, parts, restored.fallbacks).into_pyobject(py)?.into_any()))
+        Ok(Some(
+            (restored.step, restored.tier, parts, restored.fallbacks, restored.skipped).into_pyobject(py)?.into_any(),
+        ))
     }
 
     /// Reads part `name` of checkpoint `step` (checksum verified) into a new `PartBuffer`. A
@@ -439,6 +442,30 @@ impl CheckpointStore {
             d.set_item("step", c.step)?;
             d.set_item("bytes", c.bytes)?;
             d.set_item("tiers", c.tiers)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Deletes checkpoint `step` from every tier (quarantined copies included), each copy
+    /// manifest first. A save of it in progress makes this a `BusyError`.
+    fn delete(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        let st = self.st()?;
+        wait_plain(py, &st.engine, st.store.delete(step))?.py_err()
+    }
+
+    /// Copies set aside because no intact copy of their step exists: `[{"step", "tier",
+    /// "reason", "unix_ms"}]`, by step.
+    fn quarantined<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let st = self.st()?;
+        let copies = wait_plain(py, &st.engine, st.store.quarantined())?.py_err()?;
+        let out = PyList::empty(py);
+        for q in copies {
+            let d = PyDict::new(py);
+            d.set_item("step", q.step)?;
+            d.set_item("tier", q.tier)?;
+            d.set_item("reason", q.reason)?;
+            d.set_item("unix_ms", q.unix_ms)?;
             out.append(d)?;
         }
         Ok(out)

@@ -221,3 +221,70 @@ def test_ctrl_c_during_a_long_save_raises_promptly_and_leaves_nothing(tiers):
     store.save(1, {"w": torch.ones(10)})
     assert store.latest() == 1
     store.close()
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_bad_newest_step_is_skipped_quarantined_and_deleted(tiers):
+    with ringtier.CheckpointStore(tiers, keep_last=5) as store:
+        for step in (1, 2):
+            store.save(step, {"x": torch.full((1000,), float(step))})
+        store.drain()
+    # Step 3's only copy (its drain never ran) gets a flipped byte.
+    with ringtier.CheckpointStore(tiers[:1], keep_last=5) as fast_alone:
+        fast_alone.save(3, {"x": torch.full((1000,), 3.0)})
+    _flip(next(Path(tiers[0]).rglob("00000000000000000003/parts/tensors")), 100)
+    ro = ringtier.CheckpointStore(tiers, read_only=True)
+    with pytest.warns(RuntimeWarning, match="checkpoint 3 skipped"):
+        state = ro.load()
+    assert torch.equal(state["x"], torch.full((1000,), 2.0))
+    assert [s for s, _ in ro.skipped] == [3] and "mismatch" in ro.skipped[0][1]
+    into = {"x": torch.zeros(1000)}
+    with pytest.warns(RuntimeWarning, match="checkpoint 3 skipped"):
+        ro.load(into=into)
+    assert torch.equal(into["x"], torch.full((1000,), 2.0))
+    with pytest.raises(ringtier.CorruptError):
+        ro.load(3)
+    ro.close()
+    # A writable open drains: step 3 is quarantined, the drain is not wedged.
+    with ringtier.CheckpointStore(tiers, keep_last=5) as store:
+        store.drain()
+        q = store.quarantined()
+        assert [c["step"] for c in q] == [3] and "does not match its manifest" in q[0]["reason"]
+        assert [c["step"] for c in store.list()] == [1, 2]
+        with pytest.raises(ringtier.RingtierError, match="quarantined"):
+            store.save(3, {"x": torch.zeros(1)})
+        store.delete(3)
+        assert store.quarantined() == []
+        store.delete(1)
+        assert [c["step"] for c in store.list()] == [2]
+        with pytest.raises(ringtier.NotFoundError):
+            store.delete(1)
+        store.save(3, {"x": torch.full((4,), 9.0)})
+        assert torch.equal(store.load()["x"], torch.full((4,), 9.0)) and store.skipped == []
+
+
+def test_two_async_saves_of_one_step_do_not_race(tiers):
+    big = {"x": torch.arange(4 << 20, dtype=torch.float32)}
+    other = {"x": torch.zeros(4 << 20, dtype=torch.float32)}
+    with ringtier.CheckpointStore(tiers) as store:
+        f1 = store.async_save(5, big)
+        f2 = store.async_save(5, other)
+        outcomes = []
+        for f, state in ((f1, big), (f2, other)):
+            try:
+                f.result()
+                outcomes.append(("ok", state))
+            except ringtier.BusyError as e:
+                assert "already being saved" in str(e)
+                outcomes.append(("busy", None))
+            except ringtier.RingtierError as e:  # the first finished before the second began
+                assert "already exists" in str(e)
+                outcomes.append(("exists", None))
+        winners = [s for kind, s in outcomes if kind == "ok"]
+        assert len(winners) == 1, outcomes
+        assert torch.equal(store.load(5)["x"], winners[0]["x"])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from . import _state
+from .errors import CorruptError, NotFoundError
 from ._ringtier import CheckpointStore as _Store
 from ._ringtier import SaveFuture
 
@@ -88,32 +90,70 @@ class CheckpointStore:
         return self._store.async_save(_step(step), _state.encode(state))
 
     def load(self, step: Optional[int] = None, into: Optional[MutableMapping[str, Any]] = None) -> Any:
-        """Loads checkpoint ``step`` (the newest when None; None when the store is empty).
+        """Loads checkpoint ``step`` (the newest intact one when None; None when the store is
+        empty).
 
         Without ``into``: a new state, its tensors sharing one buffer holding the checkpoint's
         bytes (writable; no copy per tensor). With ``into`` (a state dict of the same keys,
         shapes and dtypes): streams the checkpoint straight into its tensors and arrays (CPU,
         contiguous; others through a temporary) and returns it; keys, dtypes and shapes are
-        checked before anything is read."""
+        checked before anything is read.
+
+        With ``step`` None, newer steps whose every copy is bad (a torn manifest, a part
+        failing its checksum) are passed over: each is named in a ``RuntimeWarning`` and in
+        :attr:`skipped` (``[(step, reason)]``, newest first). With ``into``, a bad step may
+        have written some tensors before it failed; the older step loaded after it writes
+        them all again."""
+        self.skipped: List[Tuple[int, str]] = []
         if into is not None:
             # Streamed into the given tensors: the tensors part is read once, each chunk copied
             # where it belongs, without a buffer of the whole checkpoint.
-            at = self.latest() if step is None else _step(step)
-            if at is None:
-                return None
-            meta = self._store.read_part(at, _state.META_PART)
-            return _state.load_in_place(meta, into, lambda targets: self._store.load_scatter(at, _state.DATA_PART, targets))
-        loaded = self._store.load(None if step is None else _step(step))
+            steps = [_step(step)] if step is not None else [c["step"] for c in reversed(self.list())]
+            for at in steps:
+                try:
+                    meta = self._store.read_part(at, _state.META_PART)
+                    return _state.load_in_place(
+                        meta, into, lambda targets: self._store.load_scatter(at, _state.DATA_PART, targets)
+                    )
+                except (CorruptError, NotFoundError) as e:
+                    if step is not None:
+                        raise
+                    self._skip(at, str(e))
+            return None
+        loaded = self.load_parts(step)
         if loaded is None:
             return None
         _step_loaded, _tier, parts, _fallbacks = loaded
         return _state.decode(parts)
 
+    def _skip(self, step: int, why: str) -> None:
+        self.skipped.append((step, why))
+        warnings.warn(f"ringtier: checkpoint {step} skipped, no intact copy: {why}", RuntimeWarning, stacklevel=3)
+
     def load_parts(self, step: Optional[int] = None) -> Optional[Tuple[int, str, List[Tuple[str, Any]], List[str]]]:
-        """The raw parts of checkpoint ``step`` (the newest when None): ``(step, tier,
-        [(name, PartBuffer)], fallbacks)``; a ``PartBuffer`` exports its bytes through the
-        buffer protocol."""
-        return self._store.load(None if step is None else _step(step))
+        """The raw parts of checkpoint ``step`` (the newest intact one when None): ``(step,
+        tier, [(name, PartBuffer)], fallbacks)``; a ``PartBuffer`` exports its bytes through
+        the buffer protocol. Steps passed over are in :attr:`skipped`, as for :meth:`load`."""
+        self.skipped = []
+        loaded = self._store.load(None if step is None else _step(step))
+        if loaded is None:
+            return None
+        at, tier, parts, fallbacks, skipped = loaded
+        for s, why in skipped:
+            self._skip(s, why)
+        return at, tier, parts, fallbacks
+
+    def delete(self, step: int) -> None:
+        """Deletes checkpoint ``step`` from every tier (a quarantined copy included), each copy
+        manifest first, as eviction does. Raises :class:`ringtier.BusyError` while a save of
+        that step runs, :class:`ringtier.NotFoundError` when it is nowhere."""
+        self._store.delete(_step(step))
+
+    def quarantined(self) -> List[Dict[str, Any]]:
+        """Copies set aside because no intact copy of their step exists (bit rot, a torn
+        manifest): ``[{"step", "tier", "reason", "unix_ms"}]``. They are never listed, loaded
+        or drained; :meth:`delete` removes them."""
+        return self._store.quarantined()
 
     def list(self) -> List[Dict[str, Any]]:
         """Every committed checkpoint: ``[{"step", "bytes", "tiers"}]``, oldest first."""

@@ -309,6 +309,28 @@ class DistributedCheckpointStore:
             )
         return self.shards.load(step, into=into)
 
+    def delete(self, step: int) -> None:
+        """Deletes committed ``step`` (collective: every rank calls it): rank 0 removes the
+        global manifest first, so the step stops being committed before any shard goes; then
+        every rank removes its shard. A rank whose shard is already gone is not an error."""
+        step = _step(step)
+        failure: Optional[str] = None
+        if self.global_store is not None:
+            try:
+                self.global_store.delete(step)
+            except FileNotFoundError:
+                pass
+            except Exception as e:  # reported to every rank
+                failure = f"{type(e).__name__}: {e}"
+        failure = self._broadcast(failure)
+        if failure is not None:
+            raise RuntimeError(f"checkpoint {step} not deleted: rank 0: {failure}")
+        try:
+            self.shards.delete(step)
+        except FileNotFoundError:
+            pass
+        self._barrier()
+
     def drain(self) -> None:
         """Waits for this rank's (and on rank 0 the global) drain."""
         self.shards.drain()

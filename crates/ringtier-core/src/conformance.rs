@@ -531,8 +531,7 @@ where
     // held: kept.
     std::fs::write(staging.join(format!("{dead}-1")), b"held").expect("held file");
     let held = std::fs::File::open(staging.join(format!("{dead}-1"))).expect("open held");
-    // SAFETY: flock on a descriptor this test owns.
-    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_SH) }, 0);
+    crate::sys::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_SH).expect("flock");
     let tier = open(&root);
     // A live writer of this process: its staged file stays.
     let mut writer = tier.create("live.bin").await.expect("create");

@@ -1,6 +1,9 @@
 #![doc = include_str!("../README.md")]
+// Unsafe code lives in two modules: `sys` (every system call) and `buf` (aligned allocation).
+#![deny(unsafe_code)]
 
 pub mod blocking;
+#[allow(unsafe_code)]
 pub mod buf;
 pub mod catalog;
 pub mod error;
@@ -10,6 +13,8 @@ pub mod layers;
 pub mod memory;
 pub mod ops;
 pub mod posix;
+#[allow(unsafe_code)]
+mod sys;
 pub mod tier;
 pub mod writes;
 

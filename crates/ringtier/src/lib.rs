@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 // The tier trait, its types, buffers and errors: what every part of ringtier speaks.
 pub use ringtier_core::{

@@ -21,7 +21,7 @@
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +33,7 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
 use crate::tier::{ObjectMeta, Space};
 
-mod at;
+use crate::sys as at;
 #[cfg(feature = "fail-points")]
 mod fail;
 #[cfg(feature = "fail-points")]
@@ -132,12 +132,7 @@ pub struct FsRoot {
 
 /// `open_how` for `openat2` confined beneath the directory descriptor, following no link.
 pub fn open_how_beneath(flags: i32, mode: u32) -> libc::open_how {
-    // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.mode = if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    how
+    at::open_how(flags, mode, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS)
 }
 
 fn cstring(s: &[u8]) -> Result<CString> {
@@ -156,16 +151,6 @@ fn split_key(key: &str) -> (&str, &str) {
         Some(i) => (&key[..i], &key[i + 1..]),
         None => ("", key),
     }
-}
-
-/// Whether `pid` names a running process (or one this user may not signal).
-fn pid_alive(pid: i32) -> bool {
-    if pid <= 0 {
-        return true;
-    }
-    // SAFETY: kill with signal 0 only checks whether the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 impl FsRoot {
@@ -714,7 +699,7 @@ impl FsRoot {
         let deadline = std::time::Instant::now() + STALE_LOCK_WAIT;
         for name in names {
             let pid = name.to_str().ok().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
-            if pid.is_none_or(|p| p == me || pid_alive(p)) {
+            if pid.is_none_or(|p| p == me || at::pid_alive(p)) {
                 continue;
             }
             let stale = loop {
@@ -750,33 +735,17 @@ impl FsRoot {
 /// Reads `statx(STATX_DIOALIGN)` of an open file: `(mem_align, offset_align)`, both 0 when the
 /// file does not support direct I/O.
 pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {
-    // SAFETY: statx is a plain C struct; all-zero is valid.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let empty = c"";
-    // SAFETY: fd is open, the empty path with AT_EMPTY_PATH refers to fd itself, stx is
-    // writable and of the right type.
-    let rc = unsafe { libc::statx(fd, empty.as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
-    if rc != 0 {
-        return Err(Error::from(io::Error::last_os_error()).with_operation(Operation::Stat));
+    match at::statx_dio_align(fd) {
+        Ok(a) => Ok(a.unwrap_or((0, 0))),
+        Err(e) => Err(Error::from(e).with_operation(Operation::Stat)),
     }
-    if stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-        return Ok((0, 0));
-    }
-    Ok((stx.stx_dio_mem_align, stx.stx_dio_offset_align))
 }
 
 /// Probes the direct-I/O alignment of new files under `dir` with an unnamed `O_TMPFILE`
 /// (statx reports no DIO alignment for directories). `None` when no probe file can be made
 /// (read-only or unusual filesystem): decide per file instead.
 pub fn probe_dio_align(dir_fd: RawFd) -> Option<(u32, u32)> {
-    let dot = c".";
-    // SAFETY: dir_fd is an open directory and "." a valid NUL-terminated path.
-    let fd = unsafe { libc::openat(dir_fd, dot.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns; dropping it removes the file.
-    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let file = at::open_tmpfile(dir_fd).ok()?;
     dio_align_of_fd(file.as_raw_fd()).ok()
 }
 
@@ -791,26 +760,12 @@ fn is_volatile_fs_type(f_type: i64) -> bool {
 
 /// `statfs(2)` `f_type` of the file system holding the open descriptor `fd`.
 fn fs_type_of_fd(fd: RawFd) -> Option<i64> {
-    // SAFETY: statfs is a plain C struct; all-zero is valid.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor and st is writable and of the right type.
-    if unsafe { libc::fstatfs(fd, &mut st) } != 0 {
-        return None;
-    }
-    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
-    Some(st.f_type as i64)
+    at::fstatfs_type(fd).ok()
 }
 
 /// Free (available to this user) and total bytes of the file system holding `fd`.
 pub fn space_of_fd(fd: RawFd) -> Result<Space> {
-    // SAFETY: statvfs is a plain C struct; all-zero is valid.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor and st is writable and of the right type.
-    if unsafe { libc::fstatvfs(fd, &mut st) } != 0 {
-        return Err(Error::from(io::Error::last_os_error()));
-    }
-    #[allow(clippy::unnecessary_cast)] // the fields' widths differ between targets
-    let (frsize, avail, blocks) = (st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64);
+    let (frsize, avail, blocks) = at::fstatvfs(fd).map_err(Error::from)?;
     Ok(Space { free_bytes: avail.saturating_mul(frsize), total_bytes: blocks.saturating_mul(frsize) })
 }
 
@@ -835,13 +790,10 @@ pub fn fs_type_name(path: &Path) -> &'static str {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
         return "unknown";
     };
-    // SAFETY: statfs is a plain C struct; all-zero is valid.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated and st is writable.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+    let Ok(f_type) = at::statfs_type(&c) else {
         return "unknown";
-    }
-    match st.f_type {
+    };
+    match f_type {
         0xEF53 => "ext4",
         0x0102_1994 => "tmpfs",
         0x8584_58f6 => "ramfs",

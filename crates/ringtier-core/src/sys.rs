@@ -1,6 +1,9 @@
-//! System calls relative to directory descriptors (`openat2`, `fstatat`, `mkdirat`,
-//! `unlinkat`, `renameat`, `getdents` through `fdopendir`): what [`FsRoot`](super::FsRoot)
-//! builds its confinement from. Every unsafe block of the module is here, each small.
+//! Every system call of the core crate, each wrapped small and safe: the `*at` calls relative
+//! to directory descriptors (`openat2`, `fstatat`, `mkdirat`, `unlinkat`, `renameat`,
+//! `getdents` through `fdopendir`) that [`FsRoot`](crate::fs::FsRoot) builds its confinement
+//! from, `flock`, `fsync`, and the file-system queries (`statx(STATX_DIOALIGN)`, `fstatfs`,
+//! `fstatvfs`, `statfs`). The only other unsafe code of the crate is the aligned buffers'
+//! allocation (`buf.rs`).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -165,4 +168,85 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
     // SAFETY: dirp is open; closedir closes it and its descriptor.
     unsafe { libc::closedir(dirp) };
     result.map(|()| names)
+}
+
+/// An all-zero `open_how` with `flags | O_CLOEXEC`, `mode` (only with `O_CREAT`) and
+/// `resolve`.
+pub(crate) fn open_how(flags: i32, mode: u32, resolve: u64) -> libc::open_how {
+    // SAFETY: open_how is a plain C struct for which all-zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & libc::O_CREAT != 0 { u64::from(mode) } else { 0 };
+    how.resolve = resolve;
+    how
+}
+
+/// Whether `pid` names a running process (or one this user may not signal): `kill(pid, 0)`.
+pub(crate) fn pid_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN)`: `(mem_align, offset_align)`, `None` when
+/// the file system does not report them.
+pub(crate) fn statx_dio_align(fd: RawFd) -> io::Result<Option<(u32, u32)>> {
+    // SAFETY: statx is a plain C struct; all-zero is valid.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let empty = c"";
+    // SAFETY: fd is open, the empty path with AT_EMPTY_PATH refers to fd itself, stx is
+    // writable and of the right type.
+    let rc = unsafe { libc::statx(fd, empty.as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return Ok(None);
+    }
+    Ok(Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align)))
+}
+
+/// An unnamed temporary file in the directory `dir` (`O_TMPFILE | O_RDWR`), gone when closed.
+pub(crate) fn open_tmpfile(dir: RawFd) -> io::Result<OwnedFd> {
+    let dot = c".";
+    // SAFETY: dir is an open directory and "." a valid NUL-terminated path.
+    let fd = unsafe { libc::openat(dir, dot.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `statfs(2)` `f_type` of the file system holding the open descriptor `fd`.
+pub(crate) fn fstatfs_type(fd: RawFd) -> io::Result<i64> {
+    // SAFETY: statfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st is writable and of the right type.
+    check(unsafe { libc::fstatfs(fd, &mut st) })?;
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    Ok(st.f_type as i64)
+}
+
+/// `statfs(2)` `f_type` of the file system holding `path`.
+pub(crate) fn statfs_type(path: &CStr) -> io::Result<i64> {
+    // SAFETY: statfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and st writable and of the right type.
+    check(unsafe { libc::statfs(path.as_ptr(), &mut st) })?;
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    Ok(st.f_type as i64)
+}
+
+/// `(f_frsize, f_bavail, f_blocks)` of `fstatvfs(fd)`.
+pub(crate) fn fstatvfs(fd: RawFd) -> io::Result<(u64, u64, u64)> {
+    // SAFETY: statvfs is a plain C struct; all-zero is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st is writable and of the right type.
+    check(unsafe { libc::fstatvfs(fd, &mut st) })?;
+    #[allow(clippy::unnecessary_cast)] // the fields' widths differ between targets
+    Ok((st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64))
 }

@@ -1,12 +1,12 @@
 #![doc = include_str!("../README.md")]
 
+mod buffer;
 mod engine;
 mod errors;
 mod loader;
 mod metrics;
 mod records;
 mod store;
-mod view;
 
 use pyo3::prelude::*;
 

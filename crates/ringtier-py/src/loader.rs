@@ -3,10 +3,10 @@
 //! back to the pool when the last view of it (numpy array, torch tensor, memoryview) and the
 //! `Sample` itself are gone.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::exceptions::PyBufferError;
@@ -18,9 +18,9 @@ use ringtier_loader::manifest::MANIFEST_FILE;
 use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
+use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::engine::{engine, wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
-use crate::view::fill_view;
 
 /// The dataset directory of `path`: the directory itself, or the one holding a manifest file.
 fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
@@ -438,23 +438,12 @@ impl Batch {
     }
 }
 
-/// Where a sample's bytes are, taken once from the owned buffer.
-#[derive(Debug, Clone, Copy)]
-struct RawPtr(*mut u8);
-
-// SAFETY: the pointer is into memory the `Sample` owns (a pooled buffer or a Vec) and never
-// moves while the `Sample` lives; Python reaches it only through buffer views that keep the
-// `Sample` alive.
-unsafe impl Send for RawPtr {}
-// SAFETY: as above; Rust never forms a reference to the bytes while Python may write them
-// except in `Sample::to_bytes`, under the GIL.
-unsafe impl Sync for RawPtr {}
-
-#[derive(Debug)]
-struct Held {
-    data: SampleData,
-    ptr: RawPtr,
-    len: usize,
+impl OwnedBytes for SampleData {
+    fn as_mut_bytes(&mut self) -> &mut [u8] {
+        match self {
+            SampleData::Raw(b) | SampleData::Decoded(b) => b.as_mut_slice(),
+        }
+    }
 }
 
 /// One sample: a pooled buffer (raw bytes) or decoded pixels, exposed through the buffer
@@ -462,9 +451,7 @@ struct Held {
 #[pyclass(module = "ringtier._ringtier", name = "Sample", frozen)]
 #[derive(Debug)]
 pub(crate) struct Sample {
-    held: Mutex<Option<Held>>,
-    /// Buffer views alive now.
-    exports: AtomicUsize,
+    bytes: ExportedBytes<SampleData>,
     /// Dataset index.
     #[pyo3(get)]
     index: u32,
@@ -481,42 +468,25 @@ pub(crate) struct Sample {
 
 impl Sample {
     fn new(
-        mut data: SampleData,
+        data: SampleData,
         index: u32,
         keys: Arc<Vec<String>>,
         counted: Option<Arc<AtomicUsize>>,
         shape: Option<(usize, usize, usize)>,
     ) -> Self {
-        let (ptr, len) = match &mut data {
-            SampleData::Raw(b) => (b.as_mut_slice().as_mut_ptr(), b.len()),
-            SampleData::Decoded(v) => (v.as_mut_ptr(), v.len()),
-        };
         if let Some(c) = &counted {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        let held = Held { data, ptr: RawPtr(ptr), len };
-        Sample {
-            held: Mutex::new(Some(held)),
-            exports: AtomicUsize::new(0),
-            index,
-            keys,
-            counted,
-            shape,
-            pid: std::process::id(),
-        }
+        Sample { bytes: ExportedBytes::new(data), index, keys, counted, shape, pid: std::process::id() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn give_back(&self, held: Option<Held>) {
-        if let Some(h) = held {
+    fn give_back(&self, data: Option<SampleData>) {
+        if let Some(data) = data {
             if std::process::id() != self.pid {
-                std::mem::forget(h.data);
+                std::mem::forget(data);
                 return;
             }
-            drop(h.data);
+            drop(data);
             if let Some(c) = &self.counted {
                 c.fetch_sub(1, Ordering::Relaxed);
             }
@@ -526,8 +496,8 @@ impl Sample {
 
 impl Drop for Sample {
     fn drop(&mut self) {
-        let held = self.held.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        self.give_back(held);
+        let data = self.bytes.take_on_drop();
+        self.give_back(data);
     }
 }
 
@@ -540,39 +510,31 @@ impl Sample {
     }
 
     fn __len__(&self) -> usize {
-        self.lock().as_ref().map_or(0, |h| h.len)
+        self.bytes.len()
     }
 
     /// A copy of the bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let guard = self.lock();
-        let h = guard.as_ref().ok_or_else(|| errors::closed("this sample was released".into()))?;
-        // SAFETY: `ptr..ptr+len` is the sample's own memory, alive while `guard` holds it.
-        let bytes = unsafe { std::slice::from_raw_parts(h.ptr.0, h.len) };
-        Ok(pyo3::types::PyBytes::new(py, bytes))
+        self.bytes.to_bytes(py).ok_or_else(|| errors::closed("this sample was released".into()))
     }
 
     /// Gives the buffer back to the loader's pool now, before the `Sample` is garbage.
     /// Fails while an array, tensor or memoryview still views it.
     fn release(&self) -> PyResult<()> {
-        let mut guard = self.lock();
-        let views = self.exports.load(Ordering::SeqCst);
-        if views > 0 {
-            return Err(PyBufferError::new_err(format!(
+        let data = self.bytes.take().map_err(|views| {
+            PyBufferError::new_err(format!(
                 "cannot release sample {}: {views} buffer view(s) (numpy arrays, tensors, memoryviews) still use it",
                 self.index
-            )));
-        }
-        let held = guard.take();
-        drop(guard);
-        self.give_back(held);
+            ))
+        })?;
+        self.give_back(data);
         Ok(())
     }
 
     /// True once released.
     #[getter]
     fn released(&self) -> bool {
-        self.lock().is_none()
+        self.bytes.is_taken()
     }
 
     fn __repr__(&self) -> String {
@@ -581,15 +543,12 @@ impl Sample {
 
     /// Exposes the bytes: one dimension, format `B`, writable.
     unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let guard = slf.lock();
-        let h = guard.as_ref().ok_or_else(|| PyBufferError::new_err("this sample was released"))?;
-        // SAFETY: `ptr..ptr+len` stays valid while the exporter (`slf`, referenced by
-        // `view.obj`) lives, and `release` refuses while a view exists.
-        unsafe { fill_view(slf.py(), slf.as_ptr(), view, h.ptr.0.cast::<c_void>(), h.len, flags, &slf.exports) }
+        // SAFETY: `slf` is the object that owns `bytes`; its `__releasebuffer__` releases the view.
+        unsafe { slf.bytes.get_buffer(slf.py(), slf.as_ptr(), view, flags, "this sample was released") }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
-        self.exports.fetch_sub(1, Ordering::SeqCst);
+        self.bytes.release_view();
     }
 }
 

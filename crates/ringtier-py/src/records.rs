@@ -5,9 +5,8 @@
 //! the buffer protocol (numpy, torch, memoryview) without another copy.
 
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyBufferError, PyKeyError};
@@ -19,9 +18,9 @@ use ringtier_loader::records::{self, RecordConfig, RecordFormat, RecordIndex, Sh
 use ringtier_loader::OnBadSample;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
+use crate::buffer::ExportedBytes;
 use crate::engine::{wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
-use crate::view::fill_view;
 
 /// Records moved to Python per wait at most (the GIL is released once per wait).
 const FETCH: usize = 64;
@@ -418,16 +417,6 @@ impl RecordEpoch {
     }
 }
 
-/// Where a field's bytes are, taken once from its Vec.
-#[derive(Debug, Clone, Copy)]
-struct FieldPtr(*mut u8);
-
-// SAFETY: the pointer is into the Vec a `Field` owns, never resized or moved while the `Field`
-// lives; Python reaches it only through buffer views that keep the `Field` alive.
-unsafe impl Send for FieldPtr {}
-// SAFETY: as above; Rust forms a reference to the bytes only in `Field::to_bytes`, under the GIL.
-unsafe impl Sync for FieldPtr {}
-
 /// One field of a record (a WebDataset member, the data of a TFRecord), exposed through the
 /// buffer protocol (writable, one-dimensional, unsigned bytes).
 #[pyclass(module = "ringtier._ringtier", name = "RecordField", frozen)]
@@ -436,22 +425,19 @@ pub(crate) struct Field {
     /// The member's extension (`jpg`, `cls`); empty for TFRecord.
     #[pyo3(get)]
     name: String,
-    data: Vec<u8>,
-    ptr: FieldPtr,
-    exports: AtomicUsize,
+    bytes: ExportedBytes<Vec<u8>>,
 }
 
 impl Field {
-    fn new(name: String, mut data: Vec<u8>) -> Self {
-        let ptr = FieldPtr(data.as_mut_ptr());
-        Field { name, data, ptr, exports: AtomicUsize::new(0) }
+    fn new(name: String, data: Vec<u8>) -> Self {
+        Field { name, bytes: ExportedBytes::new(data) }
     }
 
     /// Fills `view` for `owner` (this field's Python object).
     ///
     /// # Safety
     ///
-    /// `owner` is this field's Python object; `view` as in [`fill_view`].
+    /// `owner` is this field's Python object; `view` as in [`ExportedBytes::get_buffer`].
     unsafe fn export(
         &self,
         py: Python<'_>,
@@ -459,26 +445,26 @@ impl Field {
         view: *mut pyo3::ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        // SAFETY: the Vec's memory lives as long as the field object, which the view
-        // references through `view.obj`.
-        unsafe { fill_view(py, owner, view, self.ptr.0.cast::<c_void>(), self.data.len(), flags, &self.exports) }
+        // SAFETY: `owner` owns `self.bytes` (the function's contract), and the field class's
+        // `__releasebuffer__` releases the view.
+        unsafe { self.bytes.get_buffer(py, owner, view, flags, "this record field was released") }
     }
 }
 
 #[pymethods]
 impl Field {
     fn __len__(&self) -> usize {
-        self.data.len()
+        self.bytes.len()
     }
 
     /// A copy of the bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        // SAFETY: `ptr..ptr+len` is the field's own Vec, alive while `self` is.
-        PyBytes::new(py, unsafe { std::slice::from_raw_parts(self.ptr.0, self.data.len()) })
+        // A field's bytes are never taken back.
+        self.bytes.to_bytes(py).unwrap_or_else(|| PyBytes::new(py, &[]))
     }
 
     fn __repr__(&self) -> String {
-        format!("ringtier.RecordField(name={:?}, bytes={})", self.name, self.data.len())
+        format!("ringtier.RecordField(name={:?}, bytes={})", self.name, self.bytes.len())
     }
 
     /// Exposes the bytes: one dimension, format `B`, writable.
@@ -488,7 +474,7 @@ impl Field {
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
-        self.exports.fetch_sub(1, Ordering::SeqCst);
+        self.bytes.release_view();
     }
 }
 
@@ -570,7 +556,7 @@ impl Record {
 
     /// Bytes of all fields.
     fn __len__(&self) -> usize {
-        self.fields.iter().map(|f| f.get().data.len()).sum()
+        self.fields.iter().map(|f| f.get().bytes.len()).sum()
     }
 
     /// A copy of the bytes of a record with one field (a TFRecord).

@@ -3,10 +3,9 @@
 //! save from one staging copy, and loads whose parts come back as writable buffers. The
 //! Python half (`ringtier/checkpoint.py`) turns state dicts into parts and back.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,12 +18,12 @@ use ringtier_migrate::{
     CheckpointStore as RustStore, FnSink, OnFull, Part, RestoreEvent, RestoreOptions, SaveReport, StoreConfig,
 };
 
+use crate::buffer::ExportedBytes;
 use crate::engine::{wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
 use crate::loader::open_tier;
-use crate::view::fill_view;
 
-/// The part of a Python checkpoint holding its tree and plain values (`ringtier/_state.py`).
+/// The part of a Python checkpoint holding its tree and plain values (`ringtier/_state_dict_codec.py`).
 const STATE_JSON: &str = "state.json";
 
 /// The most bytes of a checkpoint's `state.json` read for Python (1 GiB): it holds the
@@ -534,6 +533,16 @@ impl CheckpointStore {
     }
 }
 
+/// A load target's address, carried into the restore's sink.
+#[derive(Debug, Clone, Copy)]
+struct SendPtr(*mut u8);
+
+// SAFETY: points into a buffer exported by a Python object that `load_scatter` keeps alive
+// (its `PyUntypedBuffer`) until the restore writing through it has finished.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above; the spans written through it do not overlap.
+unsafe impl Sync for SendPtr {}
+
 #[derive(Debug, Default)]
 struct FutureShared {
     result: Mutex<Option<ringtier_core::Result<SaveReport>>>,
@@ -608,48 +617,34 @@ impl SaveFuture {
 #[pyclass(module = "ringtier._ringtier", name = "PartBuffer", frozen)]
 #[derive(Debug)]
 pub(crate) struct PartBuffer {
-    ptr: SendPtr,
-    len: usize,
-    _data: Vec<u8>,
-    exports: AtomicUsize,
+    bytes: ExportedBytes<Vec<u8>>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct SendPtr(*mut u8);
-
-// SAFETY: points into `PartBuffer::_data`, which never moves or reallocates while the
-// `PartBuffer` lives; Python reaches it only through views that keep the `PartBuffer` alive.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
 impl PartBuffer {
-    fn new(mut data: Vec<u8>) -> Self {
-        let ptr = SendPtr(data.as_mut_ptr());
-        PartBuffer { ptr, len: data.len(), _data: data, exports: AtomicUsize::new(0) }
+    fn new(data: Vec<u8>) -> Self {
+        PartBuffer { bytes: ExportedBytes::new(data) }
     }
 }
 
 #[pymethods]
 impl PartBuffer {
     fn __len__(&self) -> usize {
-        self.len
+        self.bytes.len()
     }
 
     /// Buffer views alive now.
     #[getter]
     fn views(&self) -> usize {
-        self.exports.load(Ordering::SeqCst)
+        self.bytes.views()
     }
 
     unsafe fn __getbuffer__(slf: PyRef<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        // SAFETY: the bytes live as long as `slf`, which `view.obj` references until the view
-        // is released.
-        unsafe { fill_view(slf.py(), slf.as_ptr(), view, slf.ptr.0.cast::<c_void>(), slf.len, flags, &slf.exports) }
+        // SAFETY: `slf` is the object that owns `bytes`; its `__releasebuffer__` releases the view.
+        unsafe { slf.bytes.get_buffer(slf.py(), slf.as_ptr(), view, flags, "this part buffer was released") }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
-        self.exports.fetch_sub(1, Ordering::SeqCst);
+        self.bytes.release_view();
     }
 }
 

@@ -22,7 +22,7 @@ loaders in the process that iterates them (``ringtier.torch.IterableDataset`` do
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
 
 from . import errors
 from ._ringtier import (
@@ -40,6 +40,7 @@ from ._ringtier import (
     metrics_text,
     serve_metrics,
 )
+from ._types import PathLike
 from .checkpoint import CheckpointStore
 from .errors import (
     BusyError,
@@ -53,8 +54,6 @@ from .errors import (
     RingtierError,
     UnsupportedError,
 )
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 class Dataset:

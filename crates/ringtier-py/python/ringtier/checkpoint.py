@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-from . import _state
-from .errors import CorruptError, NotFoundError
+from . import _state_dict_codec as codec
 from ._ringtier import CheckpointStore as _Store
 from ._ringtier import SaveFuture
-
-PathLike = Union[str, "os.PathLike[str]"]
+from ._types import PathLike
+from .errors import CorruptError, NotFoundError
 
 
 class CheckpointStore:
@@ -80,14 +79,14 @@ class CheckpointStore:
         """Saves ``state`` as checkpoint ``step`` and returns once it is durable on the fast
         tier: ``{"step", "bytes", "tier", "blocking_seconds", "wrote_through"}``. Do not change
         the tensors while it runs (from other threads)."""
-        return self._store.save(_step(step), _state.encode(state))
+        return self._store.save(_step(step), codec.encode(state))
 
     def async_save(self, step: int, state: Mapping[str, Any]) -> SaveFuture:
         """Copies ``state`` into a staging buffer and returns a :class:`ringtier.SaveFuture`
         at once (the shape of ``torch.distributed.checkpoint.async_save``): the caller may
         change its tensors as soon as this returns; ``future.result()`` waits until the
         checkpoint is durable on the fast tier and returns the report."""
-        return self._store.async_save(_step(step), _state.encode(state))
+        return self._store.async_save(_step(step), codec.encode(state))
 
     def load(self, step: Optional[int] = None, into: Optional[MutableMapping[str, Any]] = None) -> Any:
         """Loads checkpoint ``step`` (the newest intact one when None; None when the store is
@@ -111,9 +110,9 @@ class CheckpointStore:
             steps = [_step(step)] if step is not None else [c["step"] for c in reversed(self.list())]
             for at in steps:
                 try:
-                    meta = self._store.read_part(at, _state.META_PART)
-                    return _state.load_in_place(
-                        meta, into, lambda targets: self._store.load_scatter(at, _state.DATA_PART, targets)
+                    meta = self._store.read_part(at, codec.META_PART)
+                    return codec.load_in_place(
+                        meta, into, lambda targets: self._store.load_scatter(at, codec.DATA_PART, targets)
                     )
                 except (CorruptError, NotFoundError) as e:
                     if step is not None:
@@ -124,7 +123,7 @@ class CheckpointStore:
         if loaded is None:
             return None
         _step_loaded, _tier, parts, _fallbacks = loaded
-        return _state.decode(parts)
+        return codec.decode(parts)
 
     def _skip(self, step: int, why: str) -> None:
         self.skipped.append((step, why))

@@ -10,9 +10,10 @@ import torch
 from torch.utils.data import IterableDataset as _TorchIterable
 from torch.utils.data import get_worker_info
 
-from ._ringtier import RecordLoader
-
-PathLike = Any
+from .._ringtier import RecordLoader
+from .._types import PathLike
+from ..errors import NotFoundError
+from ._world import rank_world
 
 
 def _field_tensor(field: Any) -> torch.Tensor:
@@ -58,8 +59,6 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         super().__init__()
         self.path = os.fspath(path)
         if not os.path.isdir(self.path):
-            from .errors import NotFoundError
-
             raise NotFoundError(f"shard directory {self.path} does not exist")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
@@ -78,9 +77,7 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
 
     def reader(self) -> Tuple[int, int, int, int]:
         """(rank, world_size, worker, workers) of this process."""
-        from .torch import _rank_world
-
-        rank, world = _rank_world(self.rank, self.world_size)
+        rank, world = rank_world(self.rank, self.world_size)
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return rank, world, worker, workers
@@ -106,9 +103,7 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
 
     def __len__(self) -> int:
         """Records of this rank per epoch, all its workers together (global order only)."""
-        from .torch import _rank_world
-
-        rank, world = _rank_world(self.rank, self.world_size)
+        rank, world = rank_world(self.rank, self.world_size)
         return len(RecordLoader(self.path, format=self.format, order=self.order, rank=rank, world_size=world, **self.options))
 
     def _item(self, record: Any) -> Any:

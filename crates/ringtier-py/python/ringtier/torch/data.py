@@ -1,0 +1,140 @@
+"""``ringtier.torch.IterableDataset``: the samples of a dataset directory for
+``torch.utils.data.DataLoader`` workers and ``torchrun`` ranks (see :class:`ringtier.Loader`).
+
+Each epoch's seeded shuffled order is split over ``world_size x num_workers`` shards (rank r's
+worker w reads shard ``r * num_workers + w``), so every sample is read exactly once per epoch
+across ranks and workers. The loader is created inside ``__iter__``, in the process that
+iterates (a DataLoader worker after ``fork()``), never inherited.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils.data import IterableDataset as _TorchIterable
+from torch.utils.data import get_worker_info
+
+from .._ringtier import Loader
+from .._types import PathLike
+from ..errors import NotFoundError
+from ._world import rank_world
+
+
+def _to_tensor(sample: Any) -> torch.Tensor:
+    """The sample as a uint8 tensor over its pooled buffer (no copy)."""
+    if len(sample) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    t = torch.frombuffer(sample, dtype=torch.uint8)
+    return t.view(sample.shape) if sample.shape is not None else t
+
+
+class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
+    """The samples of a dataset directory for ``torch.utils.data.DataLoader``.
+
+    Yields each sample as a uint8 tensor sharing the loader's pooled buffer (``(H, W, 3)``
+    with ``decode=SIZE``), or ``(key, tensor)`` with ``with_keys=True``; with ``batch_size``
+    it yields lists of them (``DataLoader(ds, batch_size=None)``), as read together.
+    ``rank``/``world_size`` default to torch.distributed's (or ``RANK``/``WORLD_SIZE``).
+    Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``. ``position``
+    resumes the first epoch after that many of this shard's samples.
+
+    Pinned memory for ``.cuda(non_blocking=True)``: ``DataLoader(..., pin_memory=True)``.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        batch_size: Optional[int] = None,
+        read_batch: int = 64,
+        prefetch: int = 2,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        decode: Optional[int] = None,
+        decode_threads: int = 2,
+        verify: bool = False,
+        engine: str = "uring",
+        with_keys: bool = False,
+        hold: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        if not os.path.isdir(self.path) and not os.path.isfile(self.path):
+            raise NotFoundError(f"dataset directory {self.path} does not exist")
+        self.batch_size = batch_size
+        self.read_batch = batch_size or read_batch
+        self.options: Dict[str, Any] = dict(
+            prefetch=prefetch,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            decode=decode,
+            decode_threads=decode_threads,
+            verify=verify,
+            engine=engine,
+            hold=hold,
+        )
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
+        self.rank, self.world_size = rank, world_size
+        self.with_keys = with_keys
+        self.epoch = 0
+        self.position = 0
+        self._loader: Optional[Tuple[int, Tuple[int, int], Loader]] = None
+
+    def set_epoch(self, epoch: int, position: int = 0) -> None:
+        """The epoch the next iteration reads, from ``position`` of this shard on."""
+        self.epoch, self.position = epoch, position
+
+    def shard(self) -> Tuple[int, int]:
+        """(this process's shard, number of shards): rank x workers."""
+        rank, world = rank_world(self.rank, self.world_size)
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return rank * workers + worker, world * workers
+
+    def loader(self) -> Loader:
+        """This process's loader for its shard (created here, on first use in this process)."""
+        shard = self.shard()
+        pid = os.getpid()
+        if self._loader is None or self._loader[0] != pid or self._loader[1] != shard:
+            loader = Loader(self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], **self.options)
+            self._loader = (pid, shard, loader)
+        return self._loader[2]
+
+    def __len__(self) -> int:
+        """Samples of this rank per epoch (all its workers together)."""
+        rank, world = rank_world(self.rank, self.world_size)
+        return len(Loader(self.path, batch_size=self.read_batch, rank=rank, world_size=world, **self.options))
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self.loader()
+        keys = loader.keys() if self.with_keys else None
+        decoded = self.options.get("decode") is not None
+        frombuffer, uint8 = torch.frombuffer, torch.uint8
+        for batch in loader.epoch(self.epoch, self.position):
+            samples = list(batch)
+            if decoded:
+                tensors = [_to_tensor(s) for s in samples]
+            else:
+                # Raw bytes: one tensor per sample without a length or shape call each (the
+                # per-sample Python work is most of this layer's cost).
+                try:
+                    tensors = [frombuffer(s, dtype=uint8) for s in samples]
+                except ValueError:  # an empty sample (torch.frombuffer refuses zero bytes)
+                    tensors = [_to_tensor(s) for s in samples]
+            items: List[Any] = (
+                [(keys[s.index], t) for s, t in zip(samples, tensors)] if keys is not None else tensors
+            )
+            if self.batch_size is None:
+                yield from items
+            else:
+                yield items
+
+
+__all__ = ["IterableDataset"]

@@ -48,6 +48,9 @@ pub struct PosixConfig {
     /// Fail points of the root's system calls (feature `fail-points`, tests only).
     #[cfg(feature = "fail-points")]
     pub fail_points: Option<Arc<crate::fs::FsFailPoints>>,
+    /// A trace of the root's operations (feature `fs-trace`, tests only).
+    #[cfg(feature = "fs-trace")]
+    pub fs_trace: Option<Arc<crate::fs::trace::FsTrace>>,
 }
 
 impl PosixConfig {
@@ -94,6 +97,13 @@ impl PosixConfig {
         self
     }
 
+    /// Sets [`PosixConfig::fs_trace`].
+    #[cfg(feature = "fs-trace")]
+    pub fn with_fs_trace(mut self, fs_trace: Option<Arc<crate::fs::trace::FsTrace>>) -> Self {
+        self.fs_trace = fs_trace;
+        self
+    }
+
     /// Sets [`PosixConfig::sync`].
     pub fn with_sync(mut self, sync: bool) -> Self {
         self.sync = sync;
@@ -116,6 +126,8 @@ impl PosixConfig {
             sync: true,
             #[cfg(feature = "fail-points")]
             fail_points: None,
+            #[cfg(feature = "fs-trace")]
+            fs_trace: None,
         }
     }
 }
@@ -184,6 +196,11 @@ impl PosixTier {
         #[cfg(feature = "fail-points")]
         let root = match Arc::try_unwrap(root) {
             Ok(r) => Arc::new(r.with_fail_points(config.fail_points.clone())),
+            Err(r) => r,
+        };
+        #[cfg(feature = "fs-trace")]
+        let root = match Arc::try_unwrap(root) {
+            Ok(r) => Arc::new(r.with_trace(config.fs_trace.clone())),
             Err(r) => r,
         };
         let pool = BlockingPool::new("ringtier-posix", config.threads)?;
@@ -361,6 +378,8 @@ impl ObjectWriter for PosixWriter {
         let ticket = self.in_flight.ticket();
         let slot = Arc::new(std::sync::Mutex::new(Some(buf)));
         let slot2 = Arc::clone(&slot);
+        #[cfg(feature = "fs-trace")]
+        let staged = self.staged.clone();
         let res = self
             .tier
             .inner
@@ -369,7 +388,12 @@ impl ObjectWriter for PosixWriter {
                 let _ticket = ticket;
                 let guard = slot2.lock().unwrap_or_else(|p| p.into_inner());
                 match guard.as_ref() {
-                    Some(buf) => file.write_all_at(buf.as_slice(), offset).map_err(Error::from),
+                    Some(buf) => {
+                        file.write_all_at(buf.as_slice(), offset).map_err(Error::from)?;
+                        #[cfg(feature = "fs-trace")]
+                        staged.trace_write(offset, buf.as_slice(), false);
+                        Ok(())
+                    }
                     None => Err(Error::new(ErrorKind::Shutdown, "buffer lost")),
                 }
             })

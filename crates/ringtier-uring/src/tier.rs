@@ -191,6 +191,10 @@ pub struct UringTierOptions {
     /// test every completion path. Feature `fail-points`.
     #[cfg(feature = "fail-points")]
     pub fail_points: Option<Arc<FailPoints>>,
+    /// A trace of the root's operations and writes, for the crash-state explorer. Feature
+    /// `fs-trace`.
+    #[cfg(feature = "fs-trace")]
+    pub fs_trace: Option<Arc<ringtier_core::fs::trace::FsTrace>>,
 }
 
 impl UringTierOptions {
@@ -224,6 +228,13 @@ impl UringTierOptions {
         self
     }
 
+    #[cfg(feature = "fs-trace")]
+    /// Sets [`UringTierOptions::fs_trace`].
+    pub fn with_fs_trace(mut self, fs_trace: Option<Arc<ringtier_core::fs::trace::FsTrace>>) -> Self {
+        self.fs_trace = fs_trace;
+        self
+    }
+
     #[cfg(feature = "fail-points")]
     /// Sets [`UringTierOptions::fail_points`].
     pub fn with_fail_points(mut self, fail_points: impl Into<Option<Arc<FailPoints>>>) -> Self {
@@ -251,6 +262,11 @@ impl UringTier {
                 .map_err(|e| e.with_tier(&name))?
                 .following_links(options.follow_links),
         );
+        #[cfg(feature = "fs-trace")]
+        let root = match Arc::try_unwrap(root) {
+            Ok(r) => Arc::new(r.with_trace(options.fs_trace.clone())),
+            Err(r) => r,
+        };
         let probed = options.assume_dio_alignment.or_else(|| probe_dio_align(root.root_fd()));
         let root_align = probed.unwrap_or((0, 0));
         let fs_type = fs_type_name(root.path());
@@ -738,14 +754,26 @@ impl ObjectWriter for UringWriter {
                 })
                 .await;
             return match res {
-                Ok((res, buf)) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
+                Ok((res, buf)) => {
+                    #[cfg(feature = "fs-trace")]
+                    if res.is_ok() {
+                        self.staged.trace_write(offset, &buf.as_slice()[..io_len], false);
+                    }
+                    (res.map_err(|e| self.err(e, Operation::Write)), buf)
+                }
                 Err(e) => (Err(self.err(e, Operation::Write)), fallback_buf()),
             };
         }
         let align = if direct { self.align } else { 1 };
         let (res, back) = self.tier.inner.write(Arc::clone(target), offset, io_len, align, buf, ticket).await;
         match back {
-            Some(buf) => (res.map_err(|e| self.err(e, Operation::Write)), buf),
+            Some(buf) => {
+                #[cfg(feature = "fs-trace")]
+                if res.is_ok() {
+                    self.staged.trace_write(offset, &buf.as_slice()[..io_len.min(buf.len())], direct);
+                }
+                (res.map_err(|e| self.err(e, Operation::Write)), buf)
+            }
             None => (Err(self.err(Error::new(ErrorKind::Shutdown, "buffer lost"), Operation::Write)), fallback_buf()),
         }
     }
@@ -766,11 +794,35 @@ impl ObjectWriter for UringWriter {
         let res = async {
             if self.padded {
                 file.set_len(self.end)?;
+                #[cfg(feature = "fs-trace")]
+                if let Some((t, id)) = self.staged.trace() {
+                    t.record(ringtier_core::fs::trace::FsOp::SetLen { file: id, len: self.end });
+                }
             }
-            self.tier.inner.fdatasync(Arc::clone(&file)).await?;
-            let inner = Arc::clone(&self.tier.inner);
-            let (staged, key) = (self.staged.clone(), self.key.clone());
-            self.tier.inner.meta.run(move || inner.root.publish_staged(&file, &staged, &key)).await
+            #[cfg(feature = "fs-trace")]
+            let (skip_sync, rename_first) = match self.tier.inner.root.trace() {
+                Some(t) => (t.skips_data_sync(), t.renames_before_sync()),
+                None => (false, false),
+            };
+            #[cfg(not(feature = "fs-trace"))]
+            let (skip_sync, rename_first) = (false, false);
+            let publish = |file: Arc<File>| {
+                let inner = Arc::clone(&self.tier.inner);
+                let (staged, key) = (self.staged.clone(), self.key.clone());
+                self.tier.inner.meta.run(move || inner.root.publish_staged(&file, &staged, &key))
+            };
+            let published = if rename_first { Some(publish(Arc::clone(&file)).await?) } else { None };
+            if !skip_sync {
+                self.tier.inner.fdatasync(Arc::clone(&file)).await?;
+                #[cfg(feature = "fs-trace")]
+                if let Some((t, id)) = self.staged.trace() {
+                    t.record(ringtier_core::fs::trace::FsOp::Fsync { file: id });
+                }
+            }
+            match published {
+                Some(meta) => Ok(meta),
+                None => publish(file).await,
+            }
         }
         .await;
         if res.is_ok() {

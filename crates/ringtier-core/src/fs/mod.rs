@@ -38,6 +38,10 @@ use crate::sys as at;
 mod fail;
 #[cfg(feature = "fail-points")]
 pub use fail::FsFailPoints;
+#[cfg(feature = "fs-trace")]
+pub mod trace;
+#[cfg(feature = "fs-trace")]
+use trace::{FsOp, FsTrace};
 
 /// Name of the staging directory inside a file tier's root.
 pub const STAGING_DIR: &str = ".ringtier-staging";
@@ -54,13 +58,21 @@ const STALE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct StagedFile {
     dir: Arc<OwnedFd>,
     name: CString,
+    #[cfg(feature = "fs-trace")]
+    traced: Option<(Arc<FsTrace>, u64, PathBuf)>,
 }
 
 impl StagedFile {
     /// Removes the staged file (a missing one counts as removed).
     pub fn remove(&self) -> Result<()> {
         match at::unlinkat(self.dir.as_raw_fd(), &self.name) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                #[cfg(feature = "fs-trace")]
+                if let Some((t, _, path)) = &self.traced {
+                    t.record(FsOp::Unlink { path: path.clone() });
+                }
+                Ok(())
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::from(e).with_key(self.display())),
         }
@@ -78,6 +90,20 @@ impl StagedFile {
         )
         .map_err(|e| Error::from(e).with_key(self.display()))?;
         Ok(File::from(fd))
+    }
+
+    /// The trace this file's operations go to and its id there (feature `fs-trace`).
+    #[cfg(feature = "fs-trace")]
+    pub fn trace(&self) -> Option<(&Arc<FsTrace>, u64)> {
+        self.traced.as_ref().map(|(t, id, _)| (t, *id))
+    }
+
+    /// Records a write of `data` at `offset` (feature `fs-trace`).
+    #[cfg(feature = "fs-trace")]
+    pub fn trace_write(&self, offset: u64, data: &[u8], direct: bool) {
+        if let Some((t, file)) = self.trace() {
+            t.record(FsOp::Write { file, offset, data: data.to_vec(), direct });
+        }
     }
 
     /// `.ringtier-staging/NAME`, for messages.
@@ -128,6 +154,8 @@ pub struct FsRoot {
     dirs: std::sync::Mutex<()>,
     #[cfg(feature = "fail-points")]
     fail: Option<Arc<FsFailPoints>>,
+    #[cfg(feature = "fs-trace")]
+    trace: Option<Arc<FsTrace>>,
 }
 
 /// `open_how` for `openat2` confined beneath the directory descriptor, following no link.
@@ -179,6 +207,8 @@ impl FsRoot {
             dirs: std::sync::Mutex::default(),
             #[cfg(feature = "fail-points")]
             fail: None,
+            #[cfg(feature = "fs-trace")]
+            trace: None,
         })
     }
 
@@ -196,6 +226,26 @@ impl FsRoot {
     pub fn with_fail_points(mut self, fail: Option<Arc<FsFailPoints>>) -> Self {
         self.fail = fail;
         self
+    }
+
+    /// This root recording its operations into `trace` (feature `fs-trace`, for tests).
+    #[cfg(feature = "fs-trace")]
+    pub fn with_trace(mut self, trace: Option<Arc<FsTrace>>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The trace this root records into (feature `fs-trace`).
+    #[cfg(feature = "fs-trace")]
+    pub fn trace(&self) -> Option<&Arc<FsTrace>> {
+        self.trace.as_ref()
+    }
+
+    #[cfg(feature = "fs-trace")]
+    fn record(&self, op: impl FnOnce() -> FsOp) {
+        if let Some(t) = &self.trace {
+            t.record(op());
+        }
     }
 
     /// True when symbolic links out of the root are followed (see [`FsRoot::following_links`]).
@@ -314,8 +364,11 @@ impl FsRoot {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match at::mkdirat(cur.as_raw_fd(), &c) {
                         Ok(()) => {
+                            #[cfg(feature = "fs-trace")]
+                            self.record(|| FsOp::Mkdir { path: self.root.join(sub) });
                             if sync {
-                                self.fsync_dir_fd(cur.as_raw_fd(), sub, None)?;
+                                let parent = sub.rsplit_once('/').map_or("", |(p, _)| p);
+                                self.fsync_dir_fd(cur.as_raw_fd(), parent, None)?;
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -339,8 +392,15 @@ impl FsRoot {
                 return Err(Error::from(io::Error::from_raw_os_error(errno)).with_key(rel));
             }
         }
+        #[cfg(feature = "fs-trace")]
+        if self.trace.as_ref().is_some_and(|t| t.skips_dir_fsync(&self.root, after_rename)) {
+            return Ok(());
+        }
         let _ = after_rename;
-        at::fsync(fd).map_err(|e| Error::from(e).with_key(rel))
+        at::fsync(fd).map_err(|e| Error::from(e).with_key(rel))?;
+        #[cfg(feature = "fs-trace")]
+        self.record(|| FsOp::FsyncDir { path: self.root.join(rel) });
+        Ok(())
     }
 
     /// Opens `key` relative to the root with `openat2`, confined as [`FsRoot::resolve_flags`]
@@ -568,6 +628,8 @@ impl FsRoot {
         }
         let c = at::c_name(leaf).map_err(|e| del(Error::from(e)))?;
         at::unlinkat(dir.as_raw_fd(), &c).map_err(|e| del(Error::from(e)))?;
+        #[cfg(feature = "fs-trace")]
+        self.record(|| FsOp::Unlink { path: self.root.join(key) });
         self.fsync_dir_fd(dir.as_raw_fd(), parent, None).map_err(del)
     }
 
@@ -581,7 +643,17 @@ impl FsRoot {
         let dir = Arc::new(self.dir_fd(STAGING_DIR, true, false).map_err(|e| e.with_operation(Operation::Create))?);
         let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
         let name = at::c_name(&format!("{}-{seq}", std::process::id())).map_err(Error::from)?;
-        let staged = StagedFile { dir, name };
+        #[cfg(feature = "fs-trace")]
+        let traced = self.trace.as_ref().map(|t| {
+            let path = self.root.join(STAGING_DIR).join(name.to_string_lossy().as_ref());
+            (Arc::clone(t), t.new_file(), path)
+        });
+        let staged = StagedFile {
+            dir,
+            name,
+            #[cfg(feature = "fs-trace")]
+            traced,
+        };
         let fd = at::openat2(
             staged.dir.as_raw_fd(),
             &staged.name,
@@ -599,6 +671,10 @@ impl FsRoot {
                 return Err(Error::from(e).with_operation(Operation::Create).with_key(staged.display()));
             }
         };
+        #[cfg(feature = "fs-trace")]
+        if let Some((t, file, path)) = &staged.traced {
+            t.record(FsOp::Create { file: *file, path: path.clone() });
+        }
         if let Err(e) = at::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) {
             let _ = staged.remove();
             return Err(Error::from(e).with_operation(Operation::Create).with_key(staged.display()));
@@ -610,8 +686,31 @@ impl FsRoot {
     /// parent directories, rename atomically, fsync every directory that changed.
     pub fn commit_staged(&self, file: &File, staged: &StagedFile, key: &str) -> Result<ObjectMeta> {
         validate_key(key)?;
-        file.sync_data().map_err(|e| Error::from(e).with_operation(Operation::Commit).with_key(key))?;
+        #[cfg(feature = "fs-trace")]
+        if let Some(t) = &self.trace {
+            if t.renames_before_sync() {
+                let meta = self.publish_staged(file, staged, key)?;
+                self.data_sync(file, staged, key)?;
+                return Ok(meta);
+            }
+        }
+        self.data_sync(file, staged, key)?;
         self.publish_staged(file, staged, key)
+    }
+
+    /// The data fsync of a staged file before its commit.
+    fn data_sync(&self, file: &File, staged: &StagedFile, key: &str) -> Result<()> {
+        #[cfg(feature = "fs-trace")]
+        if self.trace.as_ref().is_some_and(|t| t.skips_data_sync()) {
+            return Ok(());
+        }
+        file.sync_data().map_err(|e| Error::from(e).with_operation(Operation::Commit).with_key(key))?;
+        #[cfg(feature = "fs-trace")]
+        if let Some((t, id)) = staged.trace() {
+            t.record(FsOp::Fsync { file: id });
+        }
+        let _ = staged;
+        Ok(())
     }
 
     /// The second half of [`FsRoot::commit_staged`], for callers that synced the data
@@ -651,6 +750,10 @@ impl FsRoot {
         }
         at::renameat(staged.dir.as_raw_fd(), &staged.name, dir.as_raw_fd(), &c_leaf)
             .map_err(|e| ctx(Error::from(e)))?;
+        #[cfg(feature = "fs-trace")]
+        if let Some((_, _, from)) = &staged.traced {
+            self.record(|| FsOp::Rename { from: from.clone(), to: self.root.join(key) });
+        }
         if sync {
             // The rename is durable only with its directory's fsync. Retried once; if it still
             // fails, the object is un-published (renamed back into staging, where its writer's
@@ -660,6 +763,10 @@ impl FsRoot {
             if let Err(e1) = first {
                 if let Err(e2) = self.fsync_dir_fd(dir.as_raw_fd(), parent, Some(key)) {
                     let undone = at::renameat(dir.as_raw_fd(), &c_leaf, staged.dir.as_raw_fd(), &staged.name);
+                    #[cfg(feature = "fs-trace")]
+                    if let (Ok(()), Some((_, _, back))) = (&undone, &staged.traced) {
+                        self.record(|| FsOp::Rename { from: self.root.join(key), to: back.clone() });
+                    }
                     let _ = at::fsync(dir.as_raw_fd());
                     let what = match undone {
                         Ok(()) => "the object was un-published".to_string(),
@@ -722,6 +829,10 @@ impl FsRoot {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             };
             if stale && at::unlinkat(dir.as_raw_fd(), &name).is_ok() {
+                #[cfg(feature = "fs-trace")]
+                self.record(|| FsOp::Unlink {
+                    path: self.root.join(STAGING_DIR).join(name.to_string_lossy().as_ref()),
+                });
                 removed += 1;
             }
         }

@@ -154,3 +154,29 @@ impl<B: OwnedBytes> ExportedBytes<B> {
         self.exports.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_is_taken_back_once_and_the_length_goes_to_zero() {
+        let mut bytes = ExportedBytes::new(vec![7u8; 4096]);
+        assert_eq!((bytes.len(), bytes.views(), bytes.is_taken()), (4096, 0, false));
+        let owner = bytes.take().expect("no view").expect("held");
+        assert_eq!(owner, vec![7u8; 4096]);
+        assert_eq!((bytes.len(), bytes.is_taken()), (0, true));
+        assert_eq!(bytes.take(), Ok(None));
+        assert_eq!(bytes.take_on_drop(), None);
+    }
+
+    #[test]
+    fn the_pointer_is_the_owners_memory() {
+        let v = vec![1u8, 2, 3];
+        let at = v.as_ptr();
+        let mut bytes = ExportedBytes::new(v);
+        let held = bytes.held.get_mut().expect("lock").as_ref().map(|h| (h.ptr.0.cast_const(), h.len));
+        assert_eq!(held, Some((at, 3)));
+        assert_eq!(bytes.take_on_drop().as_deref(), Some(&[1u8, 2, 3][..]));
+    }
+}

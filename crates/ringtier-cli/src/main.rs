@@ -1,30 +1,18 @@
 //! `ringtier`: the paper's experiments, benchmarks against fio and a thread pool, and the
 //! checkpoint store, from the command line. With no arguments it runs the paper's three
-//! experiments on embedded defaults. Arguments are in `args.rs`; each command's logic lives
-//! with the command; this file dispatches.
+//! experiments on embedded defaults. Arguments are in `args.rs`; the benchmarks, the paper and
+//! the dataset generator live in `ringtier-bench`, the store in `ringtier-migrate`; this file
+//! dispatches.
 
 #![forbid(unsafe_code)]
 
 mod args;
-mod cachebench;
 mod ckpt;
-mod dataset;
-mod decodebench;
-mod paper;
-mod passes;
-mod randread;
-mod readbench;
-mod recbench;
-mod restorebench;
-mod s3bench;
-mod stagebench;
-mod stats;
-mod train;
 
 use anyhow::Result;
 use clap::Parser;
 
-use crate::args::{BenchCommand, Cli, Command, MetricsCommand};
+use crate::args::{Cli, Command, MetricsCommand};
 
 fn main() -> std::process::ExitCode {
     match run_cli() {
@@ -63,18 +51,11 @@ fn run_cli() -> Result<()> {
 /// Runs one command: its logic lives with the command.
 fn run(command: Command) -> Result<()> {
     match command {
-        Command::Paper(a) => paper::command(a),
-        Command::Demo(a) => readbench::demo(a),
-        Command::Gen(a) => dataset::gen_command(a),
-        Command::Index(a) => recbench::index_command(a),
-        Command::Bench(BenchCommand::Read(a)) => readbench::command(a),
-        Command::Bench(BenchCommand::Randread(a)) => randread::command(a),
-        Command::Bench(BenchCommand::Train(a)) => train::command(a),
-        Command::Bench(BenchCommand::Decode(a)) => decodebench::command(a),
-        Command::Bench(BenchCommand::Stage(a)) => stagebench::command(a),
-        Command::Bench(BenchCommand::S3(a)) => s3bench::command(a),
-        Command::Bench(BenchCommand::Cache(a)) => cachebench::command(a),
-        Command::Bench(BenchCommand::Ckpt(a)) => ckpt::bench_command(a),
+        Command::Paper(a) => ringtier_bench::paper(a),
+        Command::Demo(a) => ringtier_bench::demo(a),
+        Command::Gen(a) => ringtier_bench::gen(a),
+        Command::Index(a) => ringtier_bench::index(a),
+        Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),
         Command::Metrics(MetricsCommand::Catalog) => {
             print!("{}", ringtier_metrics::catalog_markdown());

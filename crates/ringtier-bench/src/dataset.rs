@@ -20,8 +20,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
 use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
+use ringtier_loader::records::{write_tar_end, write_tar_member, write_tfrecord};
 
-use crate::stats::Rng;
+use crate::harness::{files_under, Rng};
+use crate::parse_size;
+use clap::Args;
 use std::io::IsTerminal;
 
 /// File contents.
@@ -52,17 +55,17 @@ pub(crate) enum Preset {
 /// Shape of a generated dataset.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct DatasetSpec {
-    pub files: usize,
-    pub median_bytes: u64,
-    pub sigma: f64,
-    pub min_bytes: u64,
-    pub max_bytes: u64,
-    pub classes: usize,
-    pub seed: u64,
-    pub format: Format,
+    pub(crate) files: usize,
+    pub(crate) median_bytes: u64,
+    pub(crate) sigma: f64,
+    pub(crate) min_bytes: u64,
+    pub(crate) max_bytes: u64,
+    pub(crate) classes: usize,
+    pub(crate) seed: u64,
+    pub(crate) format: Format,
     /// Every drawn size is rounded up to a multiple of this (1: no rounding). fio reads only
     /// whole blocks of each file, so a comparison with fio at block size B uses multiples of B.
-    pub size_multiple: u64,
+    pub(crate) size_multiple: u64,
 }
 
 impl DatasetSpec {
@@ -108,10 +111,10 @@ impl DatasetSpec {
 /// A dataset on disk and its manifest.
 #[derive(Debug)]
 pub(crate) struct Dataset {
-    pub root: PathBuf,
-    pub manifest: Manifest,
+    pub(crate) root: PathBuf,
+    pub(crate) manifest: Manifest,
     /// True when the file list came from a manifest (checksums known).
-    pub has_checksums: bool,
+    pub(crate) has_checksums: bool,
 }
 
 impl Dataset {
@@ -131,6 +134,25 @@ impl Dataset {
         let mut s: Vec<u64> = self.manifest.entries.iter().map(|e| e.size).collect();
         s.sort_unstable();
         s.get(s.len() / 2).copied().unwrap_or(0)
+    }
+
+    /// Manifest indices in the order a recursive directory walk meets the files, each
+    /// directory's entries in `readdir` order, descending into a subdirectory as it is met:
+    /// the order fio's `--opendir` reads a file set in. Files not in the manifest are ignored.
+    pub(crate) fn readdir_order(&self) -> Result<Vec<u32>> {
+        let index: std::collections::HashMap<&str, u32> =
+            self.manifest.entries.iter().enumerate().map(|(i, e)| (e.key.as_str(), i as u32)).collect();
+        let mut out = Vec::with_capacity(self.len());
+        for path in files_under(&self.root)? {
+            let key = path.strip_prefix(&self.root).ok().and_then(|k| k.to_str());
+            if let Some(&i) = key.and_then(|k| index.get(k)) {
+                out.push(i);
+            }
+        }
+        if out.len() != self.len() {
+            bail!("{} files of the manifest are missing from {}", self.len() - out.len(), self.root.display());
+        }
+        Ok(out)
     }
 
     /// Opens a dataset: its manifest if there is one, else a walk of the directory.
@@ -158,34 +180,6 @@ impl Dataset {
         }
         Ok(Dataset { root: root.to_path_buf(), manifest, has_checksums })
     }
-}
-
-/// Manifest indices in the order a recursive directory walk meets the files, each directory's
-/// entries in `readdir` order, descending into a subdirectory as it is met: the order fio's
-/// `--opendir` reads a file set in. Files not in the manifest are ignored.
-pub(crate) fn readdir_order(ds: &Dataset) -> Result<Vec<u32>> {
-    let index: std::collections::HashMap<&str, u32> =
-        ds.manifest.entries.iter().enumerate().map(|(i, e)| (e.key.as_str(), i as u32)).collect();
-    let mut out = Vec::with_capacity(ds.len());
-    fn walk(dir: &Path, rel: &str, index: &std::collections::HashMap<&str, u32>, out: &mut Vec<u32>) -> Result<()> {
-        for ent in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let ent = ent.with_context(|| format!("listing {}", dir.display()))?;
-            let name = ent.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let key = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
-            if ent.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                walk(&ent.path(), &key, index, out)?;
-            } else if let Some(&i) = index.get(key.as_str()) {
-                out.push(i);
-            }
-        }
-        Ok(())
-    }
-    walk(&ds.root, "", &index, &mut out)?;
-    if out.len() != ds.len() {
-        bail!("{} files of the manifest are missing from {}", ds.len() - out.len(), ds.root.display());
-    }
-    Ok(out)
 }
 
 /// The sizes a spec draws, in file order.
@@ -355,21 +349,21 @@ impl Scene {
 }
 
 /// `ringtier gen`.
-pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
+pub(crate) fn gen(a: GenArgs) -> Result<()> {
     if let Some(url) = a.dir.to_str().filter(|d| ringtier_s3::S3Config::is_s3_url(d)).map(str::to_string) {
         // Generated in a temporary directory, then uploaded, then removed.
         let tmp = tempfile::Builder::new().prefix("ringtier-gen-").tempdir().context("creating a temp dir")?;
-        let local = crate::args::GenArgs { dir: tmp.path().join("ds"), force: true, ..a };
-        gen_command(local)?;
+        let local = GenArgs { dir: tmp.path().join("ds"), force: true, ..a };
+        gen(local)?;
         let t0 = std::time::Instant::now();
-        let (n, bytes) = crate::s3bench::upload_dir(&tmp.path().join("ds"), &url)?;
+        let (n, bytes) = upload_dir(&tmp.path().join("ds"), &url)?;
         println!("uploaded {n} objects, {:.1} MB, to {url} in {:.1} s", bytes as f64 / 1e6, t0.elapsed().as_secs_f64());
         return Ok(());
     }
     let spec = a.shape.spec(a.preset)?;
     let t0 = std::time::Instant::now();
     if matches!(spec.format, Format::Tfrecord | Format::Wds) {
-        let (shards, bytes) = crate::recbench::generate_shards(&a.dir, &spec, a.shards, a.force)?;
+        let (shards, bytes) = generate_shards(&a.dir, &spec, a.shards, a.force)?;
         println!(
             "wrote {} samples as {shards} {:?} shards, {:.1} MB, in {:.1} s",
             spec.files,
@@ -390,6 +384,164 @@ pub(crate) fn gen_command(a: crate::args::GenArgs) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn shard_name(format: Format, s: usize, n: usize) -> String {
+    match format {
+        Format::Wds => format!("shard-{s:06}.tar"),
+        _ => format!("train-{s:05}-of-{n:05}.tfrecord"),
+    }
+}
+
+/// Writes the spec's samples (random bytes of the drawn sizes) as `shards` shards, sample i in
+/// shard i % shards, and a manifest of the shard files. Returns (shards, samples, bytes).
+pub(crate) fn generate_shards(root: &Path, spec: &DatasetSpec, shards: usize, force: bool) -> Result<(usize, u64)> {
+    if shards == 0 {
+        bail!("--shards must be at least 1");
+    }
+    if root.join(MANIFEST_FILE).exists() && !force {
+        bail!("{} already holds a dataset (its manifest exists); pass --force to regenerate", root.display());
+    }
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    let sizes = sizes(spec);
+    let mut entries = Vec::with_capacity(shards);
+    let mut total = 0u64;
+    let mut sample = Vec::new();
+    for s in 0..shards {
+        let mut out = Vec::new();
+        for i in (s..spec.files).step_by(shards) {
+            let mut rng = Rng::new(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64 + 1));
+            sample.resize(sizes[i] as usize, 0);
+            rng.fill(&mut sample);
+            match spec.format {
+                Format::Wds => {
+                    let key = format!("class{:04}/img{i:07}", i % spec.classes);
+                    write_tar_member(&mut out, &format!("{key}.bin"), &sample);
+                    write_tar_member(&mut out, &format!("{key}.cls"), format!("{}", i % spec.classes).as_bytes());
+                }
+                _ => write_tfrecord(&mut out, &sample),
+            }
+        }
+        if spec.format == Format::Wds {
+            write_tar_end(&mut out);
+        }
+        let key = shard_name(spec.format, s, shards);
+        let path = root.join(&key);
+        std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
+        total += out.len() as u64;
+        entries.push(ManifestEntry { key, size: out.len() as u64, crc32c: checksum(&out) });
+    }
+    let dir = std::fs::File::open(root).with_context(|| format!("opening {}", root.display()))?;
+    nix::unistd::syncfs(&dir).map_err(std::io::Error::from).context("syncfs")?;
+    Manifest { entries }.store(root)?;
+    Ok((shards, total))
+}
+
+/// `ringtier gen --dir s3://...`: uploads the dataset generated in `local` (every file but the
+/// manifest, whose `.ringtier` name is reserved; keys relative to `local`) to the S3 prefix;
+/// returns (objects, bytes).
+pub(crate) fn upload_dir(local: &Path, url: &str) -> Result<(usize, u64)> {
+    // The manifest (a reserved name) stays local: the objects are the dataset.
+    let mut files: Vec<PathBuf> = files_under(local)?
+        .into_iter()
+        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".ringtier")))
+        .collect();
+    files.sort();
+    crate::runtime(2)?.block_on(async {
+        let tier = ringtier_s3::S3Tier::open(ringtier_s3::S3Config::from_url(url)?)
+            .await
+            .with_context(|| format!("opening {url}"))?;
+        let (mut tasks, mut bytes) = (Vec::new(), 0u64);
+        for f in &files {
+            let key = f.strip_prefix(local)?.to_string_lossy().into_owned();
+            let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            bytes += data.len() as u64;
+            let t = tier.clone();
+            tasks.push(tokio::spawn(async move { t.put_object(&key, data.into()).await.map(|_| ()) }));
+            if tasks.len() >= 32 {
+                for t in tasks.drain(..) {
+                    t.await??;
+                }
+            }
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok((files.len(), bytes))
+    })
+}
+
+/// The shape of a generated dataset.
+#[derive(Args, Debug, Clone)]
+pub struct ShapeArgs {
+    /// Number of files (default: the preset's).
+    #[arg(long)]
+    pub(crate) files: Option<usize>,
+    /// Median file size (log-normal sizes), e.g. 112000 or 12k (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) median: Option<u64>,
+    /// Log-normal sigma of the sizes (default: the preset's).
+    #[arg(long)]
+    pub(crate) sigma: Option<f64>,
+    /// Smallest file size (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) min_size: Option<u64>,
+    /// Largest file size (default: the preset's).
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) max_size: Option<u64>,
+    /// Class directories (default: the preset's).
+    #[arg(long)]
+    pub(crate) classes: Option<usize>,
+    /// Seed of sizes and contents.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// File contents: raw random bytes or real JPEG images.
+    #[arg(long, value_enum, default_value = "raw")]
+    pub(crate) format: Format,
+    /// Round every size up to a multiple of this (raw format), e.g. 128k for a comparison
+    /// with fio at that block size: fio reads only whole blocks of each file.
+    #[arg(long, default_value = "1", value_parser = parse_size)]
+    pub(crate) size_multiple: u64,
+}
+
+impl ShapeArgs {
+    pub(crate) fn spec(&self, preset: Preset) -> Result<DatasetSpec> {
+        let d = DatasetSpec::preset(preset);
+        let spec = DatasetSpec {
+            files: self.files.unwrap_or(d.files),
+            median_bytes: self.median.unwrap_or(d.median_bytes),
+            sigma: self.sigma.unwrap_or(d.sigma),
+            min_bytes: self.min_size.unwrap_or(d.min_bytes.min(self.median.unwrap_or(d.median_bytes))),
+            max_bytes: self.max_size.unwrap_or(d.max_bytes.max(self.median.unwrap_or(d.median_bytes))),
+            classes: self.classes.unwrap_or(d.classes),
+            seed: self.seed,
+            format: self.format,
+            size_multiple: self.size_multiple,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Arguments of `ringtier gen`.
+#[derive(Args, Debug)]
+pub struct GenArgs {
+    /// Directory to write the dataset into (created); or an S3 prefix,
+    /// `s3://bucket/prefix[?endpoint=URL]` (credentials from AWS_* variables): the dataset is
+    /// generated in a temporary directory and uploaded there, one object per file.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// Dataset shape: imagenet (16,384 files, median 112 KB), caltech101 (9,144, median 12 KB).
+    #[arg(long, value_enum, default_value = "imagenet")]
+    pub(crate) preset: Preset,
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
+    /// Regenerate over an existing dataset.
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Shards of `--format tfrecord|wds` (sample i goes to shard i mod shards).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) shards: usize,
 }
 
 #[cfg(test)]

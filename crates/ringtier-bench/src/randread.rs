@@ -15,23 +15,25 @@ use ringtier_core::{AlignedBuf, BufferPool, PoolConfig, ReadBatch};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
-use crate::stats::{process_cpu, Machine, Rng, Summary};
+use crate::harness::{interleaved, write_json, Machine, Meter, Rng, Storage, Summary, GIB};
+use crate::parse_size;
+use clap::Args;
 
 /// Settings of a random-read run.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RandReadConfig {
-    pub file: PathBuf,
-    pub size: u64,
-    pub block_size: usize,
-    pub depth: u32,
-    pub runtime_secs: f64,
-    pub repeats: usize,
+    pub(crate) file: PathBuf,
+    pub(crate) size: u64,
+    pub(crate) block_size: usize,
+    pub(crate) depth: u32,
+    pub(crate) runtime_secs: f64,
+    pub(crate) repeats: usize,
     #[serde(serialize_with = "policy_name")]
-    pub direct: DirectIoPolicy,
-    pub register_files: bool,
-    pub register_buffers: bool,
-    pub sqpoll: bool,
-    pub seed: u64,
+    pub(crate) direct: DirectIoPolicy,
+    pub(crate) register_files: bool,
+    pub(crate) register_buffers: bool,
+    pub(crate) sqpoll: bool,
+    pub(crate) seed: u64,
 }
 
 fn policy_name<S: serde::Serializer>(p: &DirectIoPolicy, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -39,7 +41,7 @@ fn policy_name<S: serde::Serializer>(p: &DirectIoPolicy, s: S) -> std::result::R
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
-struct Run {
+struct RandReadRun {
     bytes: u64,
     reads: u64,
     wall_seconds: f64,
@@ -85,7 +87,7 @@ pub(crate) fn prepare_file(path: &std::path::Path, size: u64) -> Result<()> {
 }
 
 /// Runs the benchmark and prints one line per repeat and a summary; returns JSON.
-pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
+pub(crate) fn run(cfg: &RandReadConfig) -> Result<RandReadReport> {
     if cfg.block_size == 0 || cfg.block_size % 4096 != 0 {
         bail!("--bs must be a positive multiple of 4096");
     }
@@ -112,7 +114,7 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
     let options = UringTierOptions::default().with_pool(pool.clone());
     let tier = UringTier::with_options(dir, config, options)?;
     let fs = tier.filesystem();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = crate::runtime(0)?;
     let file = Arc::new(rt.block_on(tier.open_file(key))?);
     eprintln!(
         "randread {} ({fs}, {} MiB): bs {} KiB, depth {}, 1 ring, direct {}, {} s x {}",
@@ -124,38 +126,65 @@ pub(crate) fn run(cfg: &RandReadConfig) -> Result<serde_json::Value> {
         cfg.runtime_secs,
         cfg.repeats
     );
-    let mut runs = Vec::new();
-    for r in 0..cfg.repeats {
+    let runs = interleaved(cfg.repeats, &["uring"], false, |r, _| {
         let run = rt.block_on(one_run(&file, &pool, cfg, blocks, cfg.seed + r as u64))?;
         println!(
             "run {}: {:.1} MB/s, {:.0} IOPS, {:.3} CPU s/GiB",
             r + 1,
             run.mb_per_sec,
             run.iops,
-            run.cpu_seconds / (run.bytes as f64 / (1u64 << 30) as f64)
+            run.cpu_seconds / (run.bytes as f64 / GIB)
         );
-        runs.push(run);
-    }
-    let bw = Summary::of(&runs.iter().map(|r| r.mb_per_sec).collect::<Vec<_>>());
+        Ok(run)
+    })?;
+    let runs: Vec<RandReadRun> = runs.into_iter().flatten().collect();
+    let bw = Summary::by(&runs, |r| r.mb_per_sec);
     println!("MB/s min/median/max: {:.1} / {:.1} / {:.1}", bw.min, bw.median, bw.max);
     let stats = tier.stats();
-    Ok(serde_json::json!({
-        "schema": "ringtier.bench.randread/1",
-        "machine": Machine::probe(),
-        "filesystem": fs,
-        "file_bytes": size,
-        "direct": file.is_direct(),
-        "config": cfg,
-        "runs": runs,
-        "mb_per_sec": bw,
-        "uring_stats": {
-            "reads_direct": stats.reads_direct,
-            "fixed_buffer_reads": stats.fixed_buffer_reads,
-            "fixed_file_reads": stats.fixed_file_reads,
-            "submits": stats.submits,
-            "sqes": stats.sqes,
+    Ok(RandReadReport {
+        schema: "ringtier.bench.randread/1",
+        machine: Machine::probe(),
+        filesystem: Storage::of(dir).filesystem,
+        file_bytes: size,
+        direct: file.is_direct(),
+        cold: "O_DIRECT reads bypass the page cache; buffered ones may hit it (a random read set larger than memory keeps them honest)",
+        config: cfg.clone(),
+        runs,
+        mb_per_sec: bw,
+        uring_stats: UringStats {
+            reads_direct: stats.reads_direct,
+            fixed_buffer_reads: stats.fixed_buffer_reads,
+            fixed_file_reads: stats.fixed_file_reads,
+            submits: stats.submits,
+            sqes: stats.sqes,
         },
-    }))
+    })
+}
+
+/// The io_uring tier's own counters over the run.
+#[derive(Debug, Serialize)]
+struct UringStats {
+    reads_direct: u64,
+    fixed_buffer_reads: u64,
+    fixed_file_reads: u64,
+    submits: u64,
+    sqes: u64,
+}
+
+/// The report of `bench randread` (`ringtier.bench.randread/1`).
+#[derive(Debug, Serialize)]
+pub(crate) struct RandReadReport {
+    schema: &'static str,
+    machine: Machine,
+    filesystem: String,
+    file_bytes: u64,
+    direct: bool,
+    /// What keeps the reads cold.
+    cold: &'static str,
+    config: RandReadConfig,
+    runs: Vec<RandReadRun>,
+    mb_per_sec: Summary,
+    uring_stats: UringStats,
 }
 
 async fn one_run(
@@ -164,14 +193,14 @@ async fn one_run(
     cfg: &RandReadConfig,
     blocks: u64,
     seed: u64,
-) -> Result<Run> {
+) -> Result<RandReadRun> {
     let mut rng = Rng::new(seed);
     let depth = cfg.depth as usize;
     // Two batches of `depth` reads: while one comes back, the other keeps the ring full.
     let mut spare: Vec<ReadBatch> = (0..2).map(|_| ReadBatch::with_capacity(depth, 0)).collect();
     let mut in_flight: VecDeque<tokio::task::JoinHandle<ReadBatch>> = VecDeque::new();
     let deadline = Duration::from_secs_f64(cfg.runtime_secs);
-    let (cpu0, t0) = (process_cpu(), Instant::now());
+    let (meter, t0) = (Meter::start(), Instant::now());
     let (mut bytes, mut reads) = (0u64, 0u64);
     loop {
         while in_flight.len() < 2 && t0.elapsed() < deadline {
@@ -194,9 +223,9 @@ async fn one_run(
         }
         spare.push(batch);
     }
-    let wall = t0.elapsed().as_secs_f64();
-    let cpu = (process_cpu() - cpu0).as_secs_f64();
-    Ok(Run {
+    let u = meter.stop();
+    let (wall, cpu) = (u.wall_seconds, u.cpu_seconds);
+    Ok(RandReadRun {
         bytes,
         reads,
         wall_seconds: wall,
@@ -207,7 +236,7 @@ async fn one_run(
 }
 
 /// `ringtier bench randread`.
-pub(crate) fn command(a: crate::args::RandReadArgs) -> anyhow::Result<()> {
+pub(crate) fn command(a: RandReadArgs) -> Result<()> {
     let cfg = RandReadConfig {
         file: a.file,
         size: a.size,
@@ -221,7 +250,49 @@ pub(crate) fn command(a: crate::args::RandReadArgs) -> anyhow::Result<()> {
         sqpoll: a.sqpoll,
         seed: a.seed,
     };
-    let v = run(&cfg)?;
-    crate::stats::write_json(a.json.as_deref(), &v)?;
+    let report = run(&cfg)?;
+    write_json(a.json.as_deref(), &report)?;
     Ok(())
+}
+
+/// Arguments of `ringtier bench randread`.
+#[derive(Args, Debug)]
+pub struct RandReadArgs {
+    /// The file to read (created with random data when it is missing or of another size).
+    #[arg(long)]
+    pub(crate) file: PathBuf,
+    /// File size, e.g. 2G.
+    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    pub(crate) size: u64,
+    /// Block size, e.g. 128k.
+    #[arg(long, default_value = "128k", value_parser = parse_size)]
+    pub(crate) bs: u64,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) depth: u32,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) runtime: f64,
+    /// Runs.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) repeats: usize,
+    /// Direct-I/O policy: off, auto (direct where the file system has it, else buffered; the
+    /// report says which) or required.
+    #[arg(long, default_value = "auto")]
+    pub(crate) direct: DirectIoPolicy,
+    /// Register the file as a fixed file.
+    #[arg(long)]
+    pub(crate) register_files: bool,
+    /// Do not register buffers.
+    #[arg(long)]
+    pub(crate) no_register_buffers: bool,
+    /// Kernel submission polling (SQPOLL).
+    #[arg(long)]
+    pub(crate) sqpoll: bool,
+    /// Seed of the offsets.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
 }

@@ -3,22 +3,23 @@
 //! through the loader's record reader (io_uring, O_DIRECT where the file system has it),
 //! against a cold `cat` of the same shards, repeats interleaved.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use ringtier_core::Tier;
-use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
-use ringtier_loader::records::{
-    write_tar_end, write_tar_member, write_tfrecord, RecordConfig, RecordFormat, RecordIndex, RecordLoader, Shard,
-};
+use ringtier_loader::records::{RecordConfig, RecordFormat, RecordIndex, RecordLoader, Shard};
 use ringtier_loader::OnBadSample;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
-use crate::dataset::{sizes, DatasetSpec, Format};
-use crate::stats::{drop_caches, evict, peak_rss_bytes, process_cpu, write_json, Machine, Rng, Summary};
+use super::args::ReadArgs;
+use crate::harness::usage::run_child;
+use crate::harness::{
+    interleaved, peak_rss_bytes, write_json, Cold, ColdMethod, Machine, Meter, Storage, Summary, Usage, GIB,
+};
 
 /// What `bench read` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -53,7 +54,7 @@ pub(crate) enum RecordOrder {
 }
 
 /// The io_uring tier over a directory of shards (links followed), its shards, and a loader.
-fn open_shards(
+pub(crate) fn open_shards(
     dir: &Path,
     format: RecordFormat,
     depth: usize,
@@ -107,9 +108,9 @@ fn write_index(path: &Path, idx: &RecordIndex) -> Result<()> {
 }
 
 /// `ringtier index`: writes `SHARD.idx` for every shard.
-pub(crate) fn index_command(a: crate::args::IndexArgs) -> Result<()> {
+pub(crate) fn index_command(a: IndexArgs) -> Result<()> {
     let Some(format) = a.format.records() else { bail!("--format must be tfrecord or wds") };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
     let (shards, loader) = open_shards(&a.dir, format, 8, RecordConfig::default(), &rt)?;
     let t0 = Instant::now();
     let mut records = 0;
@@ -128,57 +129,6 @@ pub(crate) fn index_command(a: crate::args::IndexArgs) -> Result<()> {
     Ok(())
 }
 
-fn shard_name(format: Format, s: usize, n: usize) -> String {
-    match format {
-        Format::Wds => format!("shard-{s:06}.tar"),
-        _ => format!("train-{s:05}-of-{n:05}.tfrecord"),
-    }
-}
-
-/// Writes the spec's samples (random bytes of the drawn sizes) as `shards` shards, sample i in
-/// shard i % shards, and a manifest of the shard files. Returns (shards, samples, bytes).
-pub(crate) fn generate_shards(root: &Path, spec: &DatasetSpec, shards: usize, force: bool) -> Result<(usize, u64)> {
-    if shards == 0 {
-        bail!("--shards must be at least 1");
-    }
-    if root.join(MANIFEST_FILE).exists() && !force {
-        bail!("{} already holds a dataset (its manifest exists); pass --force to regenerate", root.display());
-    }
-    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-    let sizes = sizes(spec);
-    let mut entries = Vec::with_capacity(shards);
-    let mut total = 0u64;
-    let mut sample = Vec::new();
-    for s in 0..shards {
-        let mut out = Vec::new();
-        for i in (s..spec.files).step_by(shards) {
-            let mut rng = Rng::new(spec.seed.wrapping_mul(1_000_003).wrapping_add(i as u64 + 1));
-            sample.resize(sizes[i] as usize, 0);
-            rng.fill(&mut sample);
-            match spec.format {
-                Format::Wds => {
-                    let key = format!("class{:04}/img{i:07}", i % spec.classes);
-                    write_tar_member(&mut out, &format!("{key}.bin"), &sample);
-                    write_tar_member(&mut out, &format!("{key}.cls"), format!("{}", i % spec.classes).as_bytes());
-                }
-                _ => write_tfrecord(&mut out, &sample),
-            }
-        }
-        if spec.format == Format::Wds {
-            write_tar_end(&mut out);
-        }
-        let key = shard_name(spec.format, s, shards);
-        let path = root.join(&key);
-        std::fs::write(&path, &out).with_context(|| format!("writing {}", path.display()))?;
-        total += out.len() as u64;
-        entries.push(ManifestEntry { key, size: out.len() as u64, crc32c: checksum(&out) });
-    }
-    let dir = std::fs::File::open(root).with_context(|| format!("opening {}", root.display()))?;
-    nix::unistd::syncfs(&dir).map_err(std::io::Error::from).context("syncfs")?;
-    Manifest { entries }.store(root)?;
-    Ok((shards, total))
-}
-
 #[derive(Debug, Clone, Serialize)]
 struct Pass {
     bytes: u64,
@@ -193,7 +143,7 @@ impl Pass {
         self.bytes as f64 / self.wall_seconds / 1e6
     }
     fn cpu_per_gib(&self) -> f64 {
-        self.cpu_seconds / (self.bytes as f64 / (1u64 << 30) as f64)
+        self.cpu_seconds / (self.bytes as f64 / GIB)
     }
 }
 
@@ -205,8 +155,11 @@ struct Side {
 }
 
 fn side(runs: Vec<Pass>) -> Side {
-    let s = |f: &dyn Fn(&Pass) -> f64| Summary::of(&runs.iter().map(f).collect::<Vec<_>>());
-    Side { mb_per_sec: s(&|p| p.mb_per_sec()), cpu_seconds_per_gib: s(&|p| p.cpu_per_gib()), runs }
+    Side {
+        mb_per_sec: Summary::by(&runs, Pass::mb_per_sec),
+        cpu_seconds_per_gib: Summary::by(&runs, Pass::cpu_per_gib),
+        runs,
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -214,7 +167,9 @@ struct Report {
     schema: &'static str,
     machine: Machine,
     storage: String,
-    filesystem: &'static str,
+    filesystem: String,
+    /// How the passes were made cold.
+    cold: ColdMethod,
     format: &'static str,
     order: RecordOrder,
     shards: usize,
@@ -237,27 +192,19 @@ struct Report {
     peak_rss_bytes: u64,
 }
 
-/// CPU seconds of reaped children (the `cat` baseline).
-fn children_cpu() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |ru| {
-        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-        t(ru.user_time()) + t(ru.system_time())
-    })
-}
-
 /// `ringtier bench read --format tfrecord|wds`.
-pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
+pub(crate) fn bench(a: &ReadArgs) -> Result<()> {
     let Some(format) = a.format.records() else { bail!("not a record format") };
     let repeats = a.io.repeats.max(1);
     let depth = a.depths.as_ref().unwrap_or(&a.concurrency).first().copied().unwrap_or(8).max(1);
     let read_size = if a.io.read_size == 0 { 4 << 20 } else { a.io.read_size as usize };
     let shuffle_buffer = a.shuffle_buffer;
-    let fs = ringtier_core::fs::fs_type_name(&a.dir);
+    let storage = Storage::of(&a.dir);
+    let fs = storage.filesystem.clone();
     let direct = ringtier_core::fs::dir_supports_direct_io(&a.dir) != Some(false);
     // Two runtime threads, as the Python engine has: the reads' completions and the parsing
     // run beside this thread's consumer instead of taking turns on one worker.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
     let shuffle_bytes = usize::try_from(a.shuffle_bytes).context("--shuffle-bytes")?;
     let cfg = RecordConfig::default()
         .with_depth(depth)
@@ -265,7 +212,7 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         .with_shuffle_buffer(shuffle_buffer)
         .with_shuffle_bytes(shuffle_bytes)
         .with_seed(a.seed)
-        .with_on_bad(if a.io.on_error == crate::passes::OnError::Skip { OnBadSample::Skip } else { OnBadSample::Fail });
+        .with_on_bad(if a.io.on_error == super::pass::OnError::Skip { OnBadSample::Skip } else { OnBadSample::Fail });
     let (shards, mut loader) = open_shards(&a.dir, format, depth, cfg.clone(), &rt)?;
     let total: u64 = shards.iter().map(|s| s.size).sum();
     let global = match a.record_order {
@@ -291,77 +238,51 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
         read_size >> 10,
         shuffle_bytes >> 20
     );
-    let paths: Vec<std::path::PathBuf> = shards.iter().map(|s| a.dir.join(&s.key)).collect();
-    let cold = |paths: &[std::path::PathBuf]| -> Result<()> {
-        if a.io.drop_caches {
-            drop_caches().context("dropping the page cache (needs root)")?;
-        }
-        for p in paths {
-            evict(p).with_context(|| format!("evicting {}", p.display()))?;
-        }
-        Ok(())
-    };
-    let (mut ours, mut cats) = (Vec::new(), Vec::new());
+    let paths: Vec<PathBuf> = shards.iter().map(|s| a.dir.join(&s.key)).collect();
+    let cold = Cold { require_drop_caches: a.io.drop_caches, ..Cold::new() };
+    let mut cold_method = ColdMethod::Warm;
     let mut held_peak = 0u64;
-    for r in 0..repeats {
-        cold(&paths)?;
-        let cpu0 = process_cpu();
-        let t0 = Instant::now();
-        let (records, bytes, skipped) = rt.block_on(async {
-            let mut e = match &global {
-                Some(idx) => loader.global_epoch(Arc::clone(idx), r as u64, 0)?,
-                None => loader.epoch(r as u64, 0),
-            };
-            while let Some(rec) = e.next().await {
-                rec?;
-            }
-            held_peak = held_peak.max(e.held().peak);
-            Ok::<_, ringtier_core::Error>((e.stats().records, e.stats().bytes, e.stats().skipped))
-        })?;
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = (process_cpu() - cpu0).as_secs_f64();
-        // MB/s counts the shard bytes read (the framing included), as cat's does.
-        let pass = Pass { bytes: total, records, skipped, wall_seconds: wall, cpu_seconds: cpu };
-        let _ = bytes;
-        eprintln!(
-            "  repeat {}/{repeats}: ringtier {:>8.1} MB/s {:>6.3} CPU s/GiB, {records} records",
-            r + 1,
-            pass.mb_per_sec(),
-            pass.cpu_per_gib()
-        );
-        ours.push(pass);
-        cold(&paths)?;
-        let c0 = children_cpu();
-        let t0 = Instant::now();
-        let status = std::process::Command::new("cat")
-            .args(&paths)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .context("running cat")?;
-        if !status.success() {
-            bail!("cat failed: {status}");
-        }
-        let pass = Pass {
-            bytes: total,
-            records: 0,
-            skipped: 0,
-            wall_seconds: t0.elapsed().as_secs_f64(),
-            cpu_seconds: children_cpu() - c0,
+    let sides = ["ringtier", "cat"];
+    let runs = interleaved(repeats, &sides, false, |r, &side| {
+        cold_method = cold.pass(&paths)?;
+        let (usage, (records, skipped)) = if side == "ringtier" {
+            let meter = Meter::start();
+            let records = rt.block_on(async {
+                let mut e = match &global {
+                    Some(idx) => loader.global_epoch(Arc::clone(idx), r as u64, 0)?,
+                    None => loader.epoch(r as u64, 0),
+                };
+                while let Some(rec) = e.next().await {
+                    rec?;
+                }
+                held_peak = held_peak.max(e.held().peak);
+                Ok::<_, ringtier_core::Error>((e.stats().records, e.stats().skipped))
+            })?;
+            (meter.stop(), records)
+        } else {
+            let u = run_child(std::process::Command::new("cat").args(&paths).stdout(std::process::Stdio::null()))?;
+            (Usage { cpu_seconds: u.children_cpu_seconds, ..u }, (0, 0))
         };
+        // MB/s counts the shard bytes read (the framing included), as cat's does.
+        let pass =
+            Pass { bytes: total, records, skipped, wall_seconds: usage.wall_seconds, cpu_seconds: usage.cpu_seconds };
         eprintln!(
-            "  repeat {}/{repeats}: cat      {:>8.1} MB/s {:>6.3} CPU s/GiB",
+            "  repeat {}/{repeats}: {side:<8} {:>8.1} MB/s {:>6.3} CPU s/GiB, {records} records",
             r + 1,
             pass.mb_per_sec(),
             pass.cpu_per_gib()
         );
-        cats.push(pass);
-    }
-    let ratio = Summary::of(&ours.iter().zip(&cats).map(|(o, c)| o.mb_per_sec() / c.mb_per_sec()).collect::<Vec<_>>());
+        Ok(pass)
+    })?;
+    let [ours, cats]: [Vec<Pass>; 2] = runs.try_into().map_err(|_| anyhow::anyhow!("two sides"))?;
+    let mb = |v: &[Pass]| v.iter().map(Pass::mb_per_sec).collect::<Vec<_>>();
+    let ratio = Summary::ratio(&mb(&ours), &mb(&cats));
     let report = Report {
         schema: "ringtier.bench.records/1",
         machine: Machine::probe(),
-        storage: a.dir.display().to_string(),
-        filesystem: fs,
+        storage: storage.path.clone(),
+        filesystem: fs.clone(),
+        cold: cold_method,
         format: format.as_str(),
         order: a.record_order,
         shards: shards.len(),
@@ -406,4 +327,15 @@ pub(crate) fn bench(a: &crate::args::ReadArgs) -> Result<()> {
     );
     write_json(a.io.json.as_deref(), &report)?;
     Ok(())
+}
+
+/// Arguments of `ringtier index`.
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// The directory of shards.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// The shards' format: tfrecord (`*.tfrecord`, `*.tfrecords`) or wds (`*.tar`).
+    #[arg(long, value_enum)]
+    pub(crate) format: ReadFormat,
 }

@@ -2,35 +2,38 @@
 //! side by side in one run with the disk's own read speed of the same part files (`cat`,
 //! cold) and with `cp` of them into a directory.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ringtier_migrate::{BufferSink, Part, RestoreOptions, StoreConfig};
 use ringtier_uring::BufferedWrites;
 use serde::Serialize;
 
-use crate::ckpt::{open_store, restore_to_dir};
-use crate::stats::{drop_caches, evict, process_cpu, write_json, Machine, Rng, Summary};
+use crate::harness::usage::run_child;
+use crate::harness::{
+    peak_rss_bytes, reset_peak_rss, write_json, Cold, ColdMethod, Machine, Meter, Rng, Summary, Table, GIB,
+};
+use crate::tiers::{open_store, restore_to_dir};
 
 /// Settings of the restore benchmark.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RestoreBenchConfig {
     /// Working directory: `fast/`, `slow/` and the output directories go under it.
-    pub base: PathBuf,
+    pub(crate) base: PathBuf,
     /// Fast tier directory (default `base/fast`).
-    pub fast_dir: Option<PathBuf>,
+    pub(crate) fast_dir: Option<PathBuf>,
     /// Slow tier directory (default `base/slow`).
-    pub slow_dir: Option<PathBuf>,
+    pub(crate) slow_dir: Option<PathBuf>,
     /// Checkpoint size in bytes, split into `parts` parts.
-    pub size: u64,
-    pub parts: usize,
-    pub repeats: usize,
+    pub(crate) size: u64,
+    pub(crate) parts: usize,
+    pub(crate) repeats: usize,
     /// Read requests in flight and bytes per request of the restores.
-    pub depth: usize,
-    pub chunk: usize,
-    pub json: Option<PathBuf>,
+    pub(crate) depth: usize,
+    pub(crate) chunk: usize,
+    pub(crate) json: Option<PathBuf>,
 }
 
 /// One timed pass.
@@ -61,80 +64,8 @@ impl std::io::Read for Stream {
     }
 }
 
-/// Resets the process's peak resident size to its current one (Linux 4.0+), so each pass's
-/// peak is its own; returns the current resident bytes.
-fn reset_peak_rss() -> u64 {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    status_kib("VmRSS:") * 1024
-}
-
-fn peak_rss() -> u64 {
-    status_kib("VmHWM:") * 1024
-}
-
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
-}
-
-/// CPU seconds of finished children (the `cat` and `cp` baselines).
-fn children_cpu() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |ru| {
-        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-        t(ru.user_time()) + t(ru.system_time())
-    })
-}
-
-/// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Makes the next read of every file under `dirs` cold: the whole page cache as root,
-/// `posix_fadvise(DONTNEED)` per file otherwise.
-fn cold(dirs: &[&Path]) -> Result<&'static str> {
-    if drop_caches().is_ok() {
-        return Ok("drop_caches");
-    }
-    nix::unistd::sync();
-    for d in dirs {
-        for f in files_under(d) {
-            evict(&f).with_context(|| format!("evicting {}", f.display()))?;
-        }
-    }
-    Ok("posix_fadvise(DONTNEED)")
-}
-
-fn run_child(cmd: &mut Command) -> Result<(f64, f64)> {
-    let cpu0 = children_cpu();
-    let t = Instant::now();
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    let secs = t.elapsed().as_secs_f64();
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok((secs, children_cpu() - cpu0))
-}
-
 /// Runs the restore benchmark, prints its table and returns the JSON report.
-pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
+pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
     if cfg.size == 0 || cfg.parts == 0 || cfg.repeats == 0 || cfg.depth == 0 || cfg.chunk == 0 {
         bail!("--restore-size, --restore-parts, --repeats, --restore-depth and --restore-chunk must be positive");
     }
@@ -144,7 +75,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
     for d in [&fast, &slow, &out] {
         let _ = std::fs::remove_dir_all(d);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
     let part_sizes: Vec<u64> = (0..cfg.parts as u64)
         .map(|i| cfg.size / cfg.parts as u64 + u64::from(i < cfg.size % cfg.parts as u64))
         .collect();
@@ -170,8 +101,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
     let parts_dir = |root: &Path| root.join(format!("ckpt/{:020}/parts", 1));
     let (fast_parts, slow_parts) = (parts_dir(&fast), parts_dir(&slow));
     let part_files = |dir: &Path| names.iter().map(|n| dir.join(n)).collect::<Vec<_>>();
-    let (fast_fs, slow_fs) =
-        (ringtier_core::fs::fs_type_name(&fast_parts), ringtier_core::fs::fs_type_name(&slow_parts));
+    let (fast_fs, slow_fs) = (crate::harness::filesystem(&fast_parts), crate::harness::filesystem(&slow_parts));
     let opts = RestoreOptions::default().with_depth(cfg.depth).with_chunk_bytes(cfg.chunk);
     // Destination buffers of the loads into memory: allocated and touched once, as a training
     // job's tensors are, and counted in the "before" of every pass.
@@ -184,31 +114,29 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
         anyhow::Ok((both, slow_only))
     })?;
     let mut passes: Vec<Pass> = Vec::new();
-    let mut how_cold = "";
+    let mut how_cold = ColdMethod::Warm;
     let cp_dir = cfg.base.join("cp-out");
     for repeat in 0..cfg.repeats {
         for mode in ["cat", "load", "restore_dir", "cp", "restore_nosync", "cp_sync", "cat_slow", "load_slow"] {
             let _ = std::fs::remove_dir_all(&out);
             let _ = std::fs::remove_dir_all(&cp_dir);
-            how_cold = cold(&[&fast, &slow])?;
+            how_cold = Cold::new().pass_dirs(&[&fast, &slow])?;
             let rss0 = reset_peak_rss();
-            let cpu0 = process_cpu();
-            let t = Instant::now();
+            let meter = Meter::start();
             let (seconds, cpu, rss) = match mode {
                 "cat" | "cat_slow" => {
                     let dir = if mode == "cat" { &fast_parts } else { &slow_parts };
                     let files = part_files(dir);
-                    let (s, c) =
+                    let u =
                         run_child(Command::new("sh").arg("-c").arg("cat \"$@\" > /dev/null").arg("sh").args(&files))?;
-                    (s, c, None)
+                    (u.wall_seconds, u.children_cpu_seconds, None)
                 }
                 "cp" | "cp_sync" => {
                     std::fs::create_dir_all(&cp_dir)?;
                     let files = part_files(&fast_parts);
                     let script = if mode == "cp" { "cp \"$@\"" } else { "cp \"$@\" && sync" };
-                    let (s, c) =
-                        run_child(Command::new("sh").arg("-c").arg(script).arg("sh").args(&files).arg(&cp_dir))?;
-                    (s, c, None)
+                    let u = run_child(Command::new("sh").arg("-c").arg(script).arg("sh").args(&files).arg(&cp_dir))?;
+                    (u.wall_seconds, u.children_cpu_seconds, None)
                 }
                 "load" | "load_slow" => {
                     let store = if mode == "load" { &stores.0 } else { &stores.1 };
@@ -218,8 +146,8 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
                     if r.bytes != cfg.size {
                         bail!("load read {} of {} bytes", r.bytes, cfg.size);
                     }
-                    let s = t.elapsed().as_secs_f64();
-                    (s, (process_cpu() - cpu0).as_secs_f64(), Some(peak_rss().saturating_sub(rss0)))
+                    let u = meter.stop();
+                    (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
                 }
                 _ => {
                     let sync = mode == "restore_dir";
@@ -227,8 +155,8 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
                     if r.bytes != cfg.size {
                         bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
                     }
-                    let s = t.elapsed().as_secs_f64();
-                    (s, (process_cpu() - cpu0).as_secs_f64(), Some(peak_rss().saturating_sub(rss0)))
+                    let u = meter.stop();
+                    (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
                 }
             };
             eprintln!(
@@ -254,23 +182,45 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<serde_json::Value> {
     for d in [&fast, &slow, &out, &cp_dir] {
         let _ = std::fs::remove_dir_all(d);
     }
-    report(cfg, &passes, how_cold, fast_fs, slow_fs)
+    report(cfg, passes, how_cold, fast_fs, slow_fs)
+}
+
+/// One way of getting the checkpoint back, over the repeats.
+#[derive(Debug, Clone, Serialize)]
+struct Mode {
+    what: &'static str,
+    seconds: Summary,
+    mb_per_sec_median: f64,
+    cpu_seconds_per_gib: Summary,
+    peak_rss_above_bytes: Option<u64>,
+}
+
+/// The report of the restore half of `bench ckpt` (`ringtier.bench.restore/1`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RestoreReport {
+    schema: &'static str,
+    machine: Machine,
+    config: RestoreBenchConfig,
+    fast_filesystem: &'static str,
+    slow_filesystem: &'static str,
+    cold: ColdMethod,
+    modes: BTreeMap<&'static str, Mode>,
+    /// Speed ratios pair by pair (the same repeat): the baseline's seconds over ours.
+    ratios: BTreeMap<&'static str, Summary>,
+    passes: Vec<Pass>,
 }
 
 fn report(
     cfg: &RestoreBenchConfig,
-    passes: &[Pass],
-    how_cold: &str,
-    fast_fs: &str,
-    slow_fs: &str,
-) -> Result<serde_json::Value> {
+    passes: Vec<Pass>,
+    how_cold: ColdMethod,
+    fast_fs: &'static str,
+    slow_fs: &'static str,
+) -> Result<RestoreReport> {
     let of = |mode: &str| passes.iter().filter(|p| p.mode == mode).collect::<Vec<_>>();
     let secs = |mode: &str| of(mode).iter().map(|p| p.seconds).collect::<Vec<_>>();
-    // Ratios pair by pair (the same repeat), as speeds: baseline seconds / ours.
-    let ratio = |ours: &str, base: &str| {
-        Summary::of(&secs(base).iter().zip(secs(ours)).map(|(b, o)| b / o).collect::<Vec<_>>())
-    };
-    let gib = cfg.size as f64 / (1u64 << 30) as f64;
+    let ratio = |ours: &str, base: &str| Summary::ratio(&secs(base), &secs(ours));
+    let gib = cfg.size as f64 / GIB;
     println!();
     println!(
         "restore of a {:.0} MB checkpoint ({} parts); fast tier {fast_fs}, slow tier {slow_fs}; depth {} x {} KiB \
@@ -281,8 +231,8 @@ fn report(
         cfg.chunk >> 10,
         cfg.repeats
     );
-    println!("{:<34} {:>20}  {:>16}  {:>12}  {:>14}", "", "seconds", "MB/s (median)", "CPU s/GiB", "peak RSS +MiB");
-    let mut modes = serde_json::Map::new();
+    let mut table = Table::new(["", "seconds", "MB/s (median)", "CPU s/GiB", "peak RSS +MiB"]);
+    let mut modes = BTreeMap::new();
     let label = [
         ("cat", "cat of the fast part files"),
         ("load", "ringtier load into memory (fast)"),
@@ -295,23 +245,22 @@ fn report(
     ];
     for (mode, what) in label {
         let s = Summary::of(&secs(mode));
-        let cpu = Summary::of(&of(mode).iter().map(|p| p.cpu_seconds / gib).collect::<Vec<_>>());
+        let cpu = Summary::by(of(mode), |p| p.cpu_seconds / gib);
         let rss = of(mode).iter().filter_map(|p| p.peak_rss_above_bytes).max();
-        println!(
-            "{what:<34} {:>6.2} {:>6.2} {:>6.2}  {:>16.0}  {:>12.2}  {:>14}",
-            s.min,
-            s.median,
-            s.max,
-            cfg.size as f64 / s.median / 1e6,
-            cpu.median,
-            rss.map_or("-".to_string(), |r| format!("{:.1}", r as f64 / (1 << 20) as f64))
-        );
+        let mb = cfg.size as f64 / s.median / 1e6;
+        table.row([
+            what.to_string(),
+            format!("{:.2} {:.2} {:.2}", s.min, s.median, s.max),
+            format!("{mb:.0}"),
+            format!("{:.2}", cpu.median),
+            rss.map_or("-".to_string(), |r| format!("{:.1}", r as f64 / (1 << 20) as f64)),
+        ]);
         modes.insert(
-            mode.to_string(),
-            serde_json::json!({"what": what, "seconds": s, "mb_per_sec_median": cfg.size as f64 / s.median / 1e6,
-                               "cpu_seconds_per_gib": cpu, "peak_rss_above_bytes": rss}),
+            mode,
+            Mode { what, seconds: s, mb_per_sec_median: mb, cpu_seconds_per_gib: cpu, peak_rss_above_bytes: rss },
         );
     }
+    print!("{}", table.text());
     let pairs = [
         ("load_over_cat", "load / cat (fast)           ", ratio("load", "cat"), "   (target >= 0.9)"),
         ("restore_dir_over_cp", "restore --out / cp          ", ratio("restore_dir", "cp"), ""),
@@ -320,22 +269,22 @@ fn report(
         ("load_slow_over_cat_slow", "load / cat (slow copy)      ", ratio("load_slow", "cat_slow"), ""),
     ];
     println!("speed ratios, pair by pair (min median max):");
-    let mut ratios = serde_json::Map::new();
+    let mut ratios = BTreeMap::new();
     for (key, what, s, note) in pairs {
         println!("  {what} {:.2} {:.2} {:.2}{note}", s.min, s.median, s.max);
-        ratios.insert(key.to_string(), serde_json::json!(s));
+        ratios.insert(key, s);
     }
-    let report = serde_json::json!({
-        "schema": "ringtier.bench.restore/1",
-        "machine": Machine::probe(),
-        "config": cfg,
-        "fast_filesystem": fast_fs,
-        "slow_filesystem": slow_fs,
-        "cold": how_cold,
-        "modes": modes,
-        "ratios": ratios,
-        "passes": passes,
-    });
+    let report = RestoreReport {
+        schema: "ringtier.bench.restore/1",
+        machine: Machine::probe(),
+        config: cfg.clone(),
+        fast_filesystem: fast_fs,
+        slow_filesystem: slow_fs,
+        cold: how_cold,
+        modes,
+        ratios,
+        passes,
+    };
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }

@@ -5,6 +5,8 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+
+use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,7 +16,8 @@ use ringtier_stage::{PinnedPool, Stager, Target};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 use crate::dataset::Dataset;
-use crate::stats::{evict, write_json, Machine, Rng, Summary};
+use crate::harness::{interleaved, write_json, Cold, ColdMethod, Machine, Rng, Summary};
+use clap::Args;
 
 /// Parses `host`, `cuda` or `cuda:N`.
 pub(crate) fn parse_target(s: &str) -> std::result::Result<Target, String> {
@@ -32,18 +35,18 @@ pub(crate) fn parse_target(s: &str) -> std::result::Result<Target, String> {
 /// Settings of the staging benchmark.
 #[derive(Debug, Clone)]
 pub(crate) struct StageBenchConfig {
-    pub dir: PathBuf,
-    pub target: Target,
-    pub batch: usize,
-    pub depth: usize,
-    pub repeats: usize,
-    pub json: Option<PathBuf>,
+    pub(crate) dir: PathBuf,
+    pub(crate) target: Target,
+    pub(crate) batch: usize,
+    pub(crate) depth: usize,
+    pub(crate) repeats: usize,
+    pub(crate) json: Option<PathBuf>,
 }
 
 const MODES: [&str; 4] = ["raw-read", "pipelined", "pinned-no-overlap", "pageable-copy"];
 
 /// Runs the benchmark; prints a table; returns JSON.
-pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
+pub(crate) fn run(cfg: &StageBenchConfig) -> Result<StageReport> {
     if cfg.batch == 0 || cfg.depth == 0 || cfg.repeats == 0 {
         bail!("--batch, --depth and --repeats must be at least 1");
     }
@@ -54,7 +57,7 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
     let tier: Arc<dyn Tier> = Arc::new(UringTier::with_options(&ds.root, UringConfig::default(), options)?);
     let stager = Stager::new(tier, pinned.clone(), cfg.target)?;
     let pageable = BufferPool::new(PoolConfig::new(buf, cfg.batch, 4096))?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
     eprintln!(
         "staging {} files ({:.0} MB) to {:?}: batches of {}, {} in flight, pinned buffers {:?}",
         ds.len(),
@@ -64,8 +67,11 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         cfg.depth,
         pinned.pinning()
     );
-    let mut mb: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
-    for r in 0..cfg.repeats {
+    let files: Vec<_> = ds.manifest.entries.iter().map(|e| ds.root.join(&e.key)).collect();
+    let mut cold_method = ColdMethod::Warm;
+    // The order of the modes rotates from repeat to repeat, so none always runs first or
+    // last (the disk drifts within a repeat).
+    let mb: Vec<Vec<f64>> = interleaved(cfg.repeats, &MODES, true, |r, mode| {
         let mut order: Vec<usize> = (0..ds.len()).collect();
         Rng::new(r as u64).shuffle(&mut order);
         let batches: Vec<Vec<(String, usize)>> = order
@@ -74,13 +80,8 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
                 c.iter().map(|&i| (ds.manifest.entries[i].key.clone(), ds.manifest.entries[i].size as usize)).collect()
             })
             .collect();
-        // The order of the modes rotates from repeat to repeat, so none always runs first or
-        // last (the disk drifts within a repeat).
-        for m in (0..MODES.len()).map(|i| (i + r) % MODES.len()) {
-            let mode = &MODES[m];
-            for e in &ds.manifest.entries {
-                evict(&ds.root.join(&e.key)).with_context(|| format!("evicting {}", e.key))?;
-            }
+        {
+            cold_method = Cold::new().pass(&files)?;
             let t = Instant::now();
             let bytes: u64 = rt.block_on(async {
                 let mut bytes = 0u64;
@@ -124,10 +125,10 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
             if bytes != ds.total_bytes() {
                 bail!("{mode}: staged {bytes} bytes of {}", ds.total_bytes());
             }
-            mb[m].push(bytes as f64 / secs / 1e6);
             eprintln!("  repeat {}/{}: {mode:<18} {:>8.1} MB/s", r + 1, cfg.repeats, bytes as f64 / secs / 1e6);
+            Ok(bytes as f64 / secs / 1e6)
         }
-    }
+    })?;
     // Copy bandwidth without storage: the stager's copy path against one big copy.
     let mut copy_staged = Vec::new();
     let mut copy_reference = Vec::new();
@@ -136,10 +137,10 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         copy_staged.push(s / 1e6);
         copy_reference.push(r / 1e6);
     }
-    let ratio = |a: usize, b: usize| Summary::of(&mb[a].iter().zip(&mb[b]).map(|(x, y)| x / y).collect::<Vec<_>>());
+    let ratio = |a: usize, b: usize| Summary::ratio(&mb[a], &mb[b]);
     println!();
     println!(
-        "{} files, {:.0} MB, to {:?}; batches of {}; {} repeats, cold; min/median/max MB/s",
+        "{} files, {:.0} MB, to {:?}; batches of {}; {} repeats, cold ({cold_method}); min/median/max MB/s",
         ds.len(),
         ds.total_bytes() as f64 / 1e6,
         cfg.target,
@@ -151,7 +152,7 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         println!("{mode:<18} {:>8.1} {:>8.1} {:>8.1}", s.min, s.median, s.max);
     }
     let (over_raw, over_pageable, over_serial) = (ratio(1, 0), ratio(1, 3), ratio(1, 2));
-    let copy_ratio = Summary::of(&copy_staged.iter().zip(&copy_reference).map(|(a, b)| a / b).collect::<Vec<_>>());
+    let copy_ratio = Summary::ratio(&copy_staged, &copy_reference);
     let (cs, cr) = (Summary::of(&copy_staged), Summary::of(&copy_reference));
     println!(
         "copies from pinned buffers without storage: {:.0} MB/s through the stager, {:.0} MB/s as one copy ({:.2})",
@@ -164,27 +165,70 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<serde_json::Value> {
         over_pageable.median,
         over_serial.median
     );
-    let report = serde_json::json!({
-        "schema": "ringtier.bench.stage/1",
-        "machine": Machine::probe(),
-        "target": format!("{:?}", cfg.target),
-        "pinning": format!("{:?}", pinned.pinning()),
-        "dataset": {"files": ds.len(), "bytes": ds.total_bytes(), "path": ds.root.display().to_string()},
-        "batch": cfg.batch, "depth": cfg.depth, "repeats": cfg.repeats,
-        "mb_per_sec": MODES.iter().enumerate().map(|(m, mode)| (mode.to_string(), serde_json::json!({"runs": mb[m], "summary": Summary::of(&mb[m])}))).collect::<serde_json::Map<_, _>>(),
-        "pipelined_over_raw_read": over_raw,
-        "pipelined_over_pageable_copy": over_pageable,
-        "pipelined_over_pinned_no_overlap": over_serial,
-        "copy_mb_per_sec_through_stager": cs,
-        "copy_mb_per_sec_one_copy": cr,
-        "copy_through_stager_over_one_copy": copy_ratio,
-    });
+    let report = StageReport {
+        schema: "ringtier.bench.stage/1",
+        machine: Machine::probe(),
+        target: format!("{:?}", cfg.target),
+        pinning: format!("{:?}", pinned.pinning()),
+        dataset: StageDataset { files: ds.len(), bytes: ds.total_bytes(), path: ds.root.display().to_string() },
+        batch: cfg.batch,
+        depth: cfg.depth,
+        repeats: cfg.repeats,
+        cold: cold_method,
+        mb_per_sec: MODES
+            .iter()
+            .zip(mb)
+            .map(|(mode, runs)| (*mode, ModeRuns { summary: Summary::of(&runs), runs }))
+            .collect(),
+        pipelined_over_raw_read: over_raw,
+        pipelined_over_pageable_copy: over_pageable,
+        pipelined_over_pinned_no_overlap: over_serial,
+        copy_mb_per_sec_through_stager: cs,
+        copy_mb_per_sec_one_copy: cr,
+        copy_through_stager_over_one_copy: copy_ratio,
+    };
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }
 
+/// One mode's MB/s over the repeats.
+#[derive(Debug, Serialize)]
+struct ModeRuns {
+    runs: Vec<f64>,
+    summary: Summary,
+}
+
+/// The dataset staged.
+#[derive(Debug, Serialize)]
+struct StageDataset {
+    files: usize,
+    bytes: u64,
+    path: String,
+}
+
+/// The report of `bench stage` (`ringtier.bench.stage/1`).
+#[derive(Debug, Serialize)]
+pub(crate) struct StageReport {
+    schema: &'static str,
+    machine: Machine,
+    target: String,
+    pinning: String,
+    dataset: StageDataset,
+    batch: usize,
+    depth: usize,
+    repeats: usize,
+    cold: ColdMethod,
+    mb_per_sec: std::collections::BTreeMap<&'static str, ModeRuns>,
+    pipelined_over_raw_read: Summary,
+    pipelined_over_pageable_copy: Summary,
+    pipelined_over_pinned_no_overlap: Summary,
+    copy_mb_per_sec_through_stager: Summary,
+    copy_mb_per_sec_one_copy: Summary,
+    copy_through_stager_over_one_copy: Summary,
+}
+
 /// `ringtier bench stage`.
-pub(crate) fn command(a: crate::args::StageArgs) -> anyhow::Result<()> {
+pub(crate) fn command(a: StageArgs) -> Result<()> {
     let cfg = StageBenchConfig {
         dir: a.dir,
         target: a.target,
@@ -194,4 +238,27 @@ pub(crate) fn command(a: crate::args::StageArgs) -> anyhow::Result<()> {
         json: a.json,
     };
     run(&cfg).map(|_| ())
+}
+
+/// Arguments of `ringtier bench stage`.
+#[derive(Args, Debug)]
+pub struct StageArgs {
+    /// The dataset directory.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// host, cuda or cuda:N (cuda needs the `cuda` feature and a driver).
+    #[arg(long, default_value = "host", value_parser = parse_target)]
+    pub(crate) target: ringtier_stage::Target,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch: usize,
+    /// Batches in flight (2 = double buffering).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) depth: usize,
+    /// Repeats (interleaved).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) repeats: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
 }

@@ -20,11 +20,12 @@ use ringtier_loader::manifest::Manifest;
 use ringtier_loader::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng};
 use serde::Serialize;
 
-use crate::stats::{process_cpu, write_json, Machine, Summary};
+use crate::harness::scripts::Script;
+use crate::harness::{files_under, process_cpu, write_json, Cold, Machine, Summary};
 
 /// Arguments of `ringtier bench decode`.
 #[derive(Args, Debug)]
-pub(crate) struct DecodeBenchArgs {
+pub struct DecodeBenchArgs {
     /// Dataset directories with JPEGs and a manifest (`ringtier gen --format jpeg`),
     /// comma-separated, e.g. the caltech101 and imagenet presets.
     #[arg(long, value_delimiter = ',', required = true)]
@@ -92,36 +93,13 @@ struct SplitEpoch {
     bytes_read: u64,
 }
 
-/// Drops the page cache (root) or, failing that, evicts the dataset's files.
-fn make_cold(dir: &Path, extra: Option<&Path>) -> Result<()> {
-    if crate::stats::drop_caches().is_ok() {
-        return Ok(());
-    }
-    let m = Manifest::load(dir)?;
-    for e in &m.entries {
-        crate::stats::evict(&dir.join(&e.key))?;
-    }
+/// Makes the dataset's files (and those under `extra`) cold.
+fn make_cold(dir: &Path, extra: Option<&Path>) -> Result<crate::harness::ColdMethod> {
+    let mut files: Vec<PathBuf> = Manifest::load(dir)?.entries.iter().map(|e| dir.join(&e.key)).collect();
     if let Some(extra) = extra {
-        for entry in walk(extra) {
-            crate::stats::evict(&entry)?;
-        }
+        files.extend(files_under(extra)?);
     }
-    Ok(())
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
+    Cold::new().pass(files)
 }
 
 async fn split_epoch(
@@ -163,7 +141,8 @@ async fn wait_stored(tier: &dyn ringtier_core::Tier, n: usize) -> Result<()> {
 fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
     use ringtier_uring::{UringConfig, UringTier};
     let decode = chain_config(&a.split_chain, a.size)?.with_dct_scaling(!a.no_dct_scaling);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
+    let mut cold = crate::harness::ColdMethod::Warm;
     let mut epochs: Vec<SplitEpoch> = Vec::new();
     let mut storage = Vec::new();
     for dir in &a.dir {
@@ -186,14 +165,14 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
                 ("materializing", Some(mat.clone()), 0),
                 ("materialized", Some(mat.clone()), 1),
             ] {
-                make_cold(dir, Some(store_dir.path()))?;
+                cold = make_cold(dir, Some(store_dir.path()))?;
                 let (samples, skipped, seconds, cpu_seconds, bytes_read) =
                     rt.block_on(split_epoch(dir, decode, materialize, epoch))?;
                 if split == "materializing" {
                     rt.block_on(wait_stored(store.as_ref(), samples as usize))?;
                     nix::unistd::sync();
                     stored_bytes =
-                        walk(store_dir.path()).iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+                        files_under(store_dir.path())?.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
                 }
                 eprintln!(
                     "  {name} repeat {}/{} {split}: {samples} samples in {seconds:.2} s ({:.0}/s), {:.2} ms CPU per sample",
@@ -236,16 +215,16 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
             let rate = Summary::of(&es.iter().map(|e| e.samples as f64 / e.seconds).collect::<Vec<_>>());
             let cpu =
                 Summary::of(&es.iter().map(|e| e.cpu_seconds / e.samples.max(1) as f64 * 1e3).collect::<Vec<_>>());
-            let ratios: Vec<f64> = es
+            let (ours, online): (Vec<f64>, Vec<f64>) = es
                 .iter()
                 .filter_map(|e| {
                     epochs
                         .iter()
                         .find(|o| o.dataset == name && o.split == "online" && o.repeat == e.repeat)
-                        .map(|o| (e.samples as f64 / e.seconds) / (o.samples as f64 / o.seconds))
+                        .map(|o| (e.samples as f64 / e.seconds, o.samples as f64 / o.seconds))
                 })
-                .collect();
-            let ratio = Summary::of(&ratios);
+                .unzip();
+            let ratio = Summary::ratio(&ours, &online);
             let storage_mb =
                 if split == "online" { st["jpeg_bytes"].as_f64() } else { st["materialized_bytes"].as_f64() }
                     .unwrap_or(0.0)
@@ -273,7 +252,7 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
         }
         println!("{name}: fastest steady-state split: {} ({:.0} images/s)", best.0, best.1);
     }
-    Ok(serde_json::json!({"chain": a.split_chain, "size": a.size, "materialized_size": a.split_size,
+    Ok(serde_json::json!({"chain": a.split_chain, "size": a.size, "materialized_size": a.split_size, "cold": cold,
         "storage": storage, "summary": rows, "epochs": epochs}))
 }
 
@@ -391,19 +370,6 @@ fn pillow_pass(
     Ok((num("seconds")?, num("cpu_seconds")?, num("images")? as usize))
 }
 
-/// Finds `bench/decode_vs_pillow.py` from the current directory or the executable's.
-fn pillow_script() -> Result<PathBuf> {
-    let mut roots = vec![std::env::current_dir()?];
-    if let Ok(exe) = std::env::current_exe() {
-        roots.extend(exe.ancestors().map(Path::to_path_buf));
-    }
-    roots
-        .iter()
-        .map(|r| r.join("bench/decode_vs_pillow.py"))
-        .find(|p| p.is_file())
-        .context("bench/decode_vs_pillow.py not found (run from the repository, or use --no-pillow)")
-}
-
 /// `ringtier bench decode`.
 pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
     if a.repeats == 0 || a.files == 0 {
@@ -418,8 +384,8 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
         .iter()
         .map(|c| chain_config(c, a.size).map(|cfg| (c.clone(), cfg.with_dct_scaling(!a.no_dct_scaling))))
         .collect::<Result<_>>()?;
-    let script = if a.no_pillow { None } else { Some(pillow_script()?) };
     let tmp = tempfile::Builder::new().prefix("ringtier-decode-").tempdir()?;
+    let script = if a.no_pillow { None } else { Some(Script::DecodeVsPillow.write_to(tmp.path())?) };
     let mut passes: Vec<Pass> = Vec::new();
     let mut datasets = Vec::new();
     for dir in &a.dir {
@@ -515,11 +481,12 @@ fn summarize(
                 let rate = Summary::of(&ps.iter().map(|p| p.rate()).collect::<Vec<_>>());
                 let per = Summary::of(&ps.iter().map(|p| p.per_cpu()).collect::<Vec<_>>());
                 // Pairwise ratios: the same repeat's Pillow pass.
-                let ratios: Vec<f64> = ps
+                let ratios: Vec<(f64, f64)> = ps
                     .iter()
-                    .filter_map(|p| pillow.iter().find(|q| q.repeat == p.repeat).map(|q| p.per_cpu() / q.per_cpu()))
+                    .filter_map(|p| pillow.iter().find(|q| q.repeat == p.repeat).map(|q| (p.per_cpu(), q.per_cpu())))
                     .collect();
-                let ratio = Summary::of(&ratios);
+                let (ours, theirs): (Vec<f64>, Vec<f64>) = ratios.iter().copied().unzip();
+                let ratio = Summary::ratio(&ours, &theirs);
                 let errors: usize = ps.iter().map(|p| p.errors).sum();
                 println!(
                     "{:<12} {:<14} {:<14} {:>8.0} ({:>5.0}..{:>5.0}) {:>8.0} ({:>5.0}..{:>5.0}) {:>10}{}",

@@ -1,123 +1,131 @@
 //! `ringtier bench read` (and the demo): the paper's read micro-benchmark. One cold,
 //! shuffled epoch over a dataset per pass, through each engine, over a sweep of concurrency,
 //! repeats interleaved; a table, JSON with a stable schema (`docs/BENCH_READ.md`) and an SVG
-//! plot of bandwidth against concurrency.
+//! plot of bandwidth against concurrency. An S3 dataset or `--latency-ms` goes to `remote.rs`,
+//! `--format tfrecord|wds` to `records.rs`.
 
-use std::path::{Path, PathBuf};
+pub(crate) mod args;
+pub(crate) mod pass;
+pub(crate) mod records;
+pub(crate) mod remote;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::dataset::Dataset;
-use crate::passes::{order_of, Engine, Knobs, PassResult, Reader};
-use crate::stats::{drop_caches, peak_rss_bytes, write_json, Machine, Summary};
-use std::io::IsTerminal;
-
-use crate::dataset::Preset;
+use crate::dataset::{Dataset, Preset};
+use crate::harness::plot::{line_plot, Axes, Series};
+use crate::harness::{interleaved, peak_rss_bytes, write_json, Cold, ColdMethod, Machine, Storage, Summary};
+use args::{DemoArgs, ReadArgs};
+use pass::{order_of, Engine, Knobs, PassResult, Reader};
+use records::ReadFormat;
 
 /// Settings of a read sweep.
 #[derive(Debug, Clone)]
 pub(crate) struct ReadBenchConfig {
-    pub engines: Vec<Engine>,
+    pub(crate) engines: Vec<Engine>,
     /// Threads for posix-threads (the first also for memory).
-    pub threads: Vec<usize>,
+    pub(crate) threads: Vec<usize>,
     /// Queue depths for the uring engines.
-    pub depths: Vec<usize>,
+    pub(crate) depths: Vec<usize>,
     /// Ring counts for the uring engines.
-    pub rings: Vec<usize>,
-    pub repeats: usize,
-    pub warm: bool,
-    pub drop_caches: bool,
-    pub knobs: Knobs,
-    pub json: Option<PathBuf>,
-    pub plot: Option<PathBuf>,
-    pub seed: u64,
+    pub(crate) rings: Vec<usize>,
+    pub(crate) repeats: usize,
+    pub(crate) warm: bool,
+    pub(crate) drop_caches: bool,
+    pub(crate) knobs: Knobs,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+    pub(crate) seed: u64,
 }
 
+/// One (engine, concurrency, rings) point over the repeats.
 #[derive(Debug, Serialize)]
-struct Point {
-    engine: Engine,
-    concurrency: usize,
-    rings: usize,
-    unit: &'static str,
-    mb_per_sec: Summary,
-    files_per_sec: Summary,
-    cpu_seconds_per_gib: Summary,
-    latency_p50_ms: Summary,
-    latency_p99_ms: Summary,
+pub(crate) struct Point {
+    pub(crate) engine: Engine,
+    pub(crate) concurrency: usize,
+    pub(crate) rings: usize,
+    pub(crate) unit: &'static str,
+    pub(crate) mb_per_sec: Summary,
+    pub(crate) files_per_sec: Summary,
+    pub(crate) cpu_seconds_per_gib: Summary,
+    pub(crate) latency_p50_ms: Summary,
+    pub(crate) latency_p99_ms: Summary,
     /// Per repeat: this point's MB/s over the same engine's at concurrency 1 (same rings).
-    speedup_vs_concurrency_1: Option<Summary>,
+    pub(crate) speedup_vs_concurrency_1: Option<Summary>,
     /// Per repeat: this point's MB/s over the best posix-threads point's.
-    ratio_to_posix_best: Option<Summary>,
-    skipped_files: u64,
-    runs: Vec<PassResult>,
+    pub(crate) ratio_to_posix_best: Option<Summary>,
+    pub(crate) skipped_files: u64,
+    pub(crate) runs: Vec<PassResult>,
 }
 
 /// An engine asked for that the dataset's file system cannot serve, left out of the sweep.
 #[derive(Debug, Serialize)]
-struct SkippedEngine {
-    engine: Engine,
-    reason: String,
+pub(crate) struct SkippedEngine {
+    pub(crate) engine: Engine,
+    pub(crate) reason: String,
 }
 
+/// The sweep's answers.
 #[derive(Debug, Serialize)]
-struct Headline {
-    best_overall: Option<PointRef>,
-    posix_best: Option<PointRef>,
-    uring_direct_best: Option<PointRef>,
+pub(crate) struct Headline {
+    pub(crate) best_overall: Option<PointRef>,
+    pub(crate) posix_best: Option<PointRef>,
+    pub(crate) uring_direct_best: Option<PointRef>,
     /// Best uring-direct point with one ring (one driver thread) over the best point of any
     /// engine, by median MB/s.
-    uring_direct_one_ring_over_best: Option<f64>,
+    pub(crate) uring_direct_one_ring_over_best: Option<f64>,
     /// Per repeat: uring-direct CPU s/GiB at its best point over posix-threads' at its best.
-    cpu_per_gib_uring_direct_over_posix: Option<Summary>,
-    uring_buffered_best: Option<PointRef>,
+    pub(crate) cpu_per_gib_uring_direct_over_posix: Option<Summary>,
+    pub(crate) uring_buffered_best: Option<PointRef>,
     /// Per repeat: uring-buffered CPU s/GiB at its best point over posix-threads' at its best.
-    cpu_per_gib_uring_buffered_over_posix: Option<Summary>,
+    pub(crate) cpu_per_gib_uring_buffered_over_posix: Option<Summary>,
 }
 
+/// A point named by its engine and settings.
 #[derive(Debug, Serialize)]
-struct PointRef {
-    engine: Engine,
-    concurrency: usize,
-    rings: usize,
-    mb_per_sec_median: f64,
+pub(crate) struct PointRef {
+    pub(crate) engine: Engine,
+    pub(crate) concurrency: usize,
+    pub(crate) rings: usize,
+    pub(crate) mb_per_sec_median: f64,
 }
 
+/// The report of `bench read` (`ringtier.bench.read/1`, `docs/BENCH_READ.md`).
 #[derive(Debug, Serialize)]
-struct Report {
-    schema: &'static str,
-    machine: Machine,
-    storage: Storage,
-    dataset: DatasetInfo,
-    repeats: usize,
-    cold: bool,
-    knobs: Knobs,
+pub(crate) struct ReadReport {
+    pub(crate) schema: &'static str,
+    pub(crate) machine: Machine,
+    pub(crate) storage: Storage,
+    pub(crate) dataset: DatasetInfo,
+    pub(crate) repeats: usize,
+    pub(crate) cold: bool,
+    /// How the passes were made cold (`drop_caches`, `posix_fadvise(DONTNEED)` or `warm`).
+    pub(crate) cold_method: ColdMethod,
+    pub(crate) knobs: Knobs,
     /// Engines asked for but not run, with the reason (uring-direct where the file system has
     /// no direct I/O, e.g. tmpfs).
-    skipped_engines: Vec<SkippedEngine>,
-    points: Vec<Point>,
-    headline: Headline,
-    peak_rss_bytes: u64,
-    buffer_pool_bytes_max: u64,
+    pub(crate) skipped_engines: Vec<SkippedEngine>,
+    pub(crate) points: Vec<Point>,
+    pub(crate) headline: Headline,
+    pub(crate) peak_rss_bytes: u64,
+    pub(crate) buffer_pool_bytes_max: u64,
 }
 
+/// The dataset read.
 #[derive(Debug, Serialize)]
-struct Storage {
-    path: String,
-    filesystem: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-struct DatasetInfo {
-    files: usize,
-    bytes: u64,
-    median_file_bytes: u64,
-    max_file_bytes: u64,
-    checksums: bool,
+pub(crate) struct DatasetInfo {
+    pub(crate) files: usize,
+    pub(crate) bytes: u64,
+    pub(crate) median_file_bytes: u64,
+    pub(crate) max_file_bytes: u64,
+    pub(crate) checksums: bool,
 }
 
 /// Runs the sweep over `ds`, prints the table, writes JSON and plot if asked; returns JSON.
-pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Value> {
+pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<ReadReport> {
     if cfg.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
@@ -168,7 +176,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
     for &(e, c, r) in &points {
         readers.push(Reader::new(e, c, r, ds, cfg.knobs).with_context(|| format!("setting up {e} at {c}"))?);
         let batch = (c * r).max(16) as u64;
-        let buf = crate::passes::buffer_size(crate::passes::chunk_size(cfg.knobs.read_size, ds.max_size()));
+        let buf = pass::buffer_size(pass::chunk_size(cfg.knobs.read_size, ds.max_size()));
         pool_bytes = pool_bytes.max(2 * batch * buf as u64);
     }
     eprintln!(
@@ -180,32 +188,34 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         cfg.repeats,
         if cfg.warm { "warm" } else { "cold" }
     );
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut runs: Vec<Vec<PassResult>> = vec![Vec::new(); points.len()];
-    for r in 0..cfg.repeats {
-        // Interleaved: every point once per repeat, so drift hits all of them alike.
-        for (i, reader) in readers.iter().enumerate() {
-            if cfg.drop_caches && !cfg.warm {
-                drop_caches().context("dropping the page cache (needs root)")?;
-            }
-            let order = order_of(ds, cfg.knobs.order, cfg.seed + r as u64)?;
-            let res = rt.block_on(reader.pass(ds, &order, cfg.warm))?;
-            eprintln!(
-                "  repeat {}/{}: {:<15} {:>3} {:<7} {:>2} ring(s) {:>8.1} MB/s {:>6.2} CPU s/GiB p99 {:.2} ms{}",
-                r + 1,
-                cfg.repeats,
-                reader.engine.as_str(),
-                reader.concurrency,
-                reader.engine.concurrency_unit(),
-                reader.rings,
-                res.mb_per_sec(),
-                res.cpu_seconds_per_gib(),
-                res.latency_p99_ms,
-                if res.skipped > 0 { format!(", {} skipped", res.skipped) } else { String::new() }
-            );
-            runs[i].push(res);
-        }
-    }
+    let rt = crate::runtime(0)?;
+    let cold = Cold {
+        warm: cfg.warm,
+        require_drop_caches: cfg.drop_caches,
+        tolerate_unreadable: cfg.knobs.on_error == pass::OnError::Skip,
+    };
+    let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
+    let mut cold_method = ColdMethod::Warm;
+    // Interleaved: every point once per repeat, so drift hits all of them alike.
+    let runs: Vec<Vec<PassResult>> = interleaved(cfg.repeats, &readers, false, |r, reader| {
+        cold_method = cold.pass(&files)?;
+        let order = order_of(ds, cfg.knobs.order, cfg.seed + r as u64)?;
+        let res = rt.block_on(reader.pass(ds, &order))?;
+        eprintln!(
+            "  repeat {}/{}: {:<15} {:>3} {:<7} {:>2} ring(s) {:>8.1} MB/s {:>6.2} CPU s/GiB p99 {:.2} ms{}",
+            r + 1,
+            cfg.repeats,
+            reader.engine.as_str(),
+            reader.concurrency,
+            reader.engine.concurrency_unit(),
+            reader.rings,
+            res.mb_per_sec(),
+            res.cpu_seconds_per_gib(),
+            res.latency_p99_ms,
+            if res.skipped > 0 { format!(", {} skipped", res.skipped) } else { String::new() }
+        );
+        Ok(res)
+    })?;
     drop(readers);
 
     let median_mb = |i: usize| Summary::of(&runs[i].iter().map(|r| r.mb_per_sec()).collect::<Vec<_>>()).median;
@@ -218,7 +228,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
     let uring_one_ring = best(&|p| p.0 == Engine::UringDirect && p.2 == 1);
     let overall = best(&|p| p.0 != Engine::Memory);
     let ratio = |i: usize, j: usize, f: &dyn Fn(&PassResult) -> f64| {
-        Summary::of(&runs[i].iter().zip(&runs[j]).map(|(a, b)| f(a) / f(b)).collect::<Vec<_>>())
+        Summary::ratio(&runs[i].iter().map(f).collect::<Vec<_>>(), &runs[j].iter().map(f).collect::<Vec<_>>())
     };
     let mb = |r: &PassResult| r.mb_per_sec();
     let point_ref = |i: usize| PointRef {
@@ -230,7 +240,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
 
     let mut out = Vec::new();
     for (i, &(engine, c, rings)) in points.iter().enumerate() {
-        let s = |f: &dyn Fn(&PassResult) -> f64| Summary::of(&runs[i].iter().map(f).collect::<Vec<_>>());
+        let s = |f: &dyn Fn(&PassResult) -> f64| Summary::by(&runs[i], f);
         let base = points.iter().position(|&(e, c1, r1)| e == engine && c1 == 1 && r1 == rings);
         out.push(Point {
             engine,
@@ -266,11 +276,11 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
             _ => None,
         },
     };
-    print_table(ds, fs, cfg, &out, &headline, &skipped);
-    let report = Report {
+    print_table(ds, fs, cfg, cold_method, &out, &headline, &skipped);
+    let report = ReadReport {
         schema: "ringtier.bench.read/1",
         machine: Machine::probe(),
-        storage: Storage { path: ds.root.display().to_string(), filesystem: fs },
+        storage: Storage::of(&ds.root),
         dataset: DatasetInfo {
             files: ds.len(),
             bytes: ds.total_bytes(),
@@ -280,6 +290,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         },
         repeats: cfg.repeats,
         cold: !cfg.warm,
+        cold_method,
         knobs: cfg.knobs,
         skipped_engines: skipped,
         points: out,
@@ -291,15 +302,15 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<serde_json::Val
         plot(&report, path).with_context(|| format!("writing the plot {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    let value = serde_json::to_value(&report)?;
-    write_json(cfg.json.as_deref(), &value)?;
-    Ok(value)
+    write_json(cfg.json.as_deref(), &report)?;
+    Ok(report)
 }
 
 fn print_table(
     ds: &Dataset,
     fs: &str,
     cfg: &ReadBenchConfig,
+    cold: ColdMethod,
     points: &[Point],
     h: &Headline,
     skipped: &[SkippedEngine],
@@ -311,7 +322,7 @@ fn print_table(
         ds.total_bytes() as f64 / 1e6,
         ds.median_size() as f64 / 1e3,
         cfg.repeats,
-        if cfg.warm { "warm" } else { "cold (posix_fadvise DONTNEED before each pass)" }
+        if cfg.warm { "warm".to_string() } else { format!("cold ({cold} before each pass)") }
     );
     for s in skipped {
         println!("{:<15} skipped: {}", s.engine.as_str(), s.reason);
@@ -361,105 +372,60 @@ fn print_table(
 }
 
 /// Bandwidth against concurrency, one line per engine (and ring count): the paper's figure.
-fn plot(report: &Report, path: &Path) -> Result<()> {
-    use plotters::prelude::*;
+fn plot(report: &ReadReport, path: &std::path::Path) -> Result<()> {
     let xs: Vec<usize> = {
         let mut v: Vec<usize> = report.points.iter().map(|p| p.concurrency).collect();
         v.sort_unstable();
         v.dedup();
         v
     };
-    let x_of = |c: usize| xs.iter().position(|&x| x == c).unwrap_or(0) as f64;
-    let ymax = report.points.iter().map(|p| p.mb_per_sec.max).fold(0.0, f64::max) * 1.1;
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let title = format!(
-        "Cold read of {} files ({:.0} MB, {}), median of {} passes",
-        report.dataset.files,
-        report.dataset.bytes as f64 / 1e6,
-        report.storage.filesystem,
-        report.repeats
-    );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.3f64..(xs.len() as f64 - 0.7), 0f64..ymax.max(1.0))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_labels(xs.len())
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                xs.get(i as usize).map(|c| c.to_string()).unwrap_or_default()
-            } else {
-                String::new()
-            }
+    let x_of = |c: usize| xs.iter().position(|&x| x == c).unwrap_or(0);
+    let mut keys: Vec<(Engine, usize)> = report.points.iter().map(|p| (p.engine, p.rings)).collect();
+    keys.dedup();
+    let series: Vec<Series> = keys
+        .into_iter()
+        .map(|(engine, rings)| Series {
+            label: if engine.is_uring() { format!("{engine} ({rings} ring)") } else { engine.to_string() },
+            points: report
+                .points
+                .iter()
+                .filter(|p| p.engine == engine && p.rings == rings)
+                .map(|p| (x_of(p.concurrency), p.mb_per_sec))
+                .collect(),
         })
-        .x_desc("concurrency (threads for posix, queue depth for io_uring)")
-        .y_desc("MB/s")
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut series: Vec<(Engine, usize)> = report.points.iter().map(|p| (p.engine, p.rings)).collect();
-    series.dedup();
-    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
-    for (k, &(engine, rings)) in series.iter().enumerate() {
-        let color = colors[k % colors.len()];
-        let pts: Vec<(f64, f64)> = report
-            .points
-            .iter()
-            .filter(|p| p.engine == engine && p.rings == rings)
-            .map(|p| (x_of(p.concurrency), p.mb_per_sec.median))
-            .collect();
-        let label = if engine.is_uring() { format!("{engine} ({rings} ring)") } else { engine.to_string() };
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart
-            .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 4, color.filled())))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        // min..max whiskers
-        for p in report.points.iter().filter(|p| p.engine == engine && p.rings == rings) {
-            let x = x_of(p.concurrency);
-            chart
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(x, p.mb_per_sec.min), (x, p.mb_per_sec.max)],
-                    color,
-                )))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(())
+        .collect();
+    let x_labels: Vec<String> = xs.iter().map(|x| x.to_string()).collect();
+    let axes = Axes {
+        title: format!(
+            "Cold read of {} files ({:.0} MB, {}), median of {} passes",
+            report.dataset.files,
+            report.dataset.bytes as f64 / 1e6,
+            report.storage.filesystem,
+            report.repeats
+        ),
+        x_labels: &x_labels,
+        x_desc: "concurrency (threads for posix, queue depth for io_uring)",
+        y_desc: "MB/s",
+    };
+    line_plot(path, &axes, &series)
 }
 
 /// `ringtier bench read`.
-pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
+pub(crate) fn command(a: ReadArgs) -> Result<()> {
     if let Some(url) = a.dir.to_str().filter(|d| ringtier_s3::S3Config::is_s3_url(d)) {
-        if a.format != crate::recbench::ReadFormat::Files {
+        if a.format != ReadFormat::Files {
             bail!("--format {:?} reads local shards; an S3 dataset is read as objects (--format files)", a.format);
         }
-        return crate::s3bench::read_dataset(url, &a);
+        return remote::read_dataset(url, &a);
     }
     if let Some(ms) = a.latency_ms {
-        if a.format != crate::recbench::ReadFormat::Files {
+        if a.format != ReadFormat::Files {
             bail!("--latency-ms reads files through the throttled layer; not with --format {:?}", a.format);
         }
-        return crate::s3bench::read_files_throttled(&a, ms);
+        return remote::read_files_throttled(&a, ms);
     }
-    if a.format != crate::recbench::ReadFormat::Files {
-        return crate::recbench::bench(&a);
+    if a.format != ReadFormat::Files {
+        return records::bench(&a);
     }
     let ds = Dataset::open(&a.dir)?;
     let threads = a.threads.unwrap_or_else(|| a.concurrency.clone());
@@ -469,7 +435,7 @@ pub(crate) fn command(a: crate::args::ReadArgs) -> anyhow::Result<()> {
 }
 
 /// `ringtier demo`: a small generated dataset read, cold, through every tier.
-pub(crate) fn demo(a: crate::args::DemoArgs) -> Result<()> {
+pub(crate) fn demo(a: DemoArgs) -> Result<()> {
     let spec = a.shape.spec(Preset::Small)?;
     let tmp;
     let root = match &a.dir {

@@ -4,7 +4,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::{BufferPool, MemoryTier, PoolConfig, PosixConfig, PosixTier, ReadBatch, Tier};
@@ -12,7 +11,7 @@ use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::stats::{evict, process_cpu, Rng};
+use crate::harness::{Meter, Rng};
 
 /// The order a pass reads files in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -35,12 +34,12 @@ pub(crate) fn order_of(ds: &Dataset, order: Order, seed: u64) -> Result<Vec<u32>
             v
         }
         Order::Manifest => (0..ds.len() as u32).collect(),
-        Order::Readdir => crate::dataset::readdir_order(ds)?,
+        Order::Readdir => ds.readdir_order()?,
     })
 }
 
 /// How files are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Engine {
     /// The memory tier, preloaded: the ceiling without storage.
@@ -115,20 +114,20 @@ pub(crate) const DEFAULT_MAX_READ: usize = 8 << 20;
 pub(crate) struct Knobs {
     /// Largest single read (fio's --bs); 0 reads each file with one read up to
     /// [`DEFAULT_MAX_READ`] and larger files in reads of that size.
-    pub read_size: usize,
-    pub sqpoll: bool,
-    pub register_buffers: bool,
-    pub register_files: bool,
-    pub verify: bool,
-    pub on_error: OnError,
-    pub order: Order,
+    pub(crate) read_size: usize,
+    pub(crate) sqpoll: bool,
+    pub(crate) register_buffers: bool,
+    pub(crate) register_files: bool,
+    pub(crate) verify: bool,
+    pub(crate) on_error: OnError,
+    pub(crate) order: Order,
 }
 
 /// An engine set up over a dataset, reusable across passes.
 pub(crate) struct Reader {
-    pub engine: Engine,
-    pub concurrency: usize,
-    pub rings: usize,
+    pub(crate) engine: Engine,
+    pub(crate) concurrency: usize,
+    pub(crate) rings: usize,
     knobs: Knobs,
     tier: Arc<dyn Tier>,
     pool: BufferPool,
@@ -138,17 +137,17 @@ pub(crate) struct Reader {
 /// Measurements of one pass.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct PassResult {
-    pub bytes: u64,
-    pub files: u64,
-    pub skipped: u64,
-    pub wall_seconds: f64,
-    pub cpu_seconds: f64,
+    pub(crate) bytes: u64,
+    pub(crate) files: u64,
+    pub(crate) skipped: u64,
+    pub(crate) wall_seconds: f64,
+    pub(crate) cpu_seconds: f64,
     /// Per-file service time percentiles, milliseconds.
-    pub latency_p50_ms: f64,
-    pub latency_p99_ms: f64,
+    pub(crate) latency_p50_ms: f64,
+    pub(crate) latency_p99_ms: f64,
     /// The first few errors of skipped files.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub errors: Vec<String>,
+    pub(crate) errors: Vec<String>,
 }
 
 impl PassResult {
@@ -245,15 +244,15 @@ impl Reader {
                 let mem = MemoryTier::new().named(engine.as_str());
                 let src = PosixTier::new(PosixConfig::new(&ds.root).with_follow_links(true))
                     .context("opening the dataset")?;
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                rt.block_on(async {
-                    for f in &ds.manifest.entries {
-                        let data = ringtier_core::ops::get(&src, &f.key).await?;
-                        ringtier_core::ops::put(&mem, &f.key, &data, 1 << 20).await?;
-                    }
-                    Ok::<_, ringtier_core::Error>(())
-                })
-                .context("loading the dataset into memory")?;
+                crate::runtime(0)?
+                    .block_on(async {
+                        for f in &ds.manifest.entries {
+                            let data = ringtier_core::ops::get(&src, &f.key).await?;
+                            ringtier_core::ops::put(&mem, &f.key, &data, 1 << 20).await?;
+                        }
+                        Ok::<_, ringtier_core::Error>(())
+                    })
+                    .context("loading the dataset into memory")?;
                 Arc::new(mem)
             }
             Engine::PosixThreads => Arc::new(
@@ -293,29 +292,17 @@ impl Reader {
         Ok(Reader { engine, concurrency, rings: rings.max(1), knobs, tier, pool, batch_size })
     }
 
-    /// One pass over the files of `ds` in `order` (manifest indices); cold unless `warm`.
-    pub(crate) async fn pass(&self, ds: &Dataset, order: &[u32], warm: bool) -> Result<PassResult> {
+    /// One pass over the files of `ds` in `order` (manifest indices); the caller makes it
+    /// cold first.
+    pub(crate) async fn pass(&self, ds: &Dataset, order: &[u32]) -> Result<PassResult> {
         let skip = self.knobs.on_error == OnError::Skip;
-        if !warm {
-            for f in &ds.manifest.entries {
-                if let Err(e) = evict(&ds.root.join(&f.key)) {
-                    if !skip {
-                        bail!(
-                            "{}: {e} (evicting it from the page cache before a cold pass; use --on-error skip to go on)",
-                            ds.root.join(&f.key).display()
-                        );
-                    }
-                }
-            }
-        }
         let chunk = chunk_size(self.knobs.read_size, ds.max_size());
         let pieces = pieces(ds, order, chunk);
         let mut latencies: Vec<f64> = Vec::with_capacity(pieces.len());
         let (mut bytes, mut files, mut skipped) = (0u64, 0u64, 0u64);
         let mut errors = Vec::new();
         let verify = self.knobs.verify && ds.has_checksums;
-        let cpu0 = process_cpu();
-        let t0 = Instant::now();
+        let meter = Meter::start();
         // (batch handle, its pieces); batches complete in order, so the pieces of a file
         // (consecutive in `pieces`) are seen in order even across batches.
         let mut in_flight: VecDeque<(tokio::task::JoinHandle<ReadBatch>, &[Piece])> = VecDeque::new();
@@ -395,15 +382,14 @@ impl Reader {
             batch.clear();
             spare.push(batch);
         }
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = (process_cpu() - cpu0).as_secs_f64();
+        let usage = meter.stop();
         latencies.sort_by(|a, b| a.total_cmp(b));
         Ok(PassResult {
             bytes,
             files,
             skipped,
-            wall_seconds: wall,
-            cpu_seconds: cpu,
+            wall_seconds: usage.wall_seconds,
+            cpu_seconds: usage.cpu_seconds,
             latency_p50_ms: quantile(&latencies, 0.50),
             latency_p99_ms: quantile(&latencies, 0.99),
             errors,
@@ -444,11 +430,11 @@ mod tests {
         assert_eq!(chunk_size(0, 100), 100);
         assert_eq!(chunk_size(0, 1 << 40), DEFAULT_MAX_READ);
         let order: Vec<u32> = (0..sizes.len() as u32).rev().collect();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let rt = crate::runtime(0).expect("runtime");
         for engine in [Engine::PosixThreads, uring, Engine::UringBuffered] {
             let reader = Reader::new(engine, 4, 1, &ds, knobs).expect("reader");
             assert_eq!(reader.pool.buf_size(), 16 * 1024 + 8192, "{engine}: the pool follows the read size");
-            let res = rt.block_on(reader.pass(&ds, &order, true)).expect("pass");
+            let res = rt.block_on(reader.pass(&ds, &order)).expect("pass");
             assert_eq!((res.files, res.skipped), (sizes.len() as u64, 0), "{engine}");
             assert_eq!(res.bytes, sizes.iter().sum::<usize>() as u64, "{engine}");
         }
@@ -458,11 +444,11 @@ mod tests {
         data[500_000] ^= 1;
         std::fs::write(dir.path().join("f6"), &data).expect("write");
         let reader = Reader::new(uring, 4, 1, &ds, knobs).expect("reader");
-        let err = rt.block_on(reader.pass(&ds, &order, true)).expect_err("corrupt");
+        let err = rt.block_on(reader.pass(&ds, &order)).expect_err("corrupt");
         assert!(err.to_string().contains("f6: checksum mismatch"), "{err}");
         let skip = Knobs { on_error: OnError::Skip, ..knobs };
         let reader = Reader::new(uring, 4, 1, &ds, skip).expect("reader");
-        let res = rt.block_on(reader.pass(&ds, &order, true)).expect("pass");
+        let res = rt.block_on(reader.pass(&ds, &order)).expect("pass");
         assert_eq!((res.files, res.skipped), (sizes.len() as u64 - 1, 1));
     }
 

@@ -15,11 +15,12 @@ use ringtier_core::{PosixConfig, PosixTier, Tier};
 use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CacheStats, Dataset, Loader, LoaderConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{Machine, Rng, Summary};
+use crate::harness::report::utc_now;
+use crate::harness::{filesystem, write_json, Machine, Rng, Summary};
 
 /// Arguments of `ringtier bench cache`.
 #[derive(Args, Debug, Clone)]
-pub(crate) struct CacheBenchArgs {
+pub struct CacheBenchArgs {
     /// Work directory: the dataset is generated in DIR/cache-dataset (kept and reused when it
     /// matches), cache directory levels go to DIR/cache-levels. Default: a new temp directory.
     #[arg(long)]
@@ -117,7 +118,7 @@ struct RankResult {
 
 /// One (policy, fraction, world) run of all its ranks, one repeat.
 #[derive(Debug, Clone, Serialize)]
-struct Run {
+struct PolicyRun {
     repeat: usize,
     policy: String,
     fraction: f64,
@@ -157,13 +158,14 @@ struct Row {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    schema: &'static str,
     date: String,
     machine: Machine,
     storage: String,
     config: String,
     command: String,
     rows: Vec<Row>,
-    runs: Vec<Run>,
+    runs: Vec<PolicyRun>,
 }
 
 fn policy_of(s: &str) -> Result<CachePolicy> {
@@ -250,12 +252,13 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     }
     let rows = summarize(&a, &runs);
     let report = Report {
-        date: chrono_free_date(),
+        schema: "ringtier.bench.cache/1",
+        date: utc_now(),
         machine: Machine::probe(),
         storage: format!(
             "dataset files on {} (read through the page cache), behind the throttled layer ({} ms per request batch, {} \
              MB/s shared)",
-            fs_type(&dir),
+            filesystem(&dir),
             a.latency_ms,
             a.bandwidth_mbs
         ),
@@ -266,7 +269,7 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     };
     let md = markdown(&report);
     println!("{md}");
-    crate::stats::write_json(a.json.as_deref(), &report)?;
+    write_json(a.json.as_deref(), &report)?;
     if let Some(p) = &a.md {
         std::fs::write(p, &md).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());
@@ -324,7 +327,7 @@ fn worker(a: &CacheBenchArgs, spec: &str) -> Result<()> {
     let fraction: f64 = fraction.parse()?;
     let (rank, world): (usize, usize) = (rank.parse()?, world.parse()?);
     let dir = a.dir.clone().context("--worker needs --dir")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = crate::runtime(2)?;
     let result = rt.block_on(async {
         let files: Arc<dyn Tier> = Arc::new(PosixTier::new(PosixConfig::new(dir.join("cache-dataset")))?);
         let share = a.bandwidth_mbs * 1e6 / world as f64;
@@ -408,7 +411,14 @@ fn worker(a: &CacheBenchArgs, spec: &str) -> Result<()> {
     Ok(())
 }
 
-fn combine(repeat: usize, policy: &str, fraction: f64, world: usize, ranks: Vec<RankResult>, epochs: usize) -> Run {
+fn combine(
+    repeat: usize,
+    policy: &str,
+    fraction: f64,
+    world: usize,
+    ranks: Vec<RankResult>,
+    epochs: usize,
+) -> PolicyRun {
     let per = |f: &dyn Fn(&EpochResult) -> f64| -> Vec<Vec<f64>> {
         (0..epochs).map(|e| ranks.iter().map(|r| f(&r.epochs[e])).collect()).collect()
     };
@@ -428,7 +438,7 @@ fn combine(repeat: usize, policy: &str, fraction: f64, world: usize, ranks: Vec<
         .map(|e| e.mean_prefetch_lead_seconds)
         .collect();
     let mean_prefetch_lead_seconds = if leads.is_empty() { 0.0 } else { sum(&leads) / leads.len() as f64 };
-    Run {
+    PolicyRun {
         repeat,
         policy: policy.to_string(),
         fraction,
@@ -450,18 +460,18 @@ fn warm(v: &[f64]) -> f64 {
     v[1..].iter().sum::<f64>() / (v.len() - 1) as f64
 }
 
-fn summarize(a: &CacheBenchArgs, runs: &[Run]) -> Vec<Row> {
+fn summarize(a: &CacheBenchArgs, runs: &[PolicyRun]) -> Vec<Row> {
     let mut rows = Vec::new();
     for &fraction in &a.fractions {
         for &world in &a.ranks {
             for policy in &a.policies {
-                let mine: Vec<&Run> =
+                let mine: Vec<&PolicyRun> =
                     runs.iter().filter(|r| r.fraction == fraction && r.world == world && &r.policy == policy).collect();
                 let other = |p: &str, repeat: usize| {
                     runs.iter()
                         .find(|r| r.fraction == fraction && r.world == world && r.policy == p && r.repeat == repeat)
                 };
-                let pair = |p: &str, f: &dyn Fn(&Run, &Run) -> f64| -> Summary {
+                let pair = |p: &str, f: &dyn Fn(&PolicyRun, &PolicyRun) -> f64| -> Summary {
                     Summary::of(&mine.iter().filter_map(|r| other(p, r.repeat).map(|o| f(r, o))).collect::<Vec<_>>())
                 };
                 rows.push(Row {
@@ -527,25 +537,4 @@ fn markdown(r: &Report) -> String {
         ));
     }
     s
-}
-
-fn chrono_free_date() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn fs_type(p: &Path) -> String {
-    Command::new("stat")
-        .args(["-f", "-c", "%T"])
-        .arg(p)
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "?".into())
 }

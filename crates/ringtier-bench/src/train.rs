@@ -14,7 +14,9 @@ use ringtier_migrate::{Part, StoreConfig};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 use serde::Serialize;
 
-use crate::stats::{peak_rss_bytes, write_json, Machine, Summary};
+use crate::harness::{interleaved, peak_rss_bytes, write_json, Machine, Storage, Summary};
+use crate::parse_size;
+use clap::Args;
 
 /// Emulated compute per image: AlexNet training on one K80-class GPU processes on the order
 /// of 800 images per second at 224x224 (1.2 ms per image); set `--compute-ms` to your own
@@ -24,44 +26,44 @@ pub(crate) const DEFAULT_COMPUTE_MS_PER_IMAGE: f64 = 1.2;
 /// Settings of the mini-app.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct TrainConfig {
-    pub dir: PathBuf,
-    pub batch: usize,
-    pub epochs: usize,
-    pub prefetch: Vec<usize>,
-    pub compute_ms: f64,
-    pub decode: bool,
-    pub decode_threads: usize,
-    pub ckpt_every: usize,
-    pub ckpt_bytes: u64,
-    pub ckpt_dirs: Option<(PathBuf, PathBuf)>,
-    pub ckpt_slow_bytes_per_sec: Option<u64>,
-    pub repeats: usize,
-    pub json: Option<PathBuf>,
+    pub(crate) dir: PathBuf,
+    pub(crate) batch: usize,
+    pub(crate) epochs: usize,
+    pub(crate) prefetch: Vec<usize>,
+    pub(crate) compute_ms: f64,
+    pub(crate) decode: bool,
+    pub(crate) decode_threads: usize,
+    pub(crate) ckpt_every: usize,
+    pub(crate) ckpt_bytes: u64,
+    pub(crate) ckpt_dirs: Option<(PathBuf, PathBuf)>,
+    pub(crate) ckpt_slow_bytes_per_sec: Option<u64>,
+    pub(crate) repeats: usize,
+    pub(crate) json: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-struct Run {
-    prefetch: usize,
-    steps: u64,
-    samples: u64,
-    skipped: u64,
-    total_seconds: f64,
-    compute_seconds: f64,
-    stall_seconds: f64,
-    read_seconds: f64,
-    decode_seconds: f64,
-    ckpt_blocking_seconds: f64,
-    checkpoints: u64,
+pub(crate) struct TrainRun {
+    pub(crate) prefetch: usize,
+    pub(crate) steps: u64,
+    pub(crate) samples: u64,
+    pub(crate) skipped: u64,
+    pub(crate) total_seconds: f64,
+    pub(crate) compute_seconds: f64,
+    pub(crate) stall_seconds: f64,
+    pub(crate) read_seconds: f64,
+    pub(crate) decode_seconds: f64,
+    pub(crate) ckpt_blocking_seconds: f64,
+    pub(crate) checkpoints: u64,
     /// (stall + checkpoint blocking) / total: the share of the step time I/O was exposed.
-    exposed_io_fraction: f64,
-    stall_fraction: f64,
+    pub(crate) exposed_io_fraction: f64,
+    pub(crate) stall_fraction: f64,
     /// Stall after the first batch of each epoch (the pipeline filled) over total time.
-    steady_stall_fraction: f64,
-    images_per_sec: f64,
-    peak_rss_bytes: u64,
+    pub(crate) steady_stall_fraction: f64,
+    pub(crate) images_per_sec: f64,
+    pub(crate) peak_rss_bytes: u64,
 }
 
-async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> {
+async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<TrainRun> {
     let lcfg = LoaderConfig::default()
         .with_batch_size(cfg.batch)
         .with_prefetch(prefetch)
@@ -96,7 +98,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
             }
             let cfg_store = StoreConfig::default().with_keep_last(1);
             Some(
-                crate::ckpt::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store, false)
+                crate::tiers::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store, false)
                     .await?,
             )
         }
@@ -142,7 +144,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
         let _ = std::fs::remove_dir_all(fast.join(format!("p{prefetch}-r{rep}")));
         let _ = std::fs::remove_dir_all(slow.join(format!("p{prefetch}-r{rep}")));
     }
-    Ok(Run {
+    Ok(TrainRun {
         prefetch,
         steps,
         samples,
@@ -163,31 +165,29 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Run> 
 }
 
 /// Runs the mini-app for each prefetch depth, repeats interleaved; prints a table.
-pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
+pub(crate) fn run(cfg: &TrainConfig) -> Result<TrainReport> {
     if cfg.batch == 0 || cfg.epochs == 0 || cfg.repeats == 0 || cfg.prefetch.is_empty() {
         bail!("--batch, --epochs, --repeats and --prefetch must be given and positive");
     }
     if !(cfg.compute_ms >= 0.0 && cfg.compute_ms.is_finite()) {
         bail!("--compute-ms must be a non-negative number");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let mut runs: Vec<Run> = Vec::new();
-    for rep in 0..cfg.repeats {
-        for &p in &cfg.prefetch {
-            let r = rt.block_on(one_run(cfg, p, rep))?;
-            eprintln!(
-                "  repeat {}/{} prefetch {p}: {} steps, stall {:.3} s of {:.3} s ({:.1}%), checkpoints {:.3} s",
-                rep + 1,
-                cfg.repeats,
-                r.steps,
-                r.stall_seconds,
-                r.total_seconds,
-                r.stall_fraction * 100.0,
-                r.ckpt_blocking_seconds
-            );
-            runs.push(r);
-        }
-    }
+    let rt = crate::runtime(2)?;
+    let runs = interleaved(cfg.repeats, &cfg.prefetch, false, |rep, &p| {
+        let r = rt.block_on(one_run(cfg, p, rep))?;
+        eprintln!(
+            "  repeat {}/{} prefetch {p}: {} steps, stall {:.3} s of {:.3} s ({:.1}%), checkpoints {:.3} s",
+            rep + 1,
+            cfg.repeats,
+            r.steps,
+            r.stall_seconds,
+            r.total_seconds,
+            r.stall_fraction * 100.0,
+            r.ckpt_blocking_seconds
+        );
+        Ok(r)
+    })?;
+    let runs: Vec<TrainRun> = runs.into_iter().flatten().collect();
     println!();
     println!(
         "AlexNet mini-app: {} (batch {}, {} epoch(s), {:.1} ms emulated compute per batch{}{}); {} repeats; median (min..max)",
@@ -216,8 +216,8 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
     );
     let mut points = Vec::new();
     for &p in &cfg.prefetch {
-        let rs: Vec<&Run> = runs.iter().filter(|r| r.prefetch == p).collect();
-        let s = |f: &dyn Fn(&Run) -> f64| Summary::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let rs: Vec<&TrainRun> = runs.iter().filter(|r| r.prefetch == p).collect();
+        let s = |f: &dyn Fn(&TrainRun) -> f64| Summary::by(&rs, |r| f(r));
         let step = s(&|r| r.total_seconds / r.steps.max(1) as f64);
         let stall = s(&|r| r.stall_seconds);
         let frac = s(&|r| r.stall_fraction * 100.0);
@@ -230,31 +230,64 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<serde_json::Value> {
             p, step.median, step.min, step.max, stall.median, stall.min, stall.max, frac.median, frac.min, frac.max,
             steady.median, steady.min, steady.max, exposed.median, exposed.min, exposed.max, ckpt.median, ips.median
         );
-        points.push(serde_json::json!({
-            "prefetch": p, "step_seconds": step, "stall_seconds": stall, "stall_percent_of_time": frac,
-            "exposed_io_percent": exposed, "stall_percent_after_first_batch": steady, "ckpt_blocking_seconds": ckpt, "images_per_sec": ips,
-            "read_seconds": s(&|r| r.read_seconds), "decode_seconds": s(&|r| r.decode_seconds),
-        }));
+        points.push(TrainPoint {
+            prefetch: p,
+            step_seconds: step,
+            stall_seconds: stall,
+            stall_percent_of_time: frac,
+            exposed_io_percent: exposed,
+            stall_percent_after_first_batch: steady,
+            ckpt_blocking_seconds: ckpt,
+            images_per_sec: ips,
+            read_seconds: s(&|r| r.read_seconds),
+            decode_seconds: s(&|r| r.decode_seconds),
+        });
     }
-    let report = serde_json::json!({
-        "schema": "ringtier.bench.train/1",
-        "machine": Machine::probe(),
-        "storage": {"path": cfg.dir.display().to_string(), "filesystem": ringtier_core::fs::fs_type_name(&cfg.dir)},
-        "config": cfg,
-        "points": points,
-        "runs": runs,
-    });
+    let report = TrainReport {
+        schema: "ringtier.bench.train/1",
+        machine: Machine::probe(),
+        storage: Storage::of(&cfg.dir),
+        config: cfg.clone(),
+        points,
+        runs,
+    };
     write_json(cfg.json.as_deref(), &report)?;
     Ok(report)
 }
 
+/// One prefetch depth over the repeats.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TrainPoint {
+    pub(crate) prefetch: usize,
+    pub(crate) step_seconds: Summary,
+    pub(crate) stall_seconds: Summary,
+    pub(crate) stall_percent_of_time: Summary,
+    pub(crate) exposed_io_percent: Summary,
+    pub(crate) stall_percent_after_first_batch: Summary,
+    pub(crate) ckpt_blocking_seconds: Summary,
+    pub(crate) images_per_sec: Summary,
+    pub(crate) read_seconds: Summary,
+    pub(crate) decode_seconds: Summary,
+}
+
+/// The report of `bench train` (`ringtier.bench.train/1`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TrainReport {
+    pub(crate) schema: &'static str,
+    pub(crate) machine: Machine,
+    pub(crate) storage: Storage,
+    pub(crate) config: TrainConfig,
+    pub(crate) points: Vec<TrainPoint>,
+    pub(crate) runs: Vec<TrainRun>,
+}
+
 /// `ringtier bench train`.
-pub(crate) fn command(a: crate::args::TrainArgs) -> anyhow::Result<()> {
+pub(crate) fn command(a: TrainArgs) -> Result<()> {
     let tmp;
     let ckpt_dirs = match (a.ckpt_every, a.ckpt_tiers) {
         (0, _) => None,
         (_, Some(t)) if t.len() == 2 => Some((t[0].clone(), t[1].clone())),
-        (_, Some(_)) => anyhow::bail!("--ckpt-tiers takes two directories: FAST,SLOW"),
+        (_, Some(_)) => bail!("--ckpt-tiers takes two directories: FAST,SLOW"),
         (_, None) => {
             tmp = tempfile::Builder::new().prefix("ringtier-train-").tempdir_in(".")?;
             Some((tmp.path().join("fast"), tmp.path().join("slow")))
@@ -276,4 +309,49 @@ pub(crate) fn command(a: crate::args::TrainArgs) -> anyhow::Result<()> {
         json: a.json,
     };
     run(&cfg).map(|_| ())
+}
+
+/// Arguments of `ringtier bench train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// The dataset directory (JPEGs for --decode; from `ringtier gen --format jpeg`).
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch: usize,
+    /// Epochs per run.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) epochs: usize,
+    /// Prefetch depths to compare (0 = no prefetch).
+    #[arg(long, value_delimiter = ',', default_value = "2,0")]
+    pub(crate) prefetch: Vec<usize>,
+    /// Emulated accelerator compute per batch in ms (default: 1.2 ms per image, AlexNet on a
+    /// K80-class GPU).
+    #[arg(long)]
+    pub(crate) compute_ms: Option<f64>,
+    /// Do not decode (read raw bytes only).
+    #[arg(long)]
+    pub(crate) no_decode: bool,
+    /// Decode threads.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) decode_threads: usize,
+    /// Save a checkpoint every K steps (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) ckpt_every: usize,
+    /// Checkpoint size (default AlexNet, 244 MB).
+    #[arg(long, default_value = "244000000", value_parser = parse_size)]
+    pub(crate) ckpt_size: u64,
+    /// Fast and slow checkpoint directories, comma-separated (default: under the work dir).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) ckpt_tiers: Option<Vec<PathBuf>>,
+    /// Throttle the slow checkpoint tier to this many bytes per second.
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) ckpt_slow_bw: Option<u64>,
+    /// Repeats (interleaved).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeats: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
 }

@@ -1,0 +1,141 @@
+//! ringtier's benchmarks (`publish = false`): one harness and the experiments that use it.
+//!
+//! The harness (`harness/`) holds everything two experiments would otherwise each write: the
+//! cold pass (one rule, and the report says which way it ran), interleaved repeats,
+//! min/median/max and pair-by-pair ratios against a baseline measured in the same run, wall
+//! time, CPU (self and children), peak RSS, the machine and the file system of each path,
+//! typed JSON reports with a schema version, tables, SVG plots, the tokio runtime, and the
+//! baselines' helper scripts (built in, written to the run's directory). Each experiment is a
+//! module that says only what it measures. The `ringtier` binary dispatches here:
+//! [`bench`], [`paper`], [`demo`], [`gen`] and [`index`].
+
+#![forbid(unsafe_code)]
+
+mod cache;
+mod ckpt;
+mod dataset;
+mod decode;
+mod harness;
+mod paper;
+mod randread;
+mod read;
+mod restore;
+mod s3;
+pub mod s3server;
+mod stage;
+pub mod tiers;
+mod train;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+pub use cache::CacheBenchArgs;
+pub use ckpt::BenchCkptArgs;
+pub use dataset::{GenArgs, ShapeArgs};
+pub use decode::DecodeBenchArgs;
+pub use harness::runtime::runtime;
+pub use paper::PaperArgs;
+pub use randread::RandReadArgs;
+pub use read::args::{DemoArgs, ReadArgs};
+pub use read::records::IndexArgs;
+pub use s3::S3BenchArgs;
+pub use stage::StageArgs;
+pub use train::TrainArgs;
+
+/// `ringtier bench ...`: the benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The paper's read micro-benchmark: cold shuffled epochs through each engine over a
+    /// concurrency sweep.
+    Read(ReadArgs),
+    /// Random reads of one file at a fixed block size and depth (compare with fio).
+    Randread(RandReadArgs),
+    /// The paper's burst-buffer experiment: checkpoint blocking time, burst buffer versus
+    /// writing straight to slow storage, over a range of slow-tier speeds.
+    Ckpt(BenchCkptArgs),
+    /// The AlexNet mini-app: loader batches, emulated compute, checkpoints; prefetch on and off.
+    Train(TrainArgs),
+    /// JPEG decode and transforms (resize, center crop, random-resized crop + flip, normalize)
+    /// against Pillow on the same files, side by side: images/s and images per CPU second.
+    Decode(DecodeBenchArgs),
+    /// Storage to accelerator (or pinned host memory) through pinned buffers, against raw reads,
+    /// pageable buffers plus copy, and pinned buffers without overlap.
+    Stage(StageArgs),
+    /// The S3 tier against boto3 on one S3 server on loopback: checkpoint drain versus
+    /// upload_file, small-object reads versus a thread pool, and a latency-throttled file tier.
+    S3(S3BenchArgs),
+    /// Cache policies (none, LRU, static, clairvoyant) in front of a slow tier: epoch time,
+    /// stall share and hit ratio per policy, one rank and several (processes, each with its own
+    /// cache and shard, the same seed), caches of 10% and 25% of the dataset.
+    Cache(CacheBenchArgs),
+}
+
+/// Runs one benchmark.
+pub fn bench(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Read(a) => read::command(a),
+        BenchCommand::Randread(a) => randread::command(a),
+        BenchCommand::Ckpt(a) => ckpt::command(a),
+        BenchCommand::Train(a) => train::command(a),
+        BenchCommand::Decode(a) => decode::command(a),
+        BenchCommand::Stage(a) => stage::command(a),
+        BenchCommand::S3(a) => s3::command(a),
+        BenchCommand::Cache(a) => cache::command(a),
+    }
+}
+
+/// `ringtier paper`: the paper's experiments and the report.
+pub fn paper(args: PaperArgs) -> Result<()> {
+    paper::command(args)
+}
+
+/// `ringtier demo`: a generated dataset read, cold, through every tier.
+pub fn demo(args: DemoArgs) -> Result<()> {
+    read::demo(args)
+}
+
+/// `ringtier gen`: a synthetic dataset with a manifest.
+pub fn gen(args: GenArgs) -> Result<()> {
+    dataset::gen(args)
+}
+
+/// `ringtier index`: `SHARD.idx` beside every record shard.
+pub fn index(args: IndexArgs) -> Result<()> {
+    read::records::index_command(args)
+}
+
+/// Parses sizes such as `4096`, `128k`, `1M`, `2G` (binary multiples).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
+                "" => 1,
+                "k" => 1 << 10,
+                "m" => 1 << 20,
+                "g" => 1 << 30,
+                "t" => 1u64 << 40,
+                other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
+            };
+            (&s[..i], m)
+        }
+        None => (s, 1),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("128k"), Ok(128 << 10));
+        assert_eq!(parse_size("128KiB"), Ok(128 << 10));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("12x").is_err());
+        assert!(parse_size("k").is_err());
+    }
+}

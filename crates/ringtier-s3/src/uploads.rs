@@ -373,9 +373,10 @@ pub(crate) async fn send_own(
     let headers = resp.headers().clone();
     let announced =
         headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    let body = xml::read_capped(resp.into_body().bytes_stream(), announced, inner.cfg.max_xml_bytes)
-        .await
-        .map_err(|e| fail(ErrorKind::Io, format!("{method} {url}: {e}")).set_temporary(!e.contains("allowed")))?;
+    let body =
+        xml::read_capped(resp.into_body().bytes_stream(), announced, inner.cfg.max_xml_bytes).await.map_err(|e| {
+            fail(ErrorKind::Io, format!("{method} {url}: {e}")).set_temporary(matches!(e, xml::ReadError::Body(_)))
+        })?;
     Ok((status, headers, body))
 }
 
@@ -607,7 +608,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<UploadRecovery> {
                         let size = r.meta.size;
                         match xml::read_capped(r.into_stream(), Some(size), xml::MAX_MARKER_BYTES).await {
                             Ok(b) => Some(b),
-                            Err(e) if e.contains("allowed") => None,
+                            Err(xml::ReadError::TooLong(_)) => None,
                             Err(e) => {
                                 return Err(Error::new(ErrorKind::Io, format!("upload marker {marker}: {e}"))
                                     .set_temporary(true)
@@ -737,7 +738,7 @@ pub(crate) async fn signed_request(inner: &Inner, method: &str, query: &str) -> 
         .and_then(|v| v.parse::<u64>().ok());
     let body = xml::read_capped(resp.into_body().bytes_stream(), announced, inner.cfg.max_xml_bytes)
         .await
-        .map_err(|e| fail(format!("{method} {url}: {e}")).set_temporary(!e.contains("allowed")))?;
+        .map_err(|e| fail(format!("{method} {url}: {e}")).set_temporary(matches!(e, xml::ReadError::Body(_))))?;
     Ok((status, body))
 }
 

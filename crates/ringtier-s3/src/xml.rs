@@ -3,7 +3,7 @@
 //! error bodies), parsed from bytes a server sent, so from untrusted input.
 //!
 //! Every function here is bounded before it allocates: a body longer than the caller's cap
-//! is refused before it is read into memory (see [`read_capped`]); an element is at most
+//! is refused before it is read into memory (see [`read_capped`]); a leaf element is at most
 //! [`MAX_ELEMENT_BYTES`] long (escaped), an unescaped key at most [`MAX_KEY_BYTES`], a page
 //! at most [`MAX_UPLOADS_PER_PAGE`] uploads. None of them panics on any input (the fuzz
 //! target `s3_xml` calls them through [`crate::fuzzing`]).
@@ -33,23 +33,43 @@ impl std::fmt::Display for XmlError {
     }
 }
 
+/// Why [`read_capped`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    /// The body is longer than the cap (announced or streamed): the server's answer is not
+    /// one to keep (permanent).
+    TooLong(String),
+    /// The body could not be read (a transport error: temporary).
+    Body(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::TooLong(m) | ReadError::Body(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Reads a body stream into memory, refusing it once it passes `cap` bytes (before the
 /// chunk that would pass it is kept). `announced`: the Content-Length, checked first.
-pub(crate) async fn read_capped<S, E>(mut body: S, announced: Option<u64>, cap: usize) -> Result<Bytes, String>
+pub(crate) async fn read_capped<S, E>(mut body: S, announced: Option<u64>, cap: usize) -> Result<Bytes, ReadError>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
     if let Some(n) = announced {
         if n > cap as u64 {
-            return Err(format!("the answer's body announces {n} bytes, more than the {cap} bytes allowed"));
+            return Err(ReadError::TooLong(format!(
+                "the answer's body announces {n} bytes, more than the {cap} bytes allowed"
+            )));
         }
     }
     let mut out = BytesMut::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| format!("body: {e}"))?;
+        let chunk = chunk.map_err(|e| ReadError::Body(format!("body: {e}")))?;
         if out.len() + chunk.len() > cap {
-            return Err(format!("the answer's body is longer than the {cap} bytes allowed"));
+            return Err(ReadError::TooLong(format!("the answer's body is longer than the {cap} bytes allowed")));
         }
         out.extend_from_slice(&chunk);
     }

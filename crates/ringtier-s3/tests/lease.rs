@@ -331,3 +331,29 @@ async fn the_test_servers_enforce_conditional_writes() {
         store.put_opts(&key, PutPayload::from("next"), update(etag)).await.expect("If-Match the current ETag");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_lease_was_taken_over_publishes_nothing() {
+    for server in servers().await {
+        let name = server.name();
+        let slow = s3_tier(&server.endpoint(), "run", Duration::from_secs(2)).await;
+        let lock = slow.lock("ckpt-ck").await.expect("lock").expect("a lease");
+        let w = start_upload(slow.as_ref(), "ck/x").await;
+        // Another writer takes the prefix over (as after a stall of this one past its
+        // timeout): this one's next renewal is refused and it stops publishing.
+        let other = "ringtier-lease 1\nholder elsewhere/7/0/0\nseq 0\ntimeout_ms 60000\nwritten_unix_ms 1\n";
+        raw(&server.endpoint()).put(&Path::from(LEASE), PutPayload::from(other)).await.expect("take over");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let e = w.commit().await.expect_err("a commit after the lease was lost");
+        assert_eq!(e.kind(), ErrorKind::Busy, "{name}: {e}");
+        assert!(e.to_string().contains("host elsewhere, pid 7"), "{name}: {e}");
+        assert_eq!(slow.stat("ck/x").await.expect_err("nothing published").kind(), ErrorKind::NotFound, "{name}");
+        let e = slow.delete("ck/x").await.expect_err("no delete either");
+        assert_eq!(e.kind(), ErrorKind::Busy, "{name}: {e}");
+        assert_eq!(server.uploads("run").await.len(), 0, "{name}: the refused commit aborted its upload");
+        drop(lock);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let body = lease_body(&server.endpoint()).await.expect("the new holder's lease is left alone");
+        assert!(body.contains("elsewhere/7"), "{name}: {body}");
+    }
+}

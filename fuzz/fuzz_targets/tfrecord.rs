@@ -1,0 +1,6 @@
+//! TFRecord framing: a piece-size byte, then a shard (see `ringtier_loader::records::fuzzing`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| ringtier_loader::records::fuzzing::tfrecord(data));

@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::Path;
 
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
@@ -26,6 +26,10 @@ use ringtier_core::key::validate_key;
 pub const MANIFEST_FILE: &str = ".ringtier-manifest.tsv";
 
 const HEADER: &str = "# ringtier-manifest v1";
+
+/// The largest manifest read, in bytes (4 GiB: some 80 million files at 50 bytes a line); a
+/// larger file under the manifest's name is refused before it is read.
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 30;
 
 /// CRC-32C (Castagnoli) of `data`, hardware-accelerated where the CPU has it.
 pub fn checksum(data: &[u8]) -> u32 {
@@ -100,12 +104,34 @@ impl Manifest {
         Ok(Manifest { entries })
     }
 
-    /// Loads `DIR/.ringtier-manifest.tsv`.
+    /// Loads `DIR/.ringtier-manifest.tsv`; one larger than [`MAX_MANIFEST_BYTES`] is refused
+    /// before it is read.
     pub fn load(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
         let origin = path.display().to_string();
-        let text = fs::read_to_string(&path)
-            .map_err(|e| Error::from(e).with_operation(Operation::Open).with_key(origin.clone()))?;
+        let ctx = |e: std::io::Error| Error::from(e).with_operation(Operation::Open).with_key(origin.clone());
+        let file = fs::File::open(&path).map_err(ctx)?;
+        let len = file.metadata().map_err(ctx)?.len();
+        let bad = |why: String| {
+            Error::new(ErrorKind::Corrupt, format!("corrupt manifest: {why}"))
+                .with_operation(Operation::Open)
+                .with_key(origin.clone())
+        };
+        let too_large = |len: u64| bad(format!("{len} bytes, more than a manifest may take ({MAX_MANIFEST_BYTES})"));
+        if len > MAX_MANIFEST_BYTES {
+            return Err(too_large(len));
+        }
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len as usize).map_err(|e| {
+            Error::new(ErrorKind::ResourceExhausted, format!("manifest {origin}: cannot allocate {len} bytes: {e}"))
+        })?;
+        // The file may grow after the stat: read at most one byte past the bound.
+        file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(ctx)?;
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(too_large(bytes.len() as u64));
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| bad(format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
         Self::parse(&text, &origin)
     }
 
@@ -182,5 +208,14 @@ mod tests {
         assert_eq!(Manifest::parse("garbage", "m").expect_err("garbage").kind(), ErrorKind::Corrupt);
         let missing = Manifest::load(Path::new("/nonexistent")).expect_err("missing");
         assert_eq!(missing.kind(), ErrorKind::NotFound);
+        // Too large (a sparse file), or not text: refused, named.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = fs::File::create(dir.path().join(MANIFEST_FILE)).expect("create");
+        f.set_len(MAX_MANIFEST_BYTES + 1).expect("sparse");
+        let e = Manifest::load(dir.path()).expect_err("too large");
+        assert!(e.to_string().contains("more than a manifest may take"), "{e}");
+        fs::write(dir.path().join(MANIFEST_FILE), b"# ringtier-manifest v1\n\xff\n").expect("write");
+        let e = Manifest::load(dir.path()).expect_err("binary");
+        assert!(e.to_string().contains("not UTF-8 text (byte 23)") && e.kind() == ErrorKind::Corrupt, "{e}");
     }
 }

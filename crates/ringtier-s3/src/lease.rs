@@ -399,9 +399,11 @@ async fn take(lease: &Lease, holder: &str, timeout: Duration) -> Result<(String,
                 && !live_holders().lock().unwrap_or_else(|p| p.into_inner()).contains(&r.holder)
         });
         // Last-Modified and Date are to the second: stale past the timeout plus that second.
-        let stale = seen.age.is_some_and(|a| a > their_timeout.as_secs_f64().ceil() as u64);
+        // Where the server sends no Last-Modified, the holder's own clock in the lease.
+        let age = seen.age.or_else(|| theirs.as_ref().map(|r| now_ms().saturating_sub(r.written_unix_ms) / 1000));
+        let stale = age.is_some_and(|a| a > their_timeout.as_secs_f64().ceil() as u64);
         if !(stale || ours) {
-            let age = seen.age.map_or("at an unknown time".to_string(), |a| format!("{a} s ago"));
+            let age = age.map_or("at an unknown time".to_string(), |a| format!("{a} s ago"));
             return Err(lease.fail(
                 ErrorKind::Busy,
                 format!(
@@ -417,7 +419,7 @@ async fn take(lease: &Lease, holder: &str, timeout: Duration) -> Result<(String,
             return Err(lease.fail(ErrorKind::Io, format!("GET {}: the answer has no ETag", lease.url)));
         }
         if let Some(new) = lease.put(&rec, ("if-match", etag)).await? {
-            tracing::warn!(lease = %lease.url, previous = %who, age_s = ?seen.age, "s3: took over a stale lease");
+            tracing::warn!(lease = %lease.url, previous = %who, age_s = ?age, "s3: took over a stale lease");
             return Ok((new, rec));
         }
         // Someone else took it over (or renewed it) first: look again.

@@ -138,7 +138,39 @@ async fn wait_stored(tier: &dyn ringtier_core::Tier, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
+/// The materialized copy of one dataset.
+#[derive(Debug, Serialize)]
+struct SplitStorage {
+    dataset: String,
+    jpeg_bytes: u64,
+    materialized_bytes: u64,
+    materialized_sample_bytes: u64,
+}
+
+/// One (dataset, split) over the repeats.
+#[derive(Debug, Serialize)]
+struct SplitRow {
+    dataset: String,
+    split: &'static str,
+    images_per_sec: Summary,
+    cpu_ms_per_sample: Summary,
+    storage_bytes: f64,
+    ratio_vs_online: Summary,
+}
+
+/// The split-point half of the decode report.
+#[derive(Debug, Serialize)]
+struct SplitReport {
+    chain: String,
+    size: u32,
+    materialized_size: u32,
+    cold: crate::harness::ColdMethod,
+    storage: Vec<SplitStorage>,
+    summary: Vec<SplitRow>,
+    epochs: Vec<SplitEpoch>,
+}
+
+fn run_split(a: &DecodeBenchArgs) -> Result<SplitReport> {
     use ringtier_uring::{UringConfig, UringTier};
     let decode = chain_config(&a.split_chain, a.size)?.with_dct_scaling(!a.no_dct_scaling);
     let rt = crate::runtime(2)?;
@@ -193,8 +225,12 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
                 });
             }
         }
-        storage.push(serde_json::json!({"dataset": name, "jpeg_bytes": jpeg_bytes, "materialized_bytes": stored_bytes,
-            "materialized_sample_bytes": a.split_size as u64 * a.split_size as u64 * 3}));
+        storage.push(SplitStorage {
+            dataset: name,
+            jpeg_bytes,
+            materialized_bytes: stored_bytes,
+            materialized_sample_bytes: a.split_size as u64 * a.split_size as u64 * 3,
+        });
     }
     println!();
     println!(
@@ -208,7 +244,7 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
     );
     let mut rows = Vec::new();
     for st in &storage {
-        let name = st["dataset"].as_str().unwrap_or_default().to_string();
+        let name = st.dataset.clone();
         let mut best = (String::new(), 0.0f64);
         for split in ["online", "materializing", "materialized"] {
             let es: Vec<&SplitEpoch> = epochs.iter().filter(|e| e.dataset == name && e.split == split).collect();
@@ -225,10 +261,7 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
                 })
                 .unzip();
             let ratio = Summary::ratio(&ours, &online);
-            let storage_mb =
-                if split == "online" { st["jpeg_bytes"].as_f64() } else { st["materialized_bytes"].as_f64() }
-                    .unwrap_or(0.0)
-                    / 1e6;
+            let storage_mb = if split == "online" { st.jpeg_bytes } else { st.materialized_bytes } as f64 / 1e6;
             if split != "materializing" && rate.median > best.1 {
                 best = (split.to_string(), rate.median);
             }
@@ -245,15 +278,26 @@ fn run_split(a: &DecodeBenchArgs) -> Result<serde_json::Value> {
                 ratio.min,
                 ratio.max
             );
-            rows.push(
-                serde_json::json!({"dataset": name, "split": split, "images_per_sec": rate, "cpu_ms_per_sample": cpu,
-                "storage_bytes": storage_mb * 1e6, "ratio_vs_online": ratio}),
-            );
+            rows.push(SplitRow {
+                dataset: name.clone(),
+                split,
+                images_per_sec: rate,
+                cpu_ms_per_sample: cpu,
+                storage_bytes: storage_mb * 1e6,
+                ratio_vs_online: ratio,
+            });
         }
         println!("{name}: fastest steady-state split: {} ({:.0} images/s)", best.0, best.1);
     }
-    Ok(serde_json::json!({"chain": a.split_chain, "size": a.size, "materialized_size": a.split_size, "cold": cold,
-        "storage": storage, "summary": rows, "epochs": epochs}))
+    Ok(SplitReport {
+        chain: a.split_chain.clone(),
+        size: a.size,
+        materialized_size: a.split_size,
+        cold,
+        storage,
+        summary: rows,
+        epochs,
+    })
 }
 
 /// The decoder settings of a named chain.
@@ -400,9 +444,7 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
         let text: String = paths.iter().map(|p| format!("{}\n", p.display())).collect();
         std::fs::write(&list, text)?;
         eprintln!("{name}: {} JPEGs, {:.1} MB in memory", data.len(), bytes as f64 / 1e6);
-        datasets.push(
-            serde_json::json!({"name": name, "dir": dir.display().to_string(), "images": data.len(), "bytes": bytes}),
-        );
+        datasets.push(DatasetRow { name: name.clone(), dir: dir.display().to_string(), images: data.len(), bytes });
         for rep in 0..a.repeats {
             for (chain, cfg) in &configs {
                 for &t in &threads {
@@ -438,19 +480,60 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
         }
         eprintln!();
     }
-    let mut report = summarize(&a, &threads, &passes, datasets);
+    let mut report = summarize(&a, &threads, passes, datasets);
     if a.split {
-        report["split"] = run_split(&a)?;
+        report.split = Some(run_split(&a)?);
     }
     write_json(a.json.as_deref(), &report)
 }
 
-fn summarize(
-    a: &DecodeBenchArgs,
-    threads: &[usize],
-    passes: &[Pass],
-    datasets: Vec<serde_json::Value>,
-) -> serde_json::Value {
+/// A dataset's JPEGs held in memory.
+#[derive(Debug, Serialize)]
+struct DatasetRow {
+    name: String,
+    dir: String,
+    images: usize,
+    bytes: usize,
+}
+
+/// One (dataset, chain, engine) over the repeats.
+#[derive(Debug, Serialize)]
+struct DecodeRow {
+    dataset: String,
+    chain: String,
+    engine: String,
+    images_per_sec: Summary,
+    images_per_cpu_sec: Summary,
+    per_core_ratio_vs_pillow: Option<Summary>,
+    errors: usize,
+}
+
+/// The settings of a decode run.
+#[derive(Debug, Serialize)]
+struct DecodeSettings {
+    files: usize,
+    size: u32,
+    repeats: usize,
+    threads: Vec<usize>,
+    chains: Vec<String>,
+    dct_scaling: bool,
+    pillow: bool,
+}
+
+/// The report of `bench decode` (`ringtier.bench.decode/1`).
+#[derive(Debug, Serialize)]
+struct DecodeReport {
+    schema: &'static str,
+    machine: Machine,
+    config: DecodeSettings,
+    datasets: Vec<DatasetRow>,
+    summary: Vec<DecodeRow>,
+    passes: Vec<Pass>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    split: Option<SplitReport>,
+}
+
+fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets: Vec<DatasetRow>) -> DecodeReport {
     println!();
     println!(
         "JPEG decode + transform to {0}x{0}, in memory; {1} repeats interleaved with Pillow; median (min..max); \
@@ -462,7 +545,7 @@ fn summarize(
         "dataset", "chain", "engine", "images/s", "per core", "per-core ratio vs Pillow"
     );
     let mut rows = Vec::new();
-    let names: Vec<String> = datasets.iter().filter_map(|d| d["name"].as_str().map(String::from)).collect();
+    let names: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
     for name in &names {
         for chain in &a.chains {
             let of = |engine: &str, t: usize| -> Vec<&Pass> {
@@ -506,23 +589,33 @@ fn summarize(
                     },
                     if errors > 0 { format!("  ({errors} decode errors)") } else { String::new() }
                 );
-                rows.push(serde_json::json!({
-                    "dataset": name, "chain": chain, "engine": engine, "images_per_sec": rate,
-                    "images_per_cpu_sec": per, "per_core_ratio_vs_pillow": (!ratios.is_empty()).then_some(ratio),
-                    "errors": errors,
-                }));
+                rows.push(DecodeRow {
+                    dataset: name.clone(),
+                    chain: chain.clone(),
+                    engine,
+                    images_per_sec: rate,
+                    images_per_cpu_sec: per,
+                    per_core_ratio_vs_pillow: (!ratios.is_empty()).then_some(ratio),
+                    errors,
+                });
             }
         }
     }
-    serde_json::json!({
-        "schema": "ringtier.bench.decode/1",
-        "machine": Machine::probe(),
-        "config": {
-            "files": a.files, "size": a.size, "repeats": a.repeats, "threads": threads, "chains": a.chains,
-            "dct_scaling": !a.no_dct_scaling, "pillow": !a.no_pillow,
+    DecodeReport {
+        schema: "ringtier.bench.decode/1",
+        machine: Machine::probe(),
+        config: DecodeSettings {
+            files: a.files,
+            size: a.size,
+            repeats: a.repeats,
+            threads: threads.to_vec(),
+            chains: a.chains.clone(),
+            dct_scaling: !a.no_dct_scaling,
+            pillow: !a.no_pillow,
         },
-        "datasets": datasets,
-        "summary": rows,
-        "passes": passes,
-    })
+        datasets,
+        summary: rows,
+        passes,
+        split: None,
+    }
 }

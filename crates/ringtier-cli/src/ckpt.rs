@@ -25,7 +25,12 @@ async fn restore_latest_to_dir(
         match restore_to_dir(store, step, dir, opts, sync).await {
             Ok(r) => return Ok((step, r)),
             Err(e) => match e.downcast_ref::<ringtier_core::Error>() {
-                Some(re) if ringtier_migrate::is_bad_copy(re) => {
+                // A part asked for by name that the checkpoint does not have is the user's
+                // input, not a bad copy: said at once.
+                Some(re)
+                    if ringtier_migrate::is_bad_copy(re)
+                        && !(opts.parts.is_some() && re.kind() == ringtier_core::ErrorKind::NotFound) =>
+                {
                     eprintln!("warning: skipping checkpoint {step}, no intact copy: {re}");
                     skipped += 1;
                 }

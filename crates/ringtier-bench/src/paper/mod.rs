@@ -16,7 +16,7 @@ use clap::Args;
 
 use crate::ckpt::{self, CkptReport};
 use crate::dataset::{self, DatasetSpec, Format, Preset};
-use crate::read::pass::{Engine, Knobs, OnError, Order};
+use crate::read::pass::{Engine, Knobs};
 use crate::read::{self as readbench, ReadReport};
 use crate::s3::S3Report;
 use crate::train::{self, TrainReport};
@@ -138,15 +138,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         repeats: cfg.repeats,
         warm: false,
         drop_caches: false,
-        knobs: Knobs {
-            read_size: 0,
-            sqpoll: false,
-            register_buffers: true,
-            register_files: false,
-            verify: false,
-            on_error: OnError::Fail,
-            order: Order::Shuffled,
-        },
+        knobs: Knobs::default(),
         json: Some(cfg.out.join("read.json")),
         plot: Some(cfg.out.join("read.svg")),
         seed: 1000,
@@ -448,7 +440,11 @@ fn ckpt_section(md: &mut String, ck: &CkptReport) -> Result<()> {
             format!("{:.3}", p.burst_blocking_seconds.median),
             format!("{:.2}", p.burst_blocking_over_raw_write.median),
             p.speedup_blocking.text(2),
-            format!("{:.0} ({:.0})", p.drain_mb_per_sec.median, p.slow_mb_per_sec),
+            // No drain rate when the drain had nothing left to copy at the end (tiny runs).
+            match p.drain_mb_per_sec.median {
+                mb if mb.is_finite() => format!("{mb:.0} ({:.0})", p.slow_mb_per_sec),
+                _ => format!("- ({:.0})", p.slow_mb_per_sec),
+            },
         ]);
     }
     md.push_str(&table.markdown());
@@ -573,4 +569,251 @@ pub struct PaperArgs {
     /// request (the latency-bound regime of a parallel file system). Needs python3 with boto3.
     #[arg(long)]
     pub(crate) remote: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ckpt::{CkptBenchConfig, CkptPoint, FastTier, SlowTier};
+    use crate::harness::{ColdMethod, Machine, Storage, Summary};
+    use crate::read::{DatasetInfo, Headline, Point};
+    use crate::s3::{Row, RunSettings};
+    use crate::train::{TrainConfig, TrainPoint};
+
+    fn summary(x: f64) -> Summary {
+        Summary { min: x * 0.9, median: x, max: x * 1.1 }
+    }
+
+    fn machine() -> Machine {
+        Machine { cpus: 7, memory_bytes: 8 << 30, kernel: "6.1.0-test".into() }
+    }
+
+    fn storage(path: &str) -> Storage {
+        Storage { path: path.into(), filesystem: "xfs".into() }
+    }
+
+    /// Reports of the shapes the experiments return, with made-up measurements.
+    fn results(uring: Engine) -> Results {
+        let point = |engine: Engine, c: usize, mb: f64| Point {
+            engine,
+            concurrency: c,
+            rings: 1,
+            unit: engine.concurrency_unit(),
+            mb_per_sec: summary(mb),
+            files_per_sec: summary(9.0),
+            cpu_seconds_per_gib: summary(1.5),
+            latency_p50_ms: summary(1.0),
+            latency_p99_ms: summary(2.0),
+            speedup_vs_concurrency_1: Some(summary(mb / 100.0)),
+            ratio_to_posix_best: None,
+            skipped_files: 0,
+            runs: Vec::new(),
+        };
+        let cpu = Some(summary(0.25));
+        let read = ReadReport {
+            schema: "ringtier.bench.read/1",
+            machine: machine(),
+            storage: storage("/w/imagenet"),
+            dataset: DatasetInfo {
+                files: 4096,
+                bytes: 548_000_000,
+                median_file_bytes: 110_000,
+                max_file_bytes: 1 << 20,
+                checksums: true,
+            },
+            repeats: 3,
+            cold: true,
+            cold_method: ColdMethod::Fadvise,
+            knobs: Knobs::default(),
+            skipped_engines: Vec::new(),
+            points: vec![
+                point(Engine::PosixThreads, 1, 100.0),
+                point(Engine::PosixThreads, 8, 230.0),
+                point(uring, 1, 120.0),
+                point(uring, 8, 400.0),
+            ],
+            headline: Headline {
+                best_overall: None,
+                posix_best: None,
+                uring_direct_best: None,
+                uring_direct_one_ring_over_best: None,
+                cpu_per_gib_uring_direct_over_posix: if uring == Engine::UringDirect { cpu } else { None },
+                uring_buffered_best: None,
+                cpu_per_gib_uring_buffered_over_posix: if uring == Engine::UringBuffered { cpu } else { None },
+            },
+            peak_rss_bytes: 0,
+            buffer_pool_bytes_max: 0,
+        };
+        let train = |decode: bool| TrainReport {
+            schema: "ringtier.bench.train/1",
+            machine: machine(),
+            storage: storage("/w/caltech"),
+            config: TrainConfig {
+                dir: PathBuf::from("/w/caltech"),
+                batch: 64,
+                epochs: 2,
+                prefetch: vec![2, 0],
+                compute_ms: 76.8,
+                decode,
+                decode_threads: 2,
+                ckpt_every: 0,
+                ckpt_bytes: 0,
+                ckpt_dirs: None,
+                ckpt_slow_bytes_per_sec: None,
+                repeats: 3,
+                json: None,
+            },
+            points: [2, 0]
+                .map(|p| TrainPoint {
+                    prefetch: p,
+                    step_seconds: summary(0.08),
+                    stall_seconds: summary(0.5),
+                    stall_percent_of_time: summary(3.0),
+                    exposed_io_percent: summary(3.0),
+                    stall_percent_after_first_batch: summary(2.0),
+                    ckpt_blocking_seconds: summary(0.0),
+                    images_per_sec: summary(800.0),
+                    read_seconds: summary(0.1),
+                    decode_seconds: summary(0.0),
+                })
+                .to_vec(),
+            runs: Vec::new(),
+        };
+        let ckpt = CkptReport {
+            schema: "ringtier.bench.ckpt/1",
+            machine: machine(),
+            fast: FastTier {
+                path: "/w/ckpt/fast".into(),
+                filesystem: "xfs".into(),
+                raw_write_direct: true,
+                raw_write_mb_per_sec: 1500.0,
+                raw_write_seconds: summary(0.2),
+            },
+            slow: SlowTier {
+                path: "/w/ckpt/slow".into(),
+                filesystem: "xfs".into(),
+                kind: "throttled layer (token bucket)".into(),
+            },
+            config: CkptBenchConfig {
+                base: PathBuf::from("/w/ckpt"),
+                fast_dir: None,
+                slow_dir: None,
+                slow_kernel_bps: None,
+                keep_last: 1,
+                count: 3,
+                size: 244_000_000,
+                compute_secs: 1.0,
+                ratios: vec![1.0, 4.0],
+                repeats: 3,
+                buffered_writes: Default::default(),
+                json: None,
+            },
+            points: [1.0, 4.0]
+                .map(|s| CkptPoint {
+                    slowdown: s,
+                    slow_mb_per_sec: 1500.0 / s,
+                    raw_write_seconds: summary(0.2),
+                    direct_blocking_seconds: summary(0.2 * s),
+                    burst_blocking_seconds: summary(0.2),
+                    speedup_blocking: summary(s),
+                    burst_blocking_over_raw_write: summary(1.0),
+                    drain_mb_per_sec: summary(1000.0 / s),
+                    drain_fraction_of_cap: 0.66,
+                    burst_all_on_slow_seconds: summary(3.0),
+                })
+                .to_vec(),
+            peak_rss_over_data_bytes: 0,
+            runs: Vec::new(),
+        };
+        let row = |client: &str, setting: usize, mb: f64, cpu: f64| Row {
+            client: client.into(),
+            setting,
+            mb_per_s: summary(mb),
+            cpu_s_per_gib: summary(cpu),
+        };
+        let remote = S3Report {
+            schema: "ringtier.bench.s3.read/1",
+            benchmark: "s3 read",
+            machine: machine(),
+            server: crate::s3server::ServerKind::S3sFs,
+            storage: "dataset files and server files on /w/remote (xfs)".into(),
+            cold: ColdMethod::Fadvise,
+            config: RunSettings::Read {
+                objects: 1024,
+                object_size: 114_688,
+                depths: vec![1, 64],
+                threads: vec![1, 64],
+                latency_ms: 4.0,
+                server_latency_ms: 4.0,
+                repeats: 3,
+            },
+            rows: vec![
+                row("boto3 thread pool", 1, 3.0, 28.0),
+                row("boto3 thread pool", 64, 40.0, 20.0),
+                row("ringtier S3 tier", 1, 2.5, 5.0),
+                row("ringtier S3 tier", 64, 80.0, 2.0),
+                row("ringtier files +4ms/request", 1, 20.0, 2.0),
+                row("ringtier files +4ms/request", 64, 300.0, 0.3),
+            ],
+            runs: Vec::new(),
+            bandwidth_ratio: 2.0,
+            cpu_per_gib_ratio: 0.1,
+        };
+        Results { read, train_read: train(false), train_decode: train(true), ckpt, remote: Some(remote) }
+    }
+
+    fn facts() -> RunFacts {
+        RunFacts {
+            work: PathBuf::from("/w"),
+            work_fs: "xfs".into(),
+            work_note: Some("the temp dir /tmp (tmpfs) has no direct I/O".into()),
+            caltech_files: 2048,
+            caltech_median_bytes: 10_000,
+            total_seconds: 300.0,
+        }
+    }
+
+    #[test]
+    fn the_report_states_what_it_measured() {
+        let md = render(&facts(), &results(Engine::UringDirect)).expect("render");
+        assert!(md.contains("Machine: 7 CPUs, 8 GiB, kernel 6.1.0-test"), "{md}");
+        assert!(md.contains("(xfs): the temp dir /tmp (tmpfs) has no direct I/O"), "{md}");
+        assert!(md.contains("on xfs, read cold (posix_fadvise(DONTNEED) before every pass)"), "{md}");
+        assert!(md.contains("(7 CPUs here)"), "the core count measured, not fixed text: {md}");
+        assert!(md.contains("fast tier: a xfs directory (raw O_DIRECT write"), "{md}");
+        assert!(md.contains("io_uring (uring-direct) with one thread reaches 4.00x"), "{md}");
+        assert!(md.contains("at 0.25 of the thread pool's CPU"), "{md}");
+        assert!(md.contains("| 4.0x | 0.200 | 0.800 | 0.200 | 1.00 | 4.00 (3.60..4.40) | 250 (375) |"), "{md}");
+        assert!(!md.contains("NaN") && !md.contains("ext4"), "{md}");
+        assert!(md.contains("## 4. Remote storage"), "{md}");
+        assert!(md.contains("adding 4 ms per request"), "{md}");
+        assert!(md.contains("answering each request 4 ms late"), "{md}");
+        assert!(md.contains("raise the file tier's bandwidth 15.0x from one driver thread; on S3 32.0x"), "{md}");
+        assert!(md.contains("reaches 2.00x the boto3 pool's best bandwidth at 0.10x its CPU per GiB"), "{md}");
+        assert!(md.contains("| ringtier S3 tier | 64 | 80.0 (72.0..88.0) | 32.0 | 2.00 |"), "{md}");
+        let without = render(&facts(), &Results { remote: None, ..results(Engine::UringDirect) }).expect("render");
+        assert!(!without.contains("## 4."), "no remote section unless it ran: {without}");
+        let md = render(&facts(), &results(Engine::UringBuffered)).expect("render buffered");
+        assert!(md.contains("reads through the page cache (uring-buffered)"), "{md}");
+        assert!(md.contains("io_uring (uring-buffered) with one thread"), "{md}");
+    }
+
+    #[test]
+    fn a_measurement_that_was_not_made_fails_naming_it() {
+        let mut r = results(Engine::UringDirect);
+        r.read.headline.cpu_per_gib_uring_direct_over_posix = None;
+        let e = format!("{:#}", render(&facts(), &r).expect_err("missing"));
+        assert!(e.contains("read.json") && e.contains("cpu_per_gib_uring_direct_over_posix"), "{e}");
+        let mut r = results(Engine::UringDirect);
+        r.read.points[1].speedup_vs_concurrency_1 = None;
+        let e = format!("{:#}", render(&facts(), &r).expect_err("missing"));
+        assert!(e.contains("read.json") && e.contains("speedup_vs_concurrency_1"), "{e}");
+        let mut r = results(Engine::UringDirect);
+        r.ckpt.points.clear();
+        let e = format!("{:#}", render(&facts(), &r).expect_err("empty"));
+        assert!(e.contains("ckpt.json: `points` is empty"), "{e}");
+        let mut r = results(Engine::UringDirect);
+        r.read.points.retain(|p| p.engine != Engine::UringDirect);
+        assert!(format!("{:#}", render(&facts(), &r).expect_err("no uring")).contains("no io_uring points"));
+    }
 }

@@ -123,6 +123,22 @@ pub(crate) struct Knobs {
     pub(crate) order: Order,
 }
 
+impl Default for Knobs {
+    /// Whole files, registered buffers, no checks, shuffled, stop at the first bad file: the
+    /// paper's read experiment.
+    fn default() -> Knobs {
+        Knobs {
+            read_size: 0,
+            sqpoll: false,
+            register_buffers: true,
+            register_files: false,
+            verify: false,
+            on_error: OnError::Fail,
+            order: Order::Shuffled,
+        }
+    }
+}
+
 /// An engine set up over a dataset, reusable across passes.
 pub(crate) struct Reader {
     pub(crate) engine: Engine,

@@ -294,3 +294,23 @@ fn fuzz_entry_points_accept_valid_and_hostile_input() {
     fuzzing::index(b"\xff\x00v1.2 1\njpg 512 3 a.jpg cls 1536 1 a.cls\n");
     fuzzing::index(b"\x00\x01 0 16\n16 20\n\xff");
 }
+
+#[test]
+fn errors_show_a_long_member_path_cut_short() {
+    // A pax path of 100,000 bytes, then a member whose size claims more than the shard holds.
+    let mut tar = Vec::new();
+    let long = "p".repeat(100_000);
+    let rec = format!(" path={long}\n");
+    let len = rec.len() + 6;
+    write_tar_member(&mut tar, "PaxHeader", format!("{len}{rec}").as_bytes());
+    tar[156] = b'x';
+    fix_tar_checksum(&mut tar[..512]);
+    let member = tar.len();
+    write_tar_member(&mut tar, "x.txt", b"hello");
+    tar[member + 124..member + 136].copy_from_slice(&base256(1 << 40));
+    fix_tar_checksum(&mut tar[member..member + 512]);
+    let out = parse_all(&mut wds::WdsParser::new(0, tar.len() as u64), &tar, 4096);
+    let e = out.last().expect("one").as_ref().expect_err("too large");
+    assert!(e.why.contains("declares 1099511627776 bytes") && e.why.contains("ppp..."), "{e:?}");
+    assert!(e.why.len() < 400, "{} bytes", e.why.len());
+}

@@ -48,6 +48,14 @@ fn octal(field: &[u8]) -> Option<u64> {
     u64::from_str_radix(s, 8).ok()
 }
 
+/// A member's path for an error message: at most 200 characters of it (a pax path can be long).
+fn shown(path: &str) -> String {
+    match path.char_indices().nth(200) {
+        Some((i, _)) => format!("{}...", &path[..i]),
+        None => path.to_string(),
+    }
+}
+
 fn cstr(field: &[u8]) -> String {
     let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
     String::from_utf8_lossy(&field[..end]).into_owned()
@@ -225,14 +233,14 @@ impl WdsParser {
         // The size is bounded by the bytes left before anything is allocated for it.
         let left = self.end.saturating_sub(self.pos);
         let why = match size {
-            None => Some(format!("tar member {:?}: corrupt size field {raw_size:?}", self.path)),
+            None => Some(format!("tar member {:?}: corrupt size field {raw_size:?}", shown(&self.path))),
             Some(size) if size > left => Some(format!(
                 "truncated tar member {:?}: it declares {size} bytes, but only {left} bytes are left in the shard",
-                self.path
+                shown(&self.path)
             )),
             Some(size) if matches!(kind, Kind::LongName | Kind::Pax) && size > MAX_META_BYTES => Some(format!(
                 "tar member {:?}: a long-name or pax header of {size} bytes (at most {MAX_META_BYTES})",
-                self.path
+                shown(&self.path)
             )),
             Some(_) => None,
         };
@@ -242,18 +250,20 @@ impl WdsParser {
         }
         let size = size.unwrap_or(0);
         let pad = (size.next_multiple_of(BLOCK as u64) - size) as usize;
-        let data = if kind == Kind::Skip {
-            None
-        } else {
-            let mut v = Vec::new();
-            if usize::try_from(size).map_or(true, |n| v.try_reserve_exact(n).is_err()) {
-                let start = self.member_start;
-                return Some(
-                    self.fatal(start, format!("tar member {:?}: cannot allocate {size} bytes for it", self.path)),
-                );
-            }
-            Some(v)
-        };
+        let data =
+            if kind == Kind::Skip {
+                None
+            } else {
+                let mut v = Vec::new();
+                if usize::try_from(size).map_or(true, |n| v.try_reserve_exact(n).is_err()) {
+                    let start = self.member_start;
+                    return Some(self.fatal(
+                        start,
+                        format!("tar member {:?}: cannot allocate {size} bytes for it", shown(&self.path)),
+                    ));
+                }
+                Some(v)
+            };
         self.state = State::Data { data, left: size, pad, kind };
         None
     }
@@ -360,7 +370,7 @@ impl Parser for WdsParser {
             }
             State::Data { .. } => {
                 let start = self.member_start;
-                let why = format!("truncated tar member {:?} at the end of the shard", self.path);
+                let why = format!("truncated tar member {:?} at the end of the shard", shown(&self.path));
                 let e = self.fatal(start, why);
                 out.push(Err(e));
             }

@@ -73,6 +73,17 @@ impl Inner {
         self.changed.notify_waiters();
     }
 
+    /// Why the copy of `step` on tier `from` is bad (verified on its own, no fallback), or
+    /// `None` when it verifies or cannot be asked now.
+    pub(super) async fn source_is_bad(&self, step: u64, from: usize) -> Option<String> {
+        let mut sink = super::restore::DiscardSink;
+        match self.restore_plan(step, &RestoreOptions::default(), None, Some(from), &mut sink).await {
+            Ok(_) => None,
+            Err(e) if is_bad_copy(&e) => Some(e.to_string()),
+            Err(_) => None,
+        }
+    }
+
     /// Copies `step` from tier `from` to `from + 1`, verifying every checksum, then commits
     /// its manifest there.
     pub(super) async fn drain_one(&self, step: u64, from: usize) -> Result<u64> {
@@ -134,23 +145,29 @@ pub(super) async fn drain_loop(weak: Weak<Inner>, mut rx: mpsc::UnboundedReceive
                     }
                     inner.changed.notify_waiters();
                 }
-                // The copy being drained is bad (a part failed its checksum): with no intact
-                // copy anywhere it is quarantined, and the drain goes on with later steps.
-                Err(e) if e.kind() == ErrorKind::Corrupt => {
-                    let why = e.to_string();
-                    let res = inner.quarantine(from, step, &why).await;
-                    let _ = inner.remove(from + 1, step).await;
-                    match res {
-                        Ok(()) => inner.finish_drain(step, None),
-                        Err(q) => {
-                            tracing::error!(step, "quarantining a bad copy failed: {q}");
-                            inner.finish_drain(step, Some(format!("{why}; quarantining it failed: {q}")));
+                // The copy being drained may be bad (a part failed its checksum on the way, or
+                // is missing): the source copy is verified on its own, and only if it is bad
+                // is it quarantined and the drain goes on with later steps. A failure of the
+                // destination (an upload the server damaged, a full disk) is a failed drain.
+                Err(e) => {
+                    let bad = if e.is_temporary() { None } else { inner.source_is_bad(step, from).await };
+                    match bad {
+                        Some(why) => {
+                            let res = inner.quarantine(from, step, &why).await;
+                            let _ = inner.remove(from + 1, step).await;
+                            match res {
+                                Ok(()) => inner.finish_drain(step, None),
+                                Err(q) => {
+                                    tracing::error!(step, "quarantining a bad copy failed: {q}");
+                                    inner.finish_drain(step, Some(format!("{why}; quarantining it failed: {q}")));
+                                }
+                            }
+                        }
+                        None => {
+                            tracing::error!(step, "drain to {} failed: {e}", inner.tiers[from + 1].name());
+                            inner.finish_drain(step, Some(e.to_string()));
                         }
                     }
-                }
-                Err(e) => {
-                    tracing::error!(step, "drain to {} failed: {e}", inner.tiers[from + 1].name());
-                    inner.finish_drain(step, Some(e.to_string()));
                 }
             }
         });

@@ -393,7 +393,7 @@ impl RestoreSink for VecSink {
 }
 
 /// Reads and checks, keeps nothing (verification).
-struct DiscardSink;
+pub(super) struct DiscardSink;
 
 impl RestoreSink for DiscardSink {
     async fn begin(&mut self, _part: &PartInfo) -> Result<()> {

@@ -32,7 +32,6 @@ use object_store::path::Path;
 use ringtier_core::{Error, ErrorKind, Operation, Result};
 
 use crate::tier::Inner;
-use crate::uploads::{object_url, send_own};
 
 /// The lease's key component prefix (reserved: never listed as an object).
 pub(crate) const LEASE_PREFIX: &str = ".ringtier-lease-";
@@ -246,44 +245,40 @@ impl Lease {
         let body = Bytes::from(rec.body());
         let headers = [condition];
         let me = &self.inner;
-        let (status, headers, answer) =
-            me.retry.run(|| send_own(me, "PUT", &self.url, &headers, body.clone(), &self.key, Operation::Open)).await?;
-        match status {
-            200..=299 => {
-                let etag = headers.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
-                etag.map(Some)
-                    .ok_or_else(|| self.fail(ErrorKind::Io, format!("PUT {}: the answer has no ETag", self.url)))
-            }
+        let answer = me
+            .retry
+            .run(|| me.signed.send("PUT", &self.url, &headers, body.clone(), Operation::Open, &self.key))
+            .await?;
+        match answer.status {
+            200..=299 => answer
+                .etag()
+                .map(Some)
+                .ok_or_else(|| self.fail(ErrorKind::Io, format!("PUT {}: the answer has no ETag", self.url))),
             404 | 409 | 412 => Ok(None),
-            _ => Err(self.answer(status, &answer, "PUT")),
+            s => Err(self.answer(s, &answer.body, "PUT")),
         }
     }
 
-    fn answer(&self, status: u16, body: &[u8], what: &str) -> Error {
-        let (code, message) = crate::xml::parse_error(body);
-        let (kind, hint) = match status {
-            401 | 403 => (ErrorKind::PermissionDenied, " (check the credentials)"),
-            404 if code == "NoSuchBucket" => (ErrorKind::NotFound, " (no such bucket)"),
-            _ => (ErrorKind::Io, ""),
-        };
-        self.fail(kind, format!("{what} {}: HTTP {status} {code}: {message}{hint}", self.url))
-            .set_temporary(status >= 500 || status == 429 || status == 408)
+    /// The error for an error answer to `method` on the lease.
+    fn answer(&self, status: u16, body: &[u8], method: &str) -> Error {
+        let what = format!("{method} {}", self.url);
+        self.inner.signed.answer_error(status, body, &what, Operation::Open, &self.key)
     }
 
     /// The lease as it is now; `None` when there is none.
     async fn get(&self) -> Result<Option<Seen>> {
         let me = &self.inner;
-        let (status, headers, body) =
-            me.retry.run(|| send_own(me, "GET", &self.url, &[], Bytes::new(), &self.key, Operation::Open)).await?;
-        match status {
+        let answer =
+            me.retry.run(|| me.signed.send("GET", &self.url, &[], Bytes::new(), Operation::Open, &self.key)).await?;
+        match answer.status {
             200 => {}
-            404 if crate::xml::parse_error(&body).0 != "NoSuchBucket" => return Ok(None),
-            _ => return Err(self.answer(status, &body, "GET")),
+            404 if crate::xml::parse_error(&answer.body).0 != "NoSuchBucket" => return Ok(None),
+            s => return Err(self.answer(s, &answer.body, "GET")),
         }
-        let header = |h: http::header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let modified = header(http::header::LAST_MODIFIED).and_then(|d| parse_http_date(&d));
-        let now = header(http::header::DATE).and_then(|d| parse_http_date(&d)).unwrap_or(now_ms() / 1000);
-        Ok(Some(Seen { etag: header(http::header::ETAG), body, age: modified.map(|m| now.saturating_sub(m)) }))
+        let modified = answer.header(http::header::LAST_MODIFIED).and_then(|d| parse_http_date(&d));
+        let now = answer.header(http::header::DATE).and_then(|d| parse_http_date(&d)).unwrap_or(now_ms() / 1000);
+        let age = modified.map(|m| now.saturating_sub(m));
+        Ok(Some(Seen { etag: answer.etag(), body: answer.body, age }))
     }
 
     /// Deletes the lease if it still has `etag` (`If-Match`; a server that ignores the
@@ -301,12 +296,12 @@ impl Lease {
         let headers = [("if-match", etag.to_string())];
         let res = me
             .retry
-            .run(|| send_own(me, "DELETE", &self.url, &headers, Bytes::new(), &self.key, Operation::Open))
+            .run(|| me.signed.send("DELETE", &self.url, &headers, Bytes::new(), Operation::Open, &self.key))
             .await;
         match res {
-            Ok((200..=299, _, _)) | Ok((404 | 412, _, _)) => {}
-            Ok((status, _, body)) => {
-                let e = self.answer(status, &body, "DELETE");
+            Ok(answer) if matches!(answer.status, 200..=299 | 404 | 412) => {}
+            Ok(answer) => {
+                let e = self.answer(answer.status, &answer.body, "DELETE");
                 tracing::warn!(lease = %self.url, error = %e, "s3: cannot delete the lease (it goes stale after its timeout)");
             }
             Err(e) => {
@@ -322,7 +317,7 @@ pub(crate) async fn acquire(inner: &Arc<Inner>, name: &str) -> Result<LeaseGuard
     let path = Path::parse(format!("{}{key}", inner.root)).map_err(|e| {
         Error::new(ErrorKind::InvalidKey, format!("lease path: {e}")).context(Operation::Open, name, &inner.cfg.name)
     })?;
-    let url = object_url(inner, &path);
+    let url = inner.signed.object_url(&path);
     let place = format!("{}|{}|{path}", inner.endpoint.as_deref().unwrap_or("aws"), inner.cfg.bucket);
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let holder = format!("{}{}", process_id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -454,21 +449,18 @@ async fn renew(
         let next = LeaseRecord { seq: rec.seq + 1, written_unix_ms: now_ms(), ..rec.clone() };
         // One attempt, bounded by the renewal interval; a failure is tried again sooner.
         let attempt = async {
-            let (status, headers, body) = send_own(
-                &inner,
-                "PUT",
-                &lease.url,
-                &[("if-match", etag.clone())],
-                Bytes::from(next.body()),
-                &lease.key,
-                Operation::Open,
-            )
-            .await?;
-            Ok::<_, Error>((
-                status,
-                headers.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string),
-                body,
-            ))
+            let answer = inner
+                .signed
+                .send(
+                    "PUT",
+                    &lease.url,
+                    &[("if-match", etag.clone())],
+                    Bytes::from(next.body()),
+                    Operation::Open,
+                    &lease.key,
+                )
+                .await?;
+            Ok::<_, Error>((answer.status, answer.etag(), answer.body))
         };
         match tokio::time::timeout(every, attempt).await {
             Ok(Ok((200..=299, Some(new), _))) => {

@@ -1,18 +1,21 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod checksummed;
 mod config;
 mod error;
 mod lease;
 mod parts;
+mod recovery;
+mod signed;
 mod tier;
 mod uploads;
 mod writer;
 mod xml;
 
 pub use config::{S3Config, UploadChecksum, UploadVerify, MAX_PARTS, MIN_PART_SIZE};
+pub use recovery::UploadRecovery;
 pub use tier::S3Tier;
-pub use uploads::UploadRecovery;
 
 use ringtier_core::Result;
 
@@ -27,20 +30,27 @@ impl S3Tier {
     ///
     /// [`Tier::lock`]: ringtier_core::Tier::lock
     pub async fn recover_uploads(&self) -> Result<UploadRecovery> {
-        uploads::recover(&self.inner).await
+        recovery::recover(&self.inner).await
     }
 
     /// Multipart uploads under the tier's prefix as (object path in the bucket, upload id),
     /// from `ListMultipartUploads`; `None` where the server does not implement it.
     pub async fn list_multipart_uploads(&self) -> Result<Option<Vec<(String, String)>>> {
         let inner = std::sync::Arc::clone(&self.inner);
-        self.inner.spawn(async move { uploads::list_multipart_uploads(&inner).await }).await?
+        self.inner.spawn(async move { recovery::list_multipart_uploads(&inner).await }).await?
     }
 
     /// Creates the tier's bucket (setup and tests); a bucket the caller already owns is fine.
     pub async fn create_bucket(&self) -> Result<()> {
         let inner = std::sync::Arc::clone(&self.inner);
-        self.inner.spawn(async move { uploads::create_bucket(&inner).await }).await?
+        self.inner.spawn(async move { inner.create_bucket().await }).await?
+    }
+
+    /// HTTP clients this tier has built for the requests it signs itself: 1 for its whole
+    /// life, however many requests it sends (tests check it; not a stable API).
+    #[doc(hidden)]
+    pub fn signed_clients_built(&self) -> usize {
+        self.inner.signed.clients_built()
     }
 }
 

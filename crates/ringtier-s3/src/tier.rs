@@ -21,6 +21,7 @@ use ringtier_core::{
 use crate::config::S3Config;
 use crate::error::{map_err, Retry};
 use crate::parts::PartPool;
+use crate::signed::SignedClient;
 use crate::writer::S3Writer;
 
 /// The tier's own tokio runtime: every request runs on it, so callers may use any executor
@@ -61,13 +62,12 @@ pub(crate) struct Inner {
     pub(crate) retry: Retry,
     /// `prefix/` (or empty): what every object path starts with.
     pub(crate) root: String,
-    /// Resolved region and endpoint (for requests object_store has no call for).
-    pub(crate) region: String,
+    /// Resolved endpoint (`None`: AWS), naming the tier's leases in this process.
     pub(crate) endpoint: Option<String>,
     /// Part buffers of this tier's uploads, reused.
     pub(crate) parts: Arc<PartPool>,
-    /// HTTP client of the requests sent without object_store (parts with checksums).
-    pub(crate) http: object_store::client::HttpClient,
+    /// The requests object_store has no call for, signed and sent through one HTTP client.
+    pub(crate) signed: SignedClient,
     /// Whether the server refuses a part whose checksum does not match (probed once).
     pub(crate) part_checks: tokio::sync::OnceCell<bool>,
     /// Leases of this tier lost to a take-over while their guard lives (lock name to why):
@@ -108,6 +108,19 @@ impl Inner {
     /// Maps an object_store error of `key` (bucket and key named in the message).
     pub(crate) fn err(&self, e: object_store::Error, op: Operation, key: &str) -> Error {
         map_err(e, &self.cfg.name, &self.cfg.bucket, op, &format!("{}{key}", self.root))
+    }
+
+    /// Creates the tier's bucket (`PUT /BUCKET`); an existing bucket owned by the caller is
+    /// fine.
+    pub(crate) async fn create_bucket(&self) -> Result<()> {
+        let url = self.signed.bucket_url("");
+        let answer = self.retry.run(|| self.signed.send("PUT", &url, &[], Bytes::new(), Operation::Setup, "")).await?;
+        let (code, _) = crate::xml::parse_error(&answer.body);
+        if (200..300).contains(&answer.status) || code == "BucketAlreadyOwnedByYou" {
+            return Ok(());
+        }
+        let what = format!("creating bucket {:?}", self.cfg.bucket);
+        Err(self.signed.answer_error(answer.status, &answer.body, &what, Operation::Setup, ""))
     }
 
     /// One PUT of `data` as `path` (object `key`), retried on temporary errors; run it on the
@@ -288,21 +301,16 @@ impl S3Tier {
             retry_timeout: cfg.retry_deadline,
             max_retries: 3,
         };
-        let http = {
-            use object_store::client::HttpConnector;
-            object_store::client::ReqwestConnector::default().connect(&client).map_err(|e| {
-                Error::new(ErrorKind::InvalidInput, format!("HTTP client for {}: {e}", cfg.url()))
-                    .with_operation(Operation::Setup)
-                    .with_tier(&cfg.name)
-            })?
-        };
-        let store = b.with_client_options(client).with_retry(retry).build().map_err(|e| {
+        let store = b.with_client_options(client.clone()).with_retry(retry).build().map_err(|e| {
             Error::new(ErrorKind::InvalidInput, format!("S3 configuration for {}: {e}", cfg.url()))
                 .with_operation(Operation::Setup)
                 .with_tier(&cfg.name)
         })?;
-        let io = IoRuntime::new(cfg.io_threads, &cfg.name)?;
         let root = if cfg.prefix.is_empty() { String::new() } else { format!("{}/", cfg.prefix) };
+        // The same options and credentials as object_store's: one client for the tier's life.
+        let signed =
+            SignedClient::new(&cfg, &client, Arc::clone(store.credentials()), &region, endpoint.as_deref(), &root)?;
+        let io = IoRuntime::new(cfg.io_threads, &cfg.name)?;
         let retry = Retry { initial: cfg.initial_backoff, max: cfg.max_backoff, deadline: cfg.retry_deadline };
         // Enough for the parts in flight plus the one being filled.
         let parts = PartPool::new(cfg.upload_concurrency + 1, cfg.part_size);
@@ -311,10 +319,9 @@ impl S3Tier {
             io,
             retry,
             root,
-            region,
             endpoint,
             parts,
-            http,
+            signed,
             part_checks: tokio::sync::OnceCell::new(),
             lost_leases: std::sync::Mutex::default(),
             cfg,

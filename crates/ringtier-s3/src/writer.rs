@@ -14,6 +14,7 @@ use object_store::PutPayload;
 use ringtier_core::{AlignedBuf, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result};
 use tokio::task::JoinHandle;
 
+use crate::checksummed::{put_checked, server_checks_parts};
 use crate::config::UploadVerify;
 use crate::tier::Inner;
 use crate::uploads::{self, LiveUpload};
@@ -137,7 +138,7 @@ impl S3Writer {
         }
         if self.checksums() {
             // Asked once per tier: whether a confirmed checksum proves anything here.
-            self.confirmed &= uploads::server_checks_parts(&self.inner).await?;
+            self.confirmed &= server_checks_parts(&self.inner).await?;
         }
         let live = uploads::start(&self.inner, &self.path, &self.key, self.checksums()).await?;
         self.upload = Some(Upload {
@@ -201,16 +202,8 @@ impl S3Writer {
                 .retry
                 .run(|| async {
                     if checksums {
-                        uploads::put_checked(
-                            &inner,
-                            &path,
-                            Some((&id, idx)),
-                            data.clone(),
-                            part_crc,
-                            &key,
-                            Operation::Write,
-                        )
-                        .await
+                        put_checked(&inner, &path, Some((&id, idx)), data.clone(), part_crc, &key, Operation::Write)
+                            .await
                     } else {
                         let payload = PutPayload::from(data.clone());
                         let part = inner.store.put_part(&path, &id, idx, payload).await;
@@ -274,16 +267,14 @@ impl S3Writer {
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
             if self.checksums() {
-                self.confirmed &= uploads::server_checks_parts(&self.inner).await?;
+                self.confirmed &= server_checks_parts(&self.inner).await?;
                 let crc = self.crc;
                 let (_, confirmed) = self
                     .inner
                     .spawn(async move {
                         inner
                             .retry
-                            .run(|| {
-                                uploads::put_checked(&inner, &path, None, data.clone(), crc, &key, Operation::Commit)
-                            })
+                            .run(|| put_checked(&inner, &path, None, data.clone(), crc, &key, Operation::Commit))
                             .await
                     })
                     .await??;

@@ -18,9 +18,6 @@ mod sys;
 pub mod tier;
 pub mod writes;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
 pub use buf::{AlignedBuf, BufferPool, PoolConfig};
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use key::ObjectKey;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use ringtier_core::conformance::SeededRng;
+use crate::SeededRng;
 use ringtier_core::fs::trace::FsOp;
 
 use super::check::check;

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ringtier_core::conformance::SeededRng;
+use crate::SeededRng;
 use ringtier_core::fs::trace::FsOp;
 
 use super::image::Persist;

@@ -4,10 +4,11 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::buf::{align_down, AlignedBuf, BufferPool};
-use crate::catalog;
-use crate::error::{Error, Operation, Result};
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
+use ringtier_core::buf::align_down;
+use ringtier_core::catalog;
+use ringtier_core::{
+    AlignedBuf, BufferPool, Capabilities, Error, ObjectMeta, ObjectWriter, Operation, Result, Space, Tier, TierLock,
+};
 
 /// Which operations a [`FaultRule`] applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

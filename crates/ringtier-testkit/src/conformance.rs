@@ -1,16 +1,19 @@
-//! The conformance suite every tier and layer runs (feature `conformance`).
+//! The conformance suite every tier and layer runs.
 //!
 //! Each check takes a fresh, empty tier and panics with a message naming the tier on any
 //! deviation from the [`Tier`] contract. [`conformance_tests!`](crate::conformance_tests)
-//! expands to one `#[tokio::test]` per check for a tier factory.
+//! expands to one `#[tokio::test]` per check for a tier factory. [`confinement`] and
+//! [`staging_hygiene`] are the file tiers' own checks (links never followed, dead writers'
+//! staged files removed); they open their tier over a directory they prepare.
 
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::buf::{direct_span, AlignedBuf};
-use crate::error::ErrorKind;
-use crate::ops;
-use crate::tier::{ReadBatch, Tier};
+use ringtier_core::buf::{direct_span, AlignedBuf};
+use ringtier_core::ops;
+use ringtier_core::{ErrorKind, ReadBatch, Tier};
+
+use crate::{pattern, snapshot};
 
 /// A tier under test plus whatever must live as long as it (a temp dir).
 pub struct Fixture {
@@ -35,91 +38,6 @@ impl Fixture {
     /// A fixture keeping `guard` alive.
     pub fn with_guard(tier: Arc<dyn Tier>, guard: impl Any + Send) -> Self {
         Fixture { tier, guard: Box::new(guard) }
-    }
-}
-
-/// Deterministic test bytes: `len` bytes from `seed`.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
-}
-
-/// A tmpfs of a fixed size mounted on a temp dir under `parent`, unmounted when dropped: a real
-/// file system that fills up, for tests of a full tier.
-#[derive(Debug)]
-pub struct SmallTmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallTmpfs {
-    /// Mounts a tmpfs of `size` (mount's syntax, e.g. `16m`); `None`, with the reason printed,
-    /// where mounting is not permitted (not root, no CAP_SYS_ADMIN, a container).
-    pub fn mount(size: &str, parent: &std::path::Path) -> Option<SmallTmpfs> {
-        let dir = tempfile::Builder::new().prefix("small-fs").tempdir_in(parent).ok()?;
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(SmallTmpfs { dir }),
-            Ok(o) => {
-                eprintln!("skipped: cannot mount a {size} tmpfs here: {}", String::from_utf8_lossy(&o.stderr).trim());
-                None
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-
-    /// The mount point.
-    pub fn path(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
-}
-
-/// splitmix64: a small seeded generator for test schedules (which future to drop, where to
-/// cut the power). One seed always gives the same sequence, so a failing seed replays.
-#[derive(Debug, Clone)]
-pub struct SeededRng(u64);
-
-impl SeededRng {
-    /// A generator started from `seed`.
-    pub fn new(seed: u64) -> Self {
-        SeededRng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// True with probability `percent` / 100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
     }
 }
 
@@ -224,7 +142,7 @@ pub async fn list_and_delete(tier: Arc<dyn Tier>) {
     for key in ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"] {
         put(t, key, key.as_bytes()).await;
     }
-    let keys = |v: Vec<crate::tier::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    let keys = |v: Vec<ringtier_core::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
     let all = keys(t.list("").await.expect("list all"));
     assert_eq!(all, ["ls/a/1", "ls/a/2", "ls/ab", "ls/b/1", "other"], "[{}] list all", t.name());
     assert_eq!(keys(t.list("ls/a/").await.expect("list")), ["ls/a/1", "ls/a/2"], "[{}] list ls/a/", t.name());
@@ -388,34 +306,6 @@ macro_rules! conformance_tests {
     };
 }
 
-/// Every file under `dir`, with its contents (links as `-> target`), sorted: a snapshot to
-/// check that nothing outside a tier root changed.
-pub fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
-    fn walk(base: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, Vec<u8>)>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
-        for ent in rd.flatten() {
-            let path = ent.path();
-            let rel = path.strip_prefix(base).unwrap_or(&path).display().to_string();
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    let target = std::fs::read_link(&path).map(|t| t.display().to_string()).unwrap_or_default();
-                    out.push((rel, format!("-> {target}").into_bytes()));
-                }
-                Ok(m) if m.is_dir() => {
-                    out.push((format!("{rel}/"), Vec::new()));
-                    walk(base, &path, out);
-                }
-                Ok(_) => out.push((rel, std::fs::read(&path).unwrap_or_default())),
-                Err(_) => {}
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
-}
-
 /// Confinement of a file tier that writes: a symbolic link at every component of every
 /// operation's path (and at the staging directory and the lock file), pointing outside the
 /// root to a tree where following it would succeed, makes the operation fail with
@@ -460,7 +350,7 @@ where
             let before = snapshot(&outside);
             let tier = open(&root);
             let name = tier.name().to_string();
-            let res: crate::error::Result<()> = match op {
+            let res: ringtier_core::Result<()> = match op {
                 "stat" => tier.stat(key).await.map(|_| ()),
                 "read" => {
                     let (res, _) = tier.read_at(key, 0, 16, buffer_for(tier.as_ref(), 0, 16)).await;
@@ -490,16 +380,16 @@ where
     let root = base.path().join("root-staging");
     std::fs::create_dir_all(&root).expect("root");
     fill_outside();
-    symlink(&outside, root.join(crate::fs::STAGING_DIR)).expect("symlink");
+    symlink(&outside, root.join(ringtier_core::fs::STAGING_DIR)).expect("symlink");
     let before = snapshot(&outside);
     let tier = open(&root);
     let err = ops::put(tier.as_ref(), "x.bin", b"inside", 1 << 20).await.expect_err("staging through a link");
     assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{}: {err}", tier.name());
-    assert!(err.to_string().contains(crate::fs::STAGING_DIR), "{}: {err}", tier.name());
+    assert!(err.to_string().contains(ringtier_core::fs::STAGING_DIR), "{}: {err}", tier.name());
     assert_eq!(snapshot(&outside), before, "{}: a write through a linked staging dir", tier.name());
     let root = base.path().join("root-lock");
     std::fs::create_dir_all(&root).expect("root");
-    symlink(outside.join("lock"), root.join(format!("{}-lock-store", crate::key::RESERVED_PREFIX))).expect("symlink");
+    symlink(outside.join("lock"), root.join(format!("{}-lock-store", ringtier_core::key::RESERVED_PREFIX))).expect("symlink");
     let before = snapshot(&outside);
     let tier = open(&root);
     let err = tier.lock("store").await.expect_err("a lock file that is a link");
@@ -520,7 +410,7 @@ where
         .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
         .expect("tempdir");
     let root = base.path().join("root");
-    let staging = root.join(crate::fs::STAGING_DIR);
+    let staging = root.join(ringtier_core::fs::STAGING_DIR);
     std::fs::create_dir_all(&staging).expect("staging");
     // A pid that is not running: a child that has exited and been reaped.
     let mut child = std::process::Command::new("true").spawn().expect("spawn true");
@@ -531,7 +421,7 @@ where
     // held: kept.
     std::fs::write(staging.join(format!("{dead}-1")), b"held").expect("held file");
     let held = std::fs::File::open(staging.join(format!("{dead}-1"))).expect("open held");
-    crate::sys::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_SH).expect("flock");
+    let held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockShared).map_err(|(_, e)| e).expect("flock");
     let tier = open(&root);
     // A live writer of this process: its staged file stays.
     let mut writer = tier.create("live.bin").await.expect("create");

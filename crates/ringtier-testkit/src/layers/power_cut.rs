@@ -47,10 +47,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::buf::{AlignedBuf, BufferPool};
-use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::ops;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier, TierLock};
+use ringtier_core::ops;
+use ringtier_core::{
+    AlignedBuf, BufferPool, Capabilities, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result, Space, Tier,
+    TierLock,
+};
 
 /// What survives a power cut on a [`PowerCutTier`] (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

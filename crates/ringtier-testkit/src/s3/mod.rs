@@ -1,13 +1,16 @@
-//! S3 servers on loopback for tests and benchmarks (feature `testing`): `s3s-fs` in-process
-//! (`s3s_fs.rs`, with AWS's checks of part checksums and conditional writes layered over it
-//! in `part_checksum_fs.rs`), `moto_server` as a child process (`moto.rs`), and a
-//! fault-injecting HTTP proxy (`proxy.rs`). Self-contained: it reaches the crate only through
-//! its public API, and [`forget_live_uploads`].
+//! S3 servers on loopback for the S3 tier's tests: `s3s-fs` in-process (`s3s_fs.rs`, with
+//! AWS's checks of part checksums and conditional writes layered over it in
+//! `part_checksum_fs.rs`), `moto_server` as a child process (`moto.rs`), and a
+//! fault-injecting HTTP proxy (`proxy.rs`). They reach `ringtier-s3` only through its public
+//! API, and [`forget_live_uploads`] through its test-only feature `test-hooks`.
+//!
+//! The benchmarks run the same s3s-fs server as a child process, the kit's binary
+//! `ringtier-s3-server` (`src/bin/ringtier-s3-server.rs`), so that nothing shipped links s3s.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use crate::{S3Config, S3Tier};
+use ringtier_s3::{S3Config, S3Tier};
 
 mod moto;
 mod part_checksum_fs;
@@ -48,7 +51,7 @@ pub async fn test_tier(endpoint: &str, bucket: &str, prefix: &str) -> ringtier_c
 /// its writers own, so that [`S3Tier::recover_uploads`] treats them as left behind. Call it
 /// after `std::mem::forget`ting the writers that stand for the killed process.
 pub fn forget_live_uploads() {
-    crate::uploads::forget_live_uploads();
+    ringtier_s3::test_hooks::forget_live_uploads();
 }
 
 /// A listener on `127.0.0.1:port` (0: any free port), retried for up to 10 s while a

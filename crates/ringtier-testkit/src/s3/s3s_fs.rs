@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::{bind_retry, PartChecksumFs, ACCESS_KEY, SECRET_KEY};
 
 /// An `s3s-fs` server (S3 over a directory) on `127.0.0.1`, on its own thread and runtime;
-/// it checks signatures against [`ACCESS_KEY`]/[`SECRET_KEY`]. Stops when dropped.
+/// it checks signatures against [`ACCESS_KEY`]/[`SECRET_KEY`] (or the credentials given to
+/// [`S3sFsServer::start_with_credentials`]). Stops when dropped.
 #[derive(Debug)]
 pub struct S3sFsServer {
     addr: SocketAddr,
@@ -40,12 +41,25 @@ impl S3sFsServer {
     /// check on parts is this server's (a layer over s3s-fs, [`PartChecksumFs`]). Off: a
     /// server that ignores part checksums, as s3s-fs alone does.
     pub fn start_with(root: &Path, port: u16, latency: Duration, part_checksums: bool) -> std::io::Result<Self> {
+        Self::start_with_credentials(root, port, latency, part_checksums, (ACCESS_KEY, SECRET_KEY))
+    }
+
+    /// Like [`S3sFsServer::start_with`], accepting the credentials `(access key, secret key)`
+    /// instead of [`ACCESS_KEY`]/[`SECRET_KEY`] (the benchmarks' server binary takes them from
+    /// its caller).
+    pub fn start_with_credentials(
+        root: &Path,
+        port: u16,
+        latency: Duration,
+        part_checksums: bool,
+        (access_key, secret_key): (&str, &str),
+    ) -> std::io::Result<Self> {
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder as ConnBuilder;
 
         let fs = s3s_fs::FileSystem::new(root).map_err(|e| std::io::Error::other(format!("s3s-fs: {e:?}")))?;
         let mut b = s3s::service::S3ServiceBuilder::new(PartChecksumFs::new(fs, part_checksums, root.to_path_buf()));
-        b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        b.set_auth(s3s::auth::SimpleAuth::from_single(access_key, secret_key));
         let service = b.build();
         let std_listener = bind_retry(port)?;
         std_listener.set_nonblocking(true)?;

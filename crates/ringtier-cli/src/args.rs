@@ -161,16 +161,6 @@ pub(crate) enum CkptAction {
         #[arg(long)]
         step: u64,
     },
-    /// Crash-test child: save until killed, printing each step once durable.
-    #[command(hide = true)]
-    CrashHelper {
-        #[arg(long, default_value_t = 1)]
-        start: u64,
-        #[arg(long, default_value_t = 1000)]
-        count: u64,
-        #[arg(long, default_value_t = 200_000)]
-        size: usize,
-    },
 }
 
 #[cfg(test)]

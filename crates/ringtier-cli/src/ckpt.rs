@@ -1,12 +1,11 @@
 //! `ringtier ckpt ...`: the checkpoint store from the command line (the burst-buffer
 //! experiment, `ringtier bench ckpt`, lives in `ringtier-bench`).
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use ringtier_bench::tiers::{open_store, restore_to_dir};
-use ringtier_migrate::{CheckpointStore, Part, RestoreOptions, RestoreReport};
+use ringtier_migrate::{CheckpointStore, RestoreOptions, RestoreReport};
 use ringtier_uring::BufferedWrites;
 
 use crate::args::{CkptAction, CkptArgs, OnFullArg};
@@ -53,29 +52,6 @@ fn report_quarantined(store: &CheckpointStore) {
              `ringtier ckpt rm --step {step}` removes it"
         );
     }
-}
-
-/// Deterministic contents of a crash-test checkpoint part (the test regenerates them with the
-/// same formula to check restored bytes).
-pub(crate) fn crash_part(step: u64, part: usize, size: usize) -> Vec<u8> {
-    (0..size as u64).map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) ^ (step * 31 + part as u64)) as u8).collect()
-}
-
-/// The crash-test child: saves steps from `start` on, printing `saved STEP` after each save
-/// returns (and is therefore durable), until killed.
-pub(crate) async fn crash_helper(store: &CheckpointStore, start: u64, count: u64, size: usize) -> Result<()> {
-    let mut out = std::io::stdout();
-    for step in start..start + count {
-        let a = crash_part(step, 0, size);
-        let b = crash_part(step, 1, size / 3 + 1);
-        store.save(step, vec![Part::bytes("a", &a), Part::bytes("b", &b)]).await?;
-        writeln!(out, "saved {step}")?;
-        out.flush()?;
-    }
-    store.drain().await?;
-    writeln!(out, "drained")?;
-    out.flush()?;
-    Ok(())
 }
 
 /// `ringtier ckpt ...`.
@@ -206,10 +182,6 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
         CkptAction::Rm { step } => {
             store.delete(step).await.with_context(|| format!("removing checkpoint {step}"))?;
             println!("removed step {step} from every tier");
-        }
-        CkptAction::CrashHelper { start, count, size } => {
-            let start = start.max(store.latest().await?.map_or(0, |s| s + 1));
-            crash_helper(&store, start, count, size).await?;
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! The `ringtier` binary end to end: the demo on a small generated dataset, its JSON report,
 //! and clear errors on bad input.
 
-use ringtier_core::conformance::SmallTmpfs;
+use ringtier_testkit::SmallTmpfs;
 use std::path::Path;
 use std::process::Command;
 

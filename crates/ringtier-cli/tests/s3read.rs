@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use ringtier_s3::testing::{S3sFsServer, ACCESS_KEY, SECRET_KEY};
+use ringtier_testkit::s3::{S3sFsServer, ACCESS_KEY, SECRET_KEY};
 
 fn ringtier() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ringtier"));

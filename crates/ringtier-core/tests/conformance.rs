@@ -4,9 +4,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::Fixture;
-use ringtier_core::layers::{FaultInjecting, Metered, Throttle, Throttled};
+use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{MemoryTier, PosixConfig, PosixTier, Tier};
+use ringtier_testkit::conformance::Fixture;
+use ringtier_testkit::layers::FaultInjecting;
 
 fn posix() -> Fixture {
     // Inside the work tree: a real ext4 filesystem, not tmpfs.
@@ -17,18 +18,18 @@ fn posix() -> Fixture {
 
 mod memory {
     use super::*;
-    ringtier_core::conformance_tests!(|| Fixture::new(Arc::new(MemoryTier::new())));
+    ringtier_testkit::conformance_tests!(|| Fixture::new(Arc::new(MemoryTier::new())));
 }
 
 mod posix_tier {
     use super::*;
-    ringtier_core::conformance_tests!(posix);
+    ringtier_testkit::conformance_tests!(posix);
 }
 
 /// Commits without fsyncs (`PosixConfig::sync` false) keep every other guarantee of the suite.
 mod posix_unsynced {
     use super::*;
-    ringtier_core::conformance_tests!(|| {
+    ringtier_testkit::conformance_tests!(|| {
         let dir = tempfile::Builder::new()
             .prefix("conf-posix-nosync")
             .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -40,7 +41,7 @@ mod posix_unsynced {
 
 mod metered {
     use super::*;
-    ringtier_core::conformance_tests!(|| {
+    ringtier_testkit::conformance_tests!(|| {
         let f = posix();
         Fixture::with_guard(Arc::new(Metered::new(f.tier)), f.guard)
     });
@@ -48,7 +49,7 @@ mod metered {
 
 mod throttled {
     use super::*;
-    ringtier_core::conformance_tests!(|| {
+    ringtier_testkit::conformance_tests!(|| {
         let inner: Arc<dyn Tier> = Arc::new(MemoryTier::new());
         let t = Throttle::bandwidth(2 << 30).with_latency(Duration::from_micros(50));
         Fixture::new(Arc::new(Throttled::new(inner, t)))
@@ -57,7 +58,7 @@ mod throttled {
 
 mod fault_injecting_without_rules {
     use super::*;
-    ringtier_core::conformance_tests!(|| {
+    ringtier_testkit::conformance_tests!(|| {
         let f = posix();
         Fixture::with_guard(Arc::new(FaultInjecting::new(f.tier, vec![], 1)), f.guard)
     });
@@ -65,8 +66,8 @@ mod fault_injecting_without_rules {
 
 mod power_cut_synced {
     use super::*;
-    use ringtier_core::layers::{Durability, PowerCutTier};
-    ringtier_core::conformance_tests!(|| {
+    use ringtier_testkit::layers::{Durability, PowerCutTier};
+    ringtier_testkit::conformance_tests!(|| {
         Fixture::new(Arc::new(PowerCutTier::new(Arc::new(MemoryTier::new()), Durability::Synced, 1)))
     });
 }
@@ -98,14 +99,14 @@ async fn posix_dropped_create_leaves_no_staged_file() {
 /// Links inside a posix tier's root are refused and named, and nothing outside changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_confinement() {
-    ringtier_core::conformance::confinement(|root| Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix")))
+    ringtier_testkit::conformance::confinement(|root| Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix")))
         .await;
 }
 
 /// Staged files of dead writers go when the tier is next locked; live and locked ones stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_staging_hygiene() {
-    ringtier_core::conformance::staging_hygiene(|root| {
+    ringtier_testkit::conformance::staging_hygiene(|root| {
         Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix"))
     })
     .await;

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use ringtier_core::conformance::{buffer_for, pattern};
-use ringtier_core::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Metered, Throttle, Throttled, Trigger};
+use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{ops, AlignedBuf, ErrorKind, MemoryTier, ReadBatch, Tier};
+use ringtier_testkit::conformance::buffer_for;
+use ringtier_testkit::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
+use ringtier_testkit::pattern;
 
 fn faulty(rules: Vec<FaultRule>, seed: u64) -> (Arc<dyn Tier>, FaultInjecting) {
     let inner: Arc<dyn Tier> = Arc::new(MemoryTier::new());
@@ -185,9 +187,10 @@ mod power_cut {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use ringtier_core::conformance::pattern;
-    use ringtier_core::layers::{Durability, PowerCut, PowerCutTier, Throttle, Throttled};
+    use ringtier_core::layers::{Throttle, Throttled};
     use ringtier_core::{ops, AlignedBuf, ErrorKind, MemoryTier, Tier};
+    use ringtier_testkit::layers::{Durability, PowerCut, PowerCutTier};
+    use ringtier_testkit::pattern;
 
     fn machine(durability: Durability, seed: u64) -> (Arc<MemoryTier>, PowerCutTier) {
         let mem = Arc::new(MemoryTier::new().named("disk"));

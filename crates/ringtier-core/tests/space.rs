@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use ringtier_core::layers::{FaultInjecting, Metered, Throttle, Throttled};
+use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{ops, MemoryTier, PosixConfig, PosixTier, Tier};
+use ringtier_testkit::layers::FaultInjecting;
 
 fn posix_at(dir: &std::path::Path) -> PosixTier {
     PosixTier::new(PosixConfig::new(dir).with_threads(2).with_create(true)).expect("posix tier")

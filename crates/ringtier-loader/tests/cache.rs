@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ops, AlignedBuf, ErrorKind, MemoryTier, Tier};
 use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Loader, LoaderConfig};
+use ringtier_testkit::pattern;
 
 async fn filled(n: usize, size: impl Fn(usize) -> usize) -> (Arc<MemoryTier>, Vec<(String, Vec<u8>)>) {
     let tier = Arc::new(MemoryTier::new());

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
 use ringtier_loader::{Dataset, Loader, LoaderConfig, OnBadSample};
+use ringtier_testkit::SeededRng as Rng;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 /// Polls `fut` once or runs it under a tiny timeout, dropping it if it is not done (`None`).

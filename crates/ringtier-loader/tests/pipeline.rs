@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ringtier_core::conformance::pattern;
 use ringtier_core::{BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Result, Tier};
 use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier};
 
 /// A real tier whose first `gate` batch reads wait (at most 10 s) until all of them have

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{BufferPool, PoolConfig, Tier};
 use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 fn files(n: usize) -> (tempfile::TempDir, Vec<Vec<u8>>) {

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{ErrorKind, Tier};
 use ringtier_loader::records::{
     list_shards, write_tar_end, write_tar_member, write_tfrecord, Record, RecordConfig, RecordFormat, RecordLoader,
 };
 use ringtier_loader::OnBadSample;
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier};
 
 /// TFRecord shards of varied sizes; some records are larger than the read size, so they span

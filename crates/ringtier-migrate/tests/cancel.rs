@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::Tier;
 use ringtier_migrate::{CheckpointManifest, CheckpointStore, Part, StoreConfig};
+use ringtier_testkit::SeededRng as Rng;
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 /// Runs `fut` to the end, or polls it once, or under a tiny timeout, and drops it if it is

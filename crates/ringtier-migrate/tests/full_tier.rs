@@ -6,11 +6,11 @@ use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ringtier_core::conformance::pattern;
-use ringtier_core::conformance::SmallTmpfs;
-use ringtier_core::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
 use ringtier_core::{ErrorKind, MemoryTier, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_testkit::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
+use ringtier_testkit::pattern;
+use ringtier_testkit::SmallTmpfs;
 
 fn posix(dir: &Path, name: &str) -> Arc<dyn Tier> {
     let cfg = PosixConfig::new(dir).with_create(true).with_threads(2).with_name(name.into());

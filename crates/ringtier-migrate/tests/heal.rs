@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::fs::FsFailPoints;
 use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ops, ErrorKind, MemoryTier, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
+use ringtier_testkit::pattern;
 
 fn mem(name: &str) -> Arc<dyn Tier> {
     Arc::new(MemoryTier::new().named(name))

@@ -18,10 +18,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::SeededRng as Rng;
-use ringtier_core::layers::{Durability, PowerCut, PowerCutTier, Throttle, Throttled};
+use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ErrorKind, MemoryTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_testkit::layers::{Durability, PowerCut, PowerCutTier};
+use ringtier_testkit::SeededRng as Rng;
 
 /// The parts of `step` in schedule `seed`: 1 to 3 parts of 0 to ~20 KB (several 4 KiB chunks),
 /// each with its own byte pattern. A step always has the same parts, so a retried save writes

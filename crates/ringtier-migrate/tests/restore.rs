@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use ringtier_core::conformance::pattern;
 use ringtier_core::{AlignedBuf, Capabilities, ErrorKind, MemoryTier, ObjectMeta, ObjectWriter, Tier};
 use ringtier_migrate::{
     BufferSink, CheckpointStore, FnSink, Part, RestoreEvent, RestoreOptions, StoreConfig, TierSink,
 };
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 fn mem(name: &str) -> Arc<dyn Tier> {
@@ -146,12 +146,12 @@ async fn bad_arguments_fail_before_any_read() {
     assert_eq!(err.kind(), ErrorKind::OutOfRange);
 
     // A sink whose destination cannot take the part: the restore stops with its error.
-    let ro: Arc<dyn Tier> = Arc::new(ringtier_core::layers::FaultInjecting::new(
+    let ro: Arc<dyn Tier> = Arc::new(ringtier_testkit::layers::FaultInjecting::new(
         mem("dest"),
-        vec![ringtier_core::layers::FaultRule {
-            op: ringtier_core::layers::FaultOp::Metadata,
-            fault: ringtier_core::layers::Fault::Eio,
-            trigger: ringtier_core::layers::Trigger::FromOp(1),
+        vec![ringtier_testkit::layers::FaultRule {
+            op: ringtier_testkit::layers::FaultOp::Metadata,
+            fault: ringtier_testkit::layers::Fault::Eio,
+            trigger: ringtier_testkit::layers::Trigger::FromOp(1),
         }],
         1,
     ));

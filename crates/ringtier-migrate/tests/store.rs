@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
-use ringtier_core::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Throttle, Throttled, Trigger};
+use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ops, ErrorKind, MemoryTier, Tier};
 use ringtier_migrate::{CheckpointStore, OnFull, Part, StoreConfig};
+use ringtier_testkit::layers::{Fault, FaultInjecting, FaultOp, FaultRule, Trigger};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 fn mem(name: &str) -> Arc<dyn Tier> {

@@ -54,8 +54,19 @@ impl S3Tier {
     }
 }
 
-#[cfg(feature = "testing")]
-pub mod testing;
+/// Hooks into this crate's private state for the test kit's S3 tests (feature `test-hooks`,
+/// which no shipped crate enables; `ringtier-testkit` re-exports them). Not a stable API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod test_hooks {
+    /// Simulates the death of this process for upload recovery: forgets which multipart
+    /// uploads its writers own, so that [`S3Tier::recover_uploads`](crate::S3Tier::recover_uploads)
+    /// treats them as left behind. Call it after `std::mem::forget`ting the writers that
+    /// stand for the killed process.
+    pub fn forget_live_uploads() {
+        crate::uploads::forget_live_uploads();
+    }
+}
 
 /// The parsers of what S3 servers send that this crate reads itself, for fuzz targets
 /// (`fuzz/fuzz_targets/s3_xml.rs`). Not a stable API.

@@ -318,7 +318,7 @@ pub(crate) async fn verify(inner: &Arc<Inner>, path: &Path, key: &str, size: u64
 }
 
 /// Forgets every live upload of this process, as its death would (tests of recovery).
-#[cfg(feature = "testing")]
+#[cfg(feature = "test-hooks")]
 pub(crate) fn forget_live_uploads() {
     live_set().lock().unwrap_or_else(|p| p.into_inner()).clear();
 }

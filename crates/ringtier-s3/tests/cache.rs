@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{AlignedBuf, Tier};
 use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Loader, LoaderConfig};
-use ringtier_s3::testing::{test_config, S3sFsServer};
 use ringtier_s3::S3Tier;
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{test_config, S3sFsServer};
 
 async fn bucket(
     server: &S3sFsServer,

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use ringtier_core::conformance::Fixture;
-use ringtier_s3::testing::{test_tier, MotoServer, S3sFsServer};
+use ringtier_testkit::conformance::Fixture;
+use ringtier_testkit::s3::{test_tier, MotoServer, S3sFsServer};
 
 /// Runs `fut` to completion from inside a multi-threaded test runtime.
 fn block<T>(fut: impl std::future::Future<Output = T>) -> T {
@@ -22,7 +22,7 @@ mod s3s_fs {
         Fixture::with_guard(Arc::new(tier), (server, dir))
     }
 
-    ringtier_core::conformance_tests!(fixture);
+    ringtier_testkit::conformance_tests!(fixture);
 }
 
 mod moto {
@@ -49,7 +49,7 @@ mod moto {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let Some(fixture) = fixture() else { return };
-                ringtier_core::conformance::$name(Arc::clone(&fixture.tier)).await;
+                ringtier_testkit::conformance::$name(Arc::clone(&fixture.tier)).await;
                 drop(fixture);
             }
         )*};

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{ops, AlignedBuf, ErrorKind, Tier};
-use ringtier_s3::testing::{test_config, Fault, FaultProxy, MotoServer, S3sFsServer};
 use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{test_config, Fault, FaultProxy, MotoServer, S3sFsServer};
 
 const PART: usize = MIN_PART_SIZE;
 
@@ -220,7 +220,7 @@ async fn uploads_of_a_killed_writer_are_aborted_on_recovery_s3s() {
     b.fill_from(&pattern(6, 2 * PART)).expect("fill");
     w.write_at(0, b).await.0.expect("write");
     std::mem::forget(w); // a process killed mid-upload: no abort runs
-    ringtier_s3::testing::forget_live_uploads();
+    ringtier_testkit::s3::forget_live_uploads();
     drop(tier); // its runtime goes, parts in flight end with it
     assert_eq!(s3s_uploads(dir.path()).len(), 1, "the upload is left behind");
     let tier = S3Tier::new(test_config(&server.endpoint(), "bkt", "orphan").with_part_size(PART)).expect("reopen");
@@ -246,7 +246,7 @@ async fn uploads_of_a_killed_writer_are_aborted_on_recovery_moto() {
     b.fill_from(&pattern(7, PART)).expect("fill");
     w.write_at(0, b).await.0.expect("write");
     std::mem::forget(w);
-    ringtier_s3::testing::forget_live_uploads();
+    ringtier_testkit::s3::forget_live_uploads();
     drop(tier);
     let tier = S3Tier::new(cfg()).expect("reopen");
     let before = tier.list_multipart_uploads().await.expect("list uploads").expect("moto lists uploads");

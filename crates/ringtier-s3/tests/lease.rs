@@ -18,11 +18,11 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use ringtier_core::conformance::pattern;
 use ringtier_core::{AlignedBuf, ErrorKind, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
-use ringtier_s3::testing::{forget_live_uploads, test_config, MotoServer, S3sFsServer, ACCESS_KEY, SECRET_KEY};
 use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{forget_live_uploads, test_config, MotoServer, S3sFsServer, ACCESS_KEY, SECRET_KEY};
 
 const PART: usize = MIN_PART_SIZE;
 const BUCKET: &str = "ckpt";

@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::sync::Arc;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::Tier;
 use ringtier_loader::{Dataset, Loader, LoaderConfig};
-use ringtier_s3::testing::{test_config, S3sFsServer};
 use ringtier_s3::S3Tier;
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{test_config, S3sFsServer};
 
 const OBJECTS: u64 = 60;
 const EPOCHS: u64 = 2;

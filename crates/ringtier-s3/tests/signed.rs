@@ -12,11 +12,11 @@ use std::time::Duration;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
-use ringtier_core::conformance::pattern;
 use ringtier_core::{PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
-use ringtier_s3::testing::{test_config, MotoServer, S3sFsServer, ACCESS_KEY, SECRET_KEY};
 use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{test_config, MotoServer, S3sFsServer, ACCESS_KEY, SECRET_KEY};
 
 const PART: usize = MIN_PART_SIZE;
 const BUCKET: &str = "ckpt";

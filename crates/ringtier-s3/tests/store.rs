@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{AlignedBuf, PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
-use ringtier_s3::testing::{forget_live_uploads, test_config, Fault, FaultProxy, S3sFsServer};
 use ringtier_s3::{S3Tier, MIN_PART_SIZE};
+use ringtier_testkit::pattern;
+use ringtier_testkit::s3::{forget_live_uploads, test_config, Fault, FaultProxy, S3sFsServer};
 
 const PART: usize = MIN_PART_SIZE;
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use ringtier_core::MemoryTier;
 
 use super::*;
-use ringtier_core::conformance::SeededRng as Rng;
+use ringtier_testkit::SeededRng as Rng;
 
 const DEFAULT_RUNS: u64 = 8;
 

@@ -389,7 +389,8 @@ where
     assert_eq!(snapshot(&outside), before, "{}: a write through a linked staging dir", tier.name());
     let root = base.path().join("root-lock");
     std::fs::create_dir_all(&root).expect("root");
-    symlink(outside.join("lock"), root.join(format!("{}-lock-store", ringtier_core::key::RESERVED_PREFIX))).expect("symlink");
+    symlink(outside.join("lock"), root.join(format!("{}-lock-store", ringtier_core::key::RESERVED_PREFIX)))
+        .expect("symlink");
     let before = snapshot(&outside);
     let tier = open(&root);
     let err = tier.lock("store").await.expect_err("a lock file that is a link");

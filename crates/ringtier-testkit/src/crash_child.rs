@@ -33,7 +33,8 @@ pub async fn open_store(fast: &Path, slow: &Path, slow_bytes_per_sec: u64) -> Re
         let config = UringConfig::default().with_direct_io(DirectIoPolicy::Auto);
         Ok(Arc::new(UringTier::with_options(dir, config, options)?))
     };
-    let slow_tier: Arc<dyn Tier> = Arc::new(Throttled::new(tier(slow, "slow")?, Throttle::bandwidth(slow_bytes_per_sec)));
+    let slow_tier: Arc<dyn Tier> =
+        Arc::new(Throttled::new(tier(slow, "slow")?, Throttle::bandwidth(slow_bytes_per_sec)));
     CheckpointStore::open(vec![tier(fast, "fast")?, slow_tier], StoreConfig::default().with_keep_last(1)).await
 }
 

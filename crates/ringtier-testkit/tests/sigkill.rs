@@ -1,7 +1,8 @@
-//! The burst buffer survives SIGKILL at any point: a child process saves and drains
-//! checkpoints until it is killed at a random moment; after reopening, every checkpoint whose
-//! save returned is restorable and byte-identical, nothing torn is listed, and the drain
-//! resumes. 50 seeded iterations (RINGTIER_CRASH_ITERS for more).
+//! The burst buffer survives SIGKILL at any point: the crash child (the kit's binary
+//! `ringtier-crash-child`) saves and drains checkpoints until it is killed at a random moment;
+//! after reopening, every checkpoint whose save returned is restorable and byte-identical,
+//! nothing torn is listed, and the drain resumes. 50 seeded iterations (RINGTIER_CRASH_ITERS
+//! for more).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -10,12 +11,8 @@ use std::time::Duration;
 
 use ringtier_core::Tier;
 use ringtier_migrate::{CheckpointStore, StoreConfig};
+use ringtier_testkit::crash_child::{part_contents, second_part_size};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
-
-/// The child's part contents (the same formula as `ringtier ckpt crash-helper`).
-fn crash_part(step: u64, part: usize, size: usize) -> Vec<u8> {
-    (0..size as u64).map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) ^ (step * 31 + part as u64)) as u8).collect()
-}
 
 fn tier(dir: &std::path::Path, name: &str) -> Arc<dyn Tier> {
     let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
@@ -35,10 +32,12 @@ fn sigkill_at_random_points_loses_no_saved_checkpoint() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let delay = Duration::from_millis(20 + rng % 180);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ringtier"))
-            .args(["ckpt", "--keep-last", "1", "--throttle-last", "30M", "--tiers"])
-            .arg(format!("{},{}", fast.display(), slow.display()))
-            .args(["crash-helper", "--size", &size.to_string()])
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringtier-crash-child"))
+            .arg("--fast")
+            .arg(&fast)
+            .arg("--slow")
+            .arg(&slow)
+            .args(["--slow-bytes-per-sec", &(30u64 << 20).to_string(), "--size", &size.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -86,9 +85,9 @@ fn sigkill_at_random_points_loses_no_saved_checkpoint() {
             for &step in &listed {
                 let r = store.load(step).await.unwrap_or_else(|e| panic!("iteration {iter}: step {step}: {e}"));
                 assert_eq!(r.parts.len(), 2, "iteration {iter}: step {step}");
-                assert!(r.parts[0].1 == crash_part(step, 0, size), "iteration {iter}: step {step} part a differs");
+                assert!(r.parts[0].1 == part_contents(step, 0, size), "iteration {iter}: step {step} part a differs");
                 assert!(
-                    r.parts[1].1 == crash_part(step, 1, size / 3 + 1),
+                    r.parts[1].1 == part_contents(step, 1, second_part_size(size)),
                     "iteration {iter}: step {step} part b differs"
                 );
             }

@@ -7,8 +7,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 struct Counting;

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
-use ringtier_core::conformance::SeededRng as Rng;
 use ringtier_core::{AlignedBuf, ReadBatch, Tier};
+use ringtier_testkit::pattern;
+use ringtier_testkit::SeededRng as Rng;
 use ringtier_uring::{UringConfig, UringTier};
 
 /// Polls `fut` once or runs it under a tiny timeout, then drops it if it is not done.

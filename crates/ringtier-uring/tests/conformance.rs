@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ringtier_core::conformance::Fixture;
 use ringtier_core::{BufferPool, PoolConfig};
+use ringtier_testkit::conformance::Fixture;
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 fn fixture(base: &Path, config: UringConfig) -> Fixture {
@@ -22,12 +22,12 @@ fn ext4() -> &'static Path {
 
 mod ext4_direct_auto {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(ext4(), UringConfig::default()));
+    ringtier_testkit::conformance_tests!(|| fixture(ext4(), UringConfig::default()));
 }
 
 mod ext4_direct_required {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(
+    ringtier_testkit::conformance_tests!(|| fixture(
         ext4(),
         UringConfig::default().with_direct_io(DirectIoPolicy::Required).with_queue_depth(4)
     ));
@@ -35,7 +35,7 @@ mod ext4_direct_required {
 
 mod ext4_buffered_two_rings {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(
+    ringtier_testkit::conformance_tests!(|| fixture(
         ext4(),
         UringConfig::default().with_direct_io(DirectIoPolicy::Off).with_rings(2)
     ));
@@ -43,13 +43,13 @@ mod ext4_buffered_two_rings {
 
 mod tmpfs_auto {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(Path::new("/dev/shm"), UringConfig::default()));
+    ringtier_testkit::conformance_tests!(|| fixture(Path::new("/dev/shm"), UringConfig::default()));
 }
 
 /// Buffered writes through the ring (the default issues them from the tier's threads).
 mod tmpfs_buffered_writes_on_ring {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(
+    ringtier_testkit::conformance_tests!(|| fixture(
         Path::new("/dev/shm"),
         UringConfig::default().with_buffered_writes(BufferedWrites::Ring)
     ));
@@ -57,7 +57,7 @@ mod tmpfs_buffered_writes_on_ring {
 
 mod ext4_buffered_writes_on_ring {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(
+    ringtier_testkit::conformance_tests!(|| fixture(
         ext4(),
         UringConfig::default().with_direct_io(DirectIoPolicy::Off).with_buffered_writes(BufferedWrites::Ring)
     ));
@@ -65,13 +65,13 @@ mod ext4_buffered_writes_on_ring {
 
 mod ext4_sqpoll {
     use super::*;
-    ringtier_core::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_sqpoll_idle_ms(10)));
+    ringtier_testkit::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_sqpoll_idle_ms(10)));
 }
 
 /// Links inside an io_uring tier's root are refused and named, and nothing outside changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_confinement() {
-    ringtier_core::conformance::confinement(|root| {
+    ringtier_testkit::conformance::confinement(|root| {
         Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
     })
     .await;
@@ -80,7 +80,7 @@ async fn uring_confinement() {
 /// Staged files of dead writers go when the tier is next locked; live and locked ones stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_staging_hygiene() {
-    ringtier_core::conformance::staging_hygiene(|root| {
+    ringtier_testkit::conformance::staging_hygiene(|root| {
         Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
     })
     .await;

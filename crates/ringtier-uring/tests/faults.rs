@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{ops, AlignedBuf, ErrorKind, ReadBatch, Tier};
+use ringtier_testkit::pattern;
 use ringtier_uring::fail::{FailAction, FailOp, FailPoints, FailRule};
 use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{AlignedBuf, ErrorKind, PosixConfig, PosixTier, ReadBatch, Tier};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 fn write(path: &Path, data: &[u8]) {

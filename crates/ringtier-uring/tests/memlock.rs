@@ -2,8 +2,8 @@
 //! says so once, counts it, and reads correctly. Its own binary: it lowers RLIMIT_MEMLOCK
 //! and drops CAP_IPC_LOCK (which root has) for the process.
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{ops, BufferPool, PoolConfig, ReadBatch, Tier};
+use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 #[test]

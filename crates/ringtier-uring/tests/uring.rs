@@ -5,8 +5,8 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ringtier_core::conformance::pattern;
 use ringtier_core::{ops, AlignedBuf, BufferPool, ErrorKind, PoolConfig, ReadBatch, Tier};
+use ringtier_testkit::pattern;
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 fn ext4_dir() -> tempfile::TempDir {

@@ -17,8 +17,14 @@ struct Args {
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a =
-        Args { fast: PathBuf::new(), slow: PathBuf::new(), size: 200_000, start: 1, count: 1000, slow_bytes_per_sec: 30 << 20 };
+    let mut a = Args {
+        fast: PathBuf::new(),
+        slow: PathBuf::new(),
+        size: 200_000,
+        start: 1,
+        count: 1000,
+        slow_bytes_per_sec: 30 << 20,
+    };
     let mut it = std::env::args_os().skip(1);
     while let Some(flag) = it.next() {
         let flag = flag.to_string_lossy().into_owned();

@@ -29,6 +29,8 @@ fn bench_s3_read_runs_outside_the_repository_and_twice_with_the_same_work_dir() 
         eprintln!("skipped: python3 has no boto3 (pip install boto3)");
         return;
     }
+    // The s3s-fs server `bench s3` runs, next to the binary.
+    ringtier_testkit::bins::path(ringtier_testkit::bins::S3_SERVER);
     let cwd = tempfile::Builder::new().prefix("cli-anywhere").tempdir().expect("tempdir");
     assert!(!cwd.path().join("bench").exists());
     let work = cwd.path().join("work");
@@ -76,4 +78,25 @@ fn bench_decode_finds_its_pillow_script_outside_the_repository() {
         // The built-in script ran, and Python said what it lacks.
         assert!(!out.status.success() && all.contains("decode_vs_pillow.py") && all.contains("PIL"), "{all}");
     }
+}
+
+#[test]
+fn bench_s3_without_the_test_kits_server_says_how_to_build_it() {
+    // The binary alone (a hard link in a directory of its own), no server next to it or on
+    // the PATH: a clear error naming the build command, before any work.
+    let dir = tempfile::Builder::new().prefix("cli-noserver").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let alone = dir.path().join("ringtier");
+    std::fs::hard_link(env!("CARGO_BIN_EXE_ringtier"), &alone)
+        .or_else(|_| std::fs::copy(env!("CARGO_BIN_EXE_ringtier"), &alone).map(|_| ()))
+        .expect("the binary alone");
+    let out = Command::new(&alone)
+        .current_dir(dir.path())
+        .env("PATH", "/usr/bin:/bin")
+        .args(["bench", "s3", "read", "--objects", "2", "--object-size", "4K", "--repeats", "1", "--work"])
+        .arg(dir.path().join("work"))
+        .output()
+        .expect("run ringtier");
+    let text = text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("cargo build --release -p ringtier-testkit --bin ringtier-s3-server"), "{text}");
 }

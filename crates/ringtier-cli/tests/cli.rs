@@ -637,6 +637,8 @@ fn bench_s3_read_sweeps_s3_boto3_and_a_throttled_file_tier_on_the_same_objects()
     if !boto3_or_skip() {
         return;
     }
+    // The s3s-fs server `bench s3` runs, next to the binary.
+    ringtier_testkit::bins::path(ringtier_testkit::bins::S3_SERVER);
     let dir = tempfile::Builder::new().prefix("cli-s3read").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json = dir.path().join("read.json");
     let run = ringtier()

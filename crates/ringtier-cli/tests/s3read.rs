@@ -141,6 +141,8 @@ fn bench_s3_drain_runs_every_variant_and_boto3_on_the_same_part() {
     if !boto3_or_skip() {
         return;
     }
+    // The s3s-fs server `bench s3` runs, next to the binary.
+    ringtier_testkit::bins::path(ringtier_testkit::bins::S3_SERVER);
     let dir = tempfile::Builder::new().prefix("cli-s3drain").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json = dir.path().join("drain.json");
     let (ok, out) = run(ringtier()

@@ -64,3 +64,20 @@ pub mod s3 {
 pub mod metrics {
     pub use ringtier_metrics::*;
 }
+
+/// The facade exports no test layer: the fault-injecting and power-cut layers are in the
+/// test kit (`ringtier-testkit`), which never ships.
+///
+/// ```compile_fail
+/// use ringtier::layers::FaultInjecting;
+/// ```
+///
+/// ```compile_fail
+/// use ringtier::layers::PowerCutTier;
+/// ```
+///
+/// ```
+/// use ringtier::layers::{Metered, Throttle, Throttled, TokenBucket};
+/// ```
+#[cfg(doctest)]
+pub struct NoTestLayers;

@@ -1,5 +1,5 @@
 //! The S3 server the S3 benchmarks run against, on loopback. Every use of an S3 test server
-//! in the benchmarks goes through this module ([`start`], [`serve`] and the credentials).
+//! in the benchmarks goes through this module ([`start`], `serve` and the credentials).
 //!
 //! Nothing here links an S3 server: s3s-fs runs as a child process, the test kit's binary
 //! `ringtier-s3-server`, found next to this executable (or, where this executable is a test

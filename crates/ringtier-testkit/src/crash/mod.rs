@@ -7,7 +7,7 @@
 //! * [`model`]: the persistence models, each turning a crash point of the trace into the crash
 //!   states it allows;
 //! * [`check`]: recovery and the invariants on a materialised state;
-//! * [`explore`]: the loop over crash points, models and states, with a replayable descriptor
+//! * [`explore`](mod@explore): the loop over crash points, models and states, with a replayable descriptor
 //!   for every failure.
 
 pub mod check;

@@ -518,6 +518,8 @@ struct DecodeSettings {
     chains: Vec<String>,
     dct_scaling: bool,
     pillow: bool,
+    /// The JPEG decoder that ran: "libjpeg-turbo" (feature `turbojpeg`) or "zune-jpeg".
+    decoder: &'static str,
 }
 
 /// The report of `bench decode` (`ringtier.bench.decode/1`).
@@ -535,6 +537,7 @@ struct DecodeReport {
 
 fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets: Vec<DatasetRow>) -> DecodeReport {
     println!();
+    println!("decoder: {}", ringtier_loader::JPEG_DECODER);
     println!(
         "JPEG decode + transform to {0}x{0}, in memory; {1} repeats interleaved with Pillow; median (min..max); \
          per core = images per CPU second",
@@ -612,6 +615,7 @@ fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets
             chains: a.chains.clone(),
             dct_scaling: !a.no_dct_scaling,
             pillow: !a.no_pillow,
+            decoder: ringtier_loader::JPEG_DECODER,
         },
         datasets,
         summary: rows,

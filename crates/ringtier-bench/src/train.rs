@@ -247,6 +247,7 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<TrainReport> {
         schema: "ringtier.bench.train/1",
         machine: Machine::probe(),
         storage: Storage::of(&cfg.dir),
+        decoder: ringtier_loader::JPEG_DECODER,
         config: cfg.clone(),
         points,
         runs,
@@ -276,6 +277,8 @@ pub(crate) struct TrainReport {
     pub(crate) schema: &'static str,
     pub(crate) machine: Machine,
     pub(crate) storage: Storage,
+    /// The JPEG decoder the decode stage runs: "libjpeg-turbo" or "zune-jpeg".
+    pub(crate) decoder: &'static str,
     pub(crate) config: TrainConfig,
     pub(crate) points: Vec<TrainPoint>,
     pub(crate) runs: Vec<TrainRun>,

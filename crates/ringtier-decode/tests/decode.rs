@@ -4,19 +4,33 @@
 //! the Pillow comparisons are skipped with a message, unless `RINGTIER_REQUIRE_PILLOW=1`
 //! (set by `.ci/run`, which installs it) makes that a failure.
 //!
-//! Tolerances: the same libjpeg-turbo decode (ISLOW IDCT, fancy upsampling) and the same
-//! fixed-point bilinear convolution as Pillow, so outputs match to within 1 level per byte
-//! (rounding) and on average much closer: at most 2 levels anywhere and a mean absolute
-//! difference under 0.35 (measured: at most 1 level, mean 0.20 to 0.25: Pillow and
-//! fast_image_resize round their two passes differently).
+//! Tolerances, by the decoder the build runs ([`JPEG_DECODER`]):
+//! - libjpeg-turbo (feature `turbojpeg`): the same decode as Pillow's (ISLOW IDCT, fancy
+//!   upsampling) and the same fixed-point bilinear convolution, so outputs match to within 1
+//!   level per byte (rounding) and on average much closer: at most 2 levels anywhere and a mean
+//!   absolute difference under 0.35 (measured: at most 1 level, mean 0.20 to 0.25: Pillow and
+//!   fast_image_resize round their two passes differently).
+//! - zune-jpeg (the default): its own IDCT and chroma upsampling, full-size decode only (so
+//!   the references are Pillow's full-size decodes): at most 6 levels and a mean under 0.55
+//!   (measured: at most 5 levels, mean at most 0.47).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ringtier_core::ErrorKind;
-use ringtier_loader::{
-    center_crop_box, random_resized_params, Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng,
+use ringtier_decode::{
+    center_crop_box, random_resized_params, Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng, JPEG_DECODER,
 };
+
+/// Per-byte tolerance against Pillow: (largest, mean) absolute difference, by decoder.
+fn tolerance() -> (u8, f64) {
+    match JPEG_DECODER {
+        "libjpeg-turbo" => (2, 0.35),
+        // zune-jpeg's IDCT and chroma upsampling are not libjpeg's: measured at most 5 levels,
+        // mean at most 0.48 over these 180 cases (4:2:0 and 4:2:2 images differ most).
+        _ => (6, 0.55),
+    }
+}
 
 /// A test image with smooth gradients, hard edges and texture, so that resampling and chroma
 /// upsampling both matter.
@@ -89,7 +103,7 @@ fn decode(
     data: &[u8],
     cfg: &DecodeConfig,
     rng: &mut SampleRng,
-) -> (Vec<u8>, ringtier_loader::DecodeInfo) {
+) -> (Vec<u8>, ringtier_decode::DecodeInfo) {
     let mut out = vec![0u8; cfg.output_bytes()];
     let info = d.decode_into(data, cfg, rng, &mut out).expect("decode");
     (out, info)
@@ -114,8 +128,9 @@ fn pillow(dir: &Path, cases: &[String]) -> Option<Vec<Vec<u8>>> {
     Some((0..cases.len()).map(|i| std::fs::read(dir.join(format!("case{i}.rgb"))).expect("reference output")).collect())
 }
 
-fn compare(what: &str, ours: &[u8], reference: &[u8], max_tol: u8, mean_tol: f64) {
-    assert_eq!(ours.len(), reference.len(), "{what}: sizes");
+/// The largest and the mean absolute difference per byte.
+fn difference(ours: &[u8], reference: &[u8]) -> (u8, f64) {
+    assert_eq!(ours.len(), reference.len(), "sizes");
     let mut max = 0u8;
     let mut sum = 0u64;
     for (a, b) in ours.iter().zip(reference) {
@@ -123,12 +138,7 @@ fn compare(what: &str, ours: &[u8], reference: &[u8], max_tol: u8, mean_tol: f64
         max = max.max(d);
         sum += d as u64;
     }
-    let mean = sum as f64 / ours.len() as f64;
-    eprintln!("{what}: max |diff| {max}, mean {mean:.4}");
-    assert!(
-        max <= max_tol && mean <= mean_tol,
-        "{what}: max |diff| {max} (tolerance {max_tol}), mean {mean:.4} (tolerance {mean_tol})"
-    );
+    (max, sum as f64 / ours.len() as f64)
 }
 
 fn tempdir() -> tempfile::TempDir {
@@ -207,9 +217,23 @@ fn resize_center_and_random_crops_match_pillow() {
         }
     }
     let Some(reference) = pillow(dir.path(), &cases) else { return };
+    let (max_tol, mean_tol) = tolerance();
+    let mut failures = Vec::new();
+    let (mut worst, mut worst_mean) = (0u8, 0f64);
     for ((name, out), reference) in ours.iter().zip(&reference) {
-        compare(name, out, reference, 2, 0.35);
+        let (max, mean) = difference(out, reference);
+        eprintln!("{JPEG_DECODER} {name}: max |diff| {max}, mean {mean:.4}");
+        (worst, worst_mean) = (worst.max(max), worst_mean.max(mean));
+        if max > max_tol || mean > mean_tol {
+            failures.push(format!("{name}: max |diff| {max}, mean {mean:.4}"));
+        }
     }
+    eprintln!("{JPEG_DECODER}: {} cases, worst max |diff| {worst}, worst mean {worst_mean:.4}", ours.len());
+    assert!(
+        failures.is_empty(),
+        "{JPEG_DECODER}: over the tolerance (max {max_tol}, mean {mean_tol}):\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -372,5 +396,9 @@ fn dct_scaled_decodes_of_awkward_sizes_succeed() {
             }
         }
     }
-    assert!(denominators.len() >= 3, "scaled and unscaled decodes: {denominators:?}");
+    if JPEG_DECODER == "libjpeg-turbo" {
+        assert!(denominators.len() >= 3, "scaled and unscaled decodes: {denominators:?}");
+    } else {
+        assert_eq!(denominators.into_iter().collect::<Vec<_>>(), [1], "{JPEG_DECODER} decodes at full size");
+    }
 }

@@ -3,7 +3,6 @@
 
 pub mod cache;
 mod dataset;
-mod decode;
 mod loader;
 pub mod manifest;
 mod materialize;
@@ -13,11 +12,11 @@ mod sampler;
 
 pub use cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
 pub use dataset::{Dataset, Sample};
-pub use decode::{
-    center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo, JpegDecoder,
-    Layout, Normalize, SampleRng, MAX_JPEG_DIMENSION,
-};
 pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, LoaderConfig, OnBadSample, SampleData};
 pub use materialize::{materialized_prefix, Materialize};
 pub use pieces::DEFAULT_MAX_READ;
+pub use ringtier_decode::{
+    center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo, JpegDecoder,
+    Layout, Normalize, SampleRng, JPEG_DECODER, MAX_JPEG_DIMENSION,
+};
 pub use sampler::Sampler;

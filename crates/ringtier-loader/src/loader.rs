@@ -13,9 +13,9 @@ use tokio::sync::mpsc;
 
 use crate::cache::{CacheConfig, CachedTier};
 use crate::dataset::Dataset;
-use crate::decode::{Crop, DecodeConfig, JpegDecoder, SampleRng};
 use crate::materialize::{materialized_prefix, sample_key, Materialize};
 use crate::sampler::Sampler;
+use ringtier_decode::{Crop, DecodeConfig, JpegDecoder, SampleRng};
 
 /// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
 /// not a JPEG when decoding).

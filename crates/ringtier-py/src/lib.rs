@@ -28,5 +28,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The JPEG decoder this build runs: "zune-jpeg", or "libjpeg-turbo" (feature turbojpeg).
+    m.add("JPEG_DECODER", ringtier_loader::JPEG_DECODER)?;
     Ok(())
 }

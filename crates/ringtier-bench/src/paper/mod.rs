@@ -648,6 +648,7 @@ mod tests {
             schema: "ringtier.bench.train/1",
             machine: machine(),
             storage: storage("/w/caltech"),
+            decoder: "zune-jpeg",
             config: TrainConfig {
                 dir: PathBuf::from("/w/caltech"),
                 batch: 64,

@@ -165,11 +165,8 @@ impl RecordLoader {
             let mut idx = Vec::with_capacity(shards.len());
             for (i, s) in shards.iter().enumerate() {
                 let one = match index_file(&dir, s) {
-                    Some(file) => {
-                        let text = std::fs::read_to_string(&file)
-                            .map_err(|e| errors::from_io(&format!("reading {}", file.display()), e))?;
-                        RecordIndex::parse(&text, &file.display().to_string(), s.size).py_err()?
-                    }
+                    // Bounded by the shard's size before it is read.
+                    Some(file) => RecordIndex::load(&file, s.size).py_err()?,
                     // No index: one streaming pass over the shard builds it (in memory).
                     None => wait_plain(py, &eng, loader.build_index(i))?.py_err()?,
                 };

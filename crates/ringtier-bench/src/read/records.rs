@@ -86,9 +86,10 @@ fn indexes(
     let mut out = Vec::with_capacity(shards.len());
     for (i, s) in shards.iter().enumerate() {
         let path = index_path(dir, s);
-        let idx = match std::fs::read_to_string(&path) {
-            Ok(text) => RecordIndex::parse(&text, &path.display().to_string(), s.size)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        // Bounded by the shard's size before it is read.
+        let idx = match RecordIndex::load(&path, s.size) {
+            Ok(idx) => idx,
+            Err(e) if e.kind() == ringtier_core::ErrorKind::NotFound => {
                 let idx = rt.block_on(loader.build_index(i))?;
                 write_index(&path, &idx)?;
                 idx

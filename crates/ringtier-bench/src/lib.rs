@@ -7,7 +7,7 @@
 //! typed JSON reports with a schema version, tables, SVG plots, the tokio runtime, and the
 //! baselines' helper scripts (built in, written to the run's directory). Each experiment is a
 //! module that says only what it measures. The `ringtier` binary dispatches here:
-//! [`bench`], [`paper`], [`demo`], [`gen`] and [`index`].
+//! [`bench()`], [`paper`], [`demo`], [`gen`] and [`index`].
 
 #![forbid(unsafe_code)]
 

@@ -6,7 +6,7 @@
 //!
 //! A materialized sample is `size` x `size` RGB `u8` (HWC), stored under
 //! `materialized/v1-<size>-<fingerprint>/<index>.rgb`; the fingerprint hashes every sample's
-//! key, size and CRC-32C (the manifest) with the stored size and the decoder's version, so a
+//! key, size and CRC-32C (the manifest) with the stored size and the decoder's name, so a
 //! changed dataset or size never reads stale samples: it simply misses and materializes again.
 //! A sample missing (or of the wrong size) is decoded from its JPEG and written in the
 //! background while the epoch goes on; writes are staged and renamed by the tier, so a crash
@@ -60,7 +60,7 @@ impl std::fmt::Debug for Materialize {
 }
 
 /// The key prefix of `dataset` materialized at `size`: changes with any sample's key, size or
-/// checksum, the size, and the format version.
+/// checksum, the size, the JPEG decoder, and the format version.
 pub fn materialized_prefix(dataset: &Dataset, size: u32) -> String {
     // FNV-1a, 64 bits: stable across builds and platforms (the key is stored on disk).
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -70,7 +70,11 @@ pub fn materialized_prefix(dataset: &Dataset, size: u32) -> String {
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
     };
-    eat(b"ringtier-materialized-v1 libjpeg-turbo+fir bilinear dct");
+    // The decoder is part of the key: libjpeg-turbo and zune-jpeg differ by a few levels.
+    // (With libjpeg-turbo these are the bytes the format has always hashed.)
+    eat(b"ringtier-materialized-v1 ");
+    eat(ringtier_decode::JPEG_DECODER.as_bytes());
+    eat(b"+fir bilinear dct");
     eat(&size.to_le_bytes());
     for s in dataset.samples() {
         eat(s.key.as_bytes());

@@ -17,13 +17,15 @@
 //! and prefetches the others in access order within [`CacheConfig::prefetch_bytes`].
 
 mod state;
+mod stats;
 mod tier;
 
 use std::path::PathBuf;
 
 use ringtier_core::error::{Error, ErrorKind, Result};
 
-pub use tier::{CacheStats, CachedTier};
+pub use stats::CacheStats;
+pub use tier::CachedTier;
 
 /// Which objects a [`CachedTier`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

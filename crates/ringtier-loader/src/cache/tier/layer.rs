@@ -1,0 +1,114 @@
+//! [`CachedTier`] as a [`Tier`]: reads served from a level or the backing tier, writes and
+//! deletes passed through with the cached copy dropped.
+
+use super::*;
+
+#[async_trait]
+impl Tier for CachedTier {
+    fn name(&self) -> &str {
+        self.inner.backing.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.backing.capabilities()
+    }
+
+    async fn stat(&self, key: &str) -> Result<ObjectMeta> {
+        self.inner.backing.stat(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        self.inner.backing.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.invalidate(key);
+        self.inner.backing.delete(key).await
+    }
+
+    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
+        self.inner.backing.lock(name).await
+    }
+
+    async fn space(&self) -> Result<Option<Space>> {
+        self.inner.backing.space().await
+    }
+
+    fn buffer_pool(&self) -> Option<BufferPool> {
+        self.inner.backing.buffer_pool()
+    }
+
+    async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
+        if let Err(e) = ringtier_core::key::validate_key(key) {
+            return (Err(e.with_operation(Operation::Read)), buf);
+        }
+        let buf = match self.inner.read_cached(key, offset, len, buf).await {
+            Ok(done) => return done,
+            Err(buf) => buf,
+        };
+        let (res, buf) = self.inner.backing.read_at(key, offset, len, buf).await;
+        if res.is_ok() {
+            let (id, _) = self.inner.id_of(key);
+            self.inner.after_miss(key, id, offset, len, Some(buf.as_slice())).await;
+        }
+        (res, buf)
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
+        self.invalidate(key);
+        self.inner.backing.create(key).await
+    }
+
+    async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
+        // Cached objects first; the rest go to the slow tier as one batch (its own batch path).
+        let mut misses = ReadBatch::new();
+        let mut missed = Vec::new();
+        let (keys, entries) = batch.parts_mut();
+        for (i, e) in entries.iter_mut().enumerate() {
+            if e.is_done() {
+                continue;
+            }
+            let Some(buf) = e.take_buf() else { continue };
+            let key = e.key(keys);
+            match self.inner.read_cached(key, e.offset(), e.len(), buf).await {
+                Ok((res, buf)) => e.finish(res, buf),
+                Err(buf) => {
+                    misses.push(key, e.offset(), e.len(), buf);
+                    missed.push(i);
+                }
+            }
+        }
+        if missed.is_empty() {
+            return batch;
+        }
+        let mut misses = self.inner.backing.read_batch(misses).await;
+        let mut done = Vec::with_capacity(missed.len());
+        for (key, offset, res, buf) in misses.drain() {
+            done.push((key.to_string(), offset, res, buf));
+        }
+        let (_, entries) = batch.parts_mut();
+        for (i, (key, offset, res, buf)) in missed.into_iter().zip(done) {
+            let e = &mut entries[i];
+            if let (Ok(_), Some(b)) = (&res, &buf) {
+                let (id, _) = self.inner.id_of(&key);
+                self.inner.after_miss(&key, id, offset, e.len(), Some(b.as_slice())).await;
+            }
+            match buf {
+                Some(b) => e.finish(res, b),
+                None => e.set_result(res),
+            }
+        }
+        batch
+    }
+}
+
+impl CachedTier {
+    /// Drops the cached copy of `key` (it is being rewritten or deleted on the slow tier).
+    fn invalidate(&self, key: &str) {
+        let id = self.inner.keys.read().unwrap_or_else(|p| p.into_inner()).ids.get(key).copied();
+        if let Some(id) = id {
+            let victim = self.inner.lock().evict(id);
+            self.inner.drop_files(victim.into_iter().collect());
+        }
+    }
+}

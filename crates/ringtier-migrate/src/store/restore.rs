@@ -365,8 +365,10 @@ impl RestoreSink for VecSink {
         let cap = usize::try_from(part.size).map_err(|_| {
             Error::new(ErrorKind::InvalidInput, format!("part {:?} is too large for memory", part.name))
         })?;
+        // Reserved up to what the manifest says, but at most 64 MiB ahead of the bytes that
+        // arrive: a manifest that claims more than its part holds never allocates it.
         let mut v = Vec::new();
-        v.try_reserve_exact(cap).map_err(|e| {
+        v.try_reserve_exact(cap.min(64 << 20)).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidInput,
                 format!("part {:?} ({cap} bytes) does not fit in memory: {e}", part.name),

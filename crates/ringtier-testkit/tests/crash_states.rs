@@ -54,20 +54,32 @@ fn run(engine: Engine, steps: u64, scale: usize, cfg: &ExploreConfig) -> Explora
     e
 }
 
-#[test]
-fn no_crash_state_breaks_an_invariant_posix() {
+/// Explores the workload on `engine`: the short run, or with `RINGTIER_CRASH_STATES` set the
+/// long one (four steps, parts six times larger, every point, 200 random subsets per point).
+fn explore_clean(engine: Engine) -> Exploration {
     let scratch = scratch();
     let mut cfg = ExploreConfig::new(scratch.path());
     let long = env_u64("RINGTIER_CRASH_STATES");
-    if let Some(n) = long {
-        cfg.randoms = 200;
-        cfg.max_states = Some(n / 2);
-    } else {
-        cfg.randoms = 2;
-        cfg.stride = 3;
-    }
-    let e = run(Engine::Posix, if long.is_some() { 4 } else { 2 }, if long.is_some() { 6 } else { 1 }, &cfg);
+    let (steps, scale) = match long {
+        Some(n) => {
+            cfg.randoms = 200;
+            cfg.max_states = Some(n / 2);
+            (4, 6)
+        }
+        None => {
+            cfg.randoms = 2;
+            cfg.stride = 3;
+            (2, 1)
+        }
+    };
+    let e = run(engine, steps, scale, &cfg);
     assert!(e.failures.is_empty(), "{} failures, first: {:?}", e.failures.len(), e.failures.first());
+    e
+}
+
+#[test]
+fn no_crash_state_breaks_an_invariant_posix() {
+    let e = explore_clean(Engine::Posix);
     for m in [Model::Ext4Ordered, Model::WeakPosix] {
         assert!(e.checked.get(&m).copied().unwrap_or(0) > 0, "{} explored nothing", m.name());
     }
@@ -75,18 +87,7 @@ fn no_crash_state_breaks_an_invariant_posix() {
 
 #[test]
 fn no_crash_state_breaks_an_invariant_uring() {
-    let scratch = scratch();
-    let mut cfg = ExploreConfig::new(scratch.path());
-    let long = env_u64("RINGTIER_CRASH_STATES");
-    if let Some(n) = long {
-        cfg.randoms = 200;
-        cfg.max_states = Some(n / 2);
-    } else {
-        cfg.randoms = 2;
-        cfg.stride = 3;
-    }
-    let e = run(Engine::Uring, if long.is_some() { 4 } else { 2 }, if long.is_some() { 6 } else { 1 }, &cfg);
-    assert!(e.failures.is_empty(), "{} failures, first: {:?}", e.failures.len(), e.failures.first());
+    let e = explore_clean(Engine::Uring);
     // The io_uring tier writes with O_DIRECT on ext4: the device-cache model has states of its
     // own there.
     assert!(e.checked.get(&Model::DeviceCache).copied().unwrap_or(0) > 0, "{:?}", e.checked);

@@ -254,7 +254,7 @@ def test_a_bad_newest_step_is_skipped_quarantined_and_deleted(tiers):
     with ringtier.CheckpointStore(tiers, keep_last=5) as store:
         store.drain()
         q = store.quarantined()
-        assert [c["step"] for c in q] == [3] and "does not match its manifest" in q[0]["reason"]
+        assert [c["step"] for c in q] == [3] and "checksum mismatch" in q[0]["reason"]
         assert [c["step"] for c in store.list()] == [1, 2]
         with pytest.raises(ringtier.RingtierError, match="quarantined"):
             store.save(3, {"x": torch.zeros(1)})

@@ -4,6 +4,8 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 __version__: str
+# The JPEG decoder this build uses: "zune-jpeg" (default) or "libjpeg-turbo" (feature turbojpeg).
+JPEG_DECODER: str
 
 _Buffer = Any  # an object exporting the buffer protocol (bytes, numpy array, memoryview)
 

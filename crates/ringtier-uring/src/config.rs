@@ -121,6 +121,15 @@ pub struct UringConfig {
     pub max_read_bytes: u32,
     /// How writes to files without O_DIRECT are issued. Default [`BufferedWrites::Threads`].
     pub buffered_writes: BufferedWrites,
+    /// `IORING_SETUP_COOP_TASKRUN` (with `TASKRUN_FLAG`, Linux 5.19): completions are not
+    /// forced on the driver thread with an interrupt; they run at its next transition into the
+    /// kernel, which the driver makes anyway to submit and wait. Default false. Not with SQPOLL.
+    pub coop_taskrun: bool,
+    /// `IORING_SETUP_DEFER_TASKRUN` with `SINGLE_ISSUER` (and `TASKRUN_FLAG`, Linux 6.1):
+    /// completion work waits until the ring's one submitter asks for completions. Each ring has
+    /// exactly one driver thread that submits, registers and reaps, so the requirement holds;
+    /// the ring is created disabled and enabled on that thread. Default false. Not with SQPOLL.
+    pub defer_taskrun: bool,
 }
 
 impl UringConfig {
@@ -177,6 +186,34 @@ impl UringConfig {
         self.buffered_writes = buffered_writes;
         self
     }
+
+    /// Sets [`UringConfig::coop_taskrun`].
+    pub fn with_coop_taskrun(mut self, coop_taskrun: bool) -> Self {
+        self.coop_taskrun = coop_taskrun;
+        self
+    }
+
+    /// Sets [`UringConfig::defer_taskrun`].
+    pub fn with_defer_taskrun(mut self, defer_taskrun: bool) -> Self {
+        self.defer_taskrun = defer_taskrun;
+        self
+    }
+
+    /// Checks combinations the kernel refuses, with a message naming the knobs: SQPOLL's
+    /// kernel thread runs the completions itself, so COOP_TASKRUN and DEFER_TASKRUN make no
+    /// sense with it (`io_uring_setup` fails with EINVAL).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sqpoll_idle_ms.is_some() && (self.coop_taskrun || self.defer_taskrun) {
+            return Err(format!(
+                "SQPOLL cannot be combined with {} (the kernel refuses the ring: its polling thread runs completions itself)",
+                if self.defer_taskrun { "DEFER_TASKRUN" } else { "COOP_TASKRUN" }
+            ));
+        }
+        if self.queue_depth == 0 || self.rings == 0 {
+            return Err("queue_depth and rings must be at least 1".to_string());
+        }
+        Ok(())
+    }
 }
 
 impl Default for UringConfig {
@@ -191,6 +228,8 @@ impl Default for UringConfig {
             metadata_threads: 2,
             max_read_bytes: 0,
             buffered_writes: BufferedWrites::Threads,
+            coop_taskrun: false,
+            defer_taskrun: false,
         }
     }
 }

@@ -257,6 +257,7 @@ impl UringTier {
                 Error::new(ErrorKind::InvalidInput, "rings and queue_depth must be at least 1").with_tier(&name)
             );
         }
+        config.validate().map_err(|why| Error::new(ErrorKind::InvalidInput, why).with_tier(&name))?;
         let root = Arc::new(
             FsRoot::open(root.as_ref(), options.create_root)
                 .map_err(|e| e.with_tier(&name))?

@@ -68,6 +68,22 @@ mod ext4_sqpoll {
     ringtier_testkit::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_sqpoll_idle_ms(10)));
 }
 
+/// COOP_TASKRUN: completions run at the driver's next entry into the kernel.
+mod ext4_coop_taskrun {
+    use super::*;
+    ringtier_testkit::conformance_tests!(|| fixture(ext4(), UringConfig::default().with_coop_taskrun(true)));
+}
+
+/// DEFER_TASKRUN + SINGLE_ISSUER, two rings, registered files: every ring is submitted to,
+/// registered on and reaped by its own driver thread only (the kernel enforces it: EEXIST).
+mod ext4_defer_taskrun_fixed_files {
+    use super::*;
+    ringtier_testkit::conformance_tests!(|| fixture(
+        ext4(),
+        UringConfig::default().with_defer_taskrun(true).with_rings(2).with_register_files(true)
+    ));
+}
+
 /// Links inside an io_uring tier's root are refused and named, and nothing outside changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_confinement() {

@@ -22,8 +22,9 @@ pub(crate) fn spawn(
     pool: Option<BufferPool>,
     shared: Arc<Shared>,
 ) -> Result<DriverHandle> {
+    let tier_name = shared.name.clone();
     let setup = |e: io::Error, what: &str| {
-        Error::from(e).with_operation(Operation::Setup).with_tier(&shared.name).with_key(what.to_string())
+        Error::from(e).with_operation(Operation::Setup).with_tier(&tier_name).with_key(what.to_string())
     };
     let depth = config.queue_depth.max(1);
     let entries = (depth + 2).next_power_of_two() * 2;
@@ -31,7 +32,26 @@ pub(crate) fn spawn(
     if let Some(idle) = config.sqpoll_idle_ms {
         builder.setup_sqpoll(idle);
     }
-    let ring = builder.build(entries).map_err(|e| setup(e, "io_uring_setup"))?;
+    // TASKRUN_FLAG: the kernel marks pending completion work in the SQ ring flags, so that a
+    // submit without waiting still enters with GETEVENTS and runs it (io-uring's
+    // `submit_and_wait` checks the flag).
+    if config.coop_taskrun {
+        builder.setup_coop_taskrun().setup_taskrun_flag();
+    }
+    if config.defer_taskrun {
+        // SINGLE_ISSUER binds the ring to the task that creates it, unless it is created
+        // disabled: then to the task that enables it, the driver thread (see `Driver::run`),
+        // which is the only one that ever submits, registers or reaps.
+        builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag().setup_r_disabled();
+    }
+    let ring = builder.build(entries).map_err(|e| {
+        let what = match (config.coop_taskrun, config.defer_taskrun) {
+            (_, true) => "io_uring_setup (DEFER_TASKRUN + SINGLE_ISSUER, Linux 6.1)",
+            (true, false) => "io_uring_setup (COOP_TASKRUN, Linux 5.19)",
+            _ => "io_uring_setup",
+        };
+        setup(e, what)
+    })?;
 
     // SAFETY: eventfd takes no pointers.
     let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -118,11 +138,33 @@ pub(crate) fn spawn(
         submits,
         sqes,
     };
+    let enable = config.defer_taskrun;
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<io::Result<()>>(1);
     let thread = std::thread::Builder::new()
         .name(format!("ringtier-uring-{index}"))
-        .spawn(move || driver.run())
+        .spawn(move || {
+            // A disabled ring (DEFER_TASKRUN) becomes this thread's: enabled here, so that
+            // SINGLE_ISSUER names the driver thread as the ring's one submitter.
+            let enabled = if enable { driver.ring.submitter().register_enable_rings() } else { Ok(()) };
+            let ok = enabled.is_ok();
+            let _ = ready_tx.send(enabled);
+            if ok {
+                driver.run();
+            }
+        })
         .map_err(|e| Error::from(e).with_operation(Operation::Setup))?;
-    Ok(DriverHandle { tx: Some(tx), wake: wake_fd, parked, thread: Some(thread) })
+    let mut handle = DriverHandle { tx: Some(tx), wake: wake_fd, parked, thread: Some(thread) };
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => {
+            handle.stop();
+            Err(setup(e, "IORING_REGISTER_ENABLE_RINGS"))
+        }
+        Err(_) => {
+            handle.stop();
+            Err(setup(io::Error::other("the driver thread ended during set-up"), "driver thread"))
+        }
+    }
 }
 
 /// `IORING_REGISTER_FILE_ALLOC_RANGE`: the kernel allocates direct descriptors only from

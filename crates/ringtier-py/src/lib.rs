@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 mod buffer;
+mod cache;
 mod engine;
 mod errors;
 mod loader;
+mod materialize;
 mod metrics;
 mod records;
 mod store;
@@ -17,6 +19,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Epoch>()?;
     m.add_class::<loader::Batch>()?;
     m.add_class::<loader::Sample>()?;
+    m.add_class::<cache::Cache>()?;
     m.add_class::<records::RecordLoader>()?;
     m.add_class::<records::RecordEpoch>()?;
     m.add_class::<records::Record>()?;

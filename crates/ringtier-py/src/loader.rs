@@ -128,7 +128,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
         drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="uring", hold=None,
-        keys=None))]
+        keys=None, cache=None, materialize=None, materialize_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -147,8 +147,11 @@ impl Loader {
         engine: &str,
         hold: Option<usize>,
         keys: Option<Vec<String>>,
+        cache: Option<&Bound<'_, PyAny>>,
+        materialize: Option<PathBuf>,
+        materialize_size: Option<u32>,
     ) -> PyResult<Self> {
-        let cfg = loader_config(
+        let mut cfg = loader_config(
             batch_size,
             prefetch,
             shuffle,
@@ -161,6 +164,14 @@ impl Loader {
             verify,
             on_bad,
         )?;
+        // The cache in front of the dataset and the split point (src/cache.rs, src/materialize.rs).
+        if let Some(c) = cache {
+            cfg = cfg.with_cache(crate::cache::cache_config(c)?);
+        }
+        if let Some(m) = &materialize {
+            let m = crate::materialize::materialize(m, materialize_size, cfg.decode.as_ref(), engine)?;
+            cfg = cfg.with_materialize(m);
+        }
         let dir = dataset_dir(&path)?;
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
@@ -177,7 +188,8 @@ impl Loader {
         if dataset.is_empty() {
             return Err(errors::invalid(format!("no samples in {}", dir.display())));
         }
-        let mut pool_cfg = ringtier_loader::Loader::pool_config(dataset.max_size(), alignment, &cfg);
+        let largest = cfg.materialize.as_ref().map_or(dataset.max_size(), |m| dataset.max_size().max(m.sample_bytes()));
+        let mut pool_cfg = ringtier_loader::Loader::pool_config(largest, alignment, &cfg);
         pool_cfg = pool_cfg.with_count(pool_cfg.count + hold.unwrap_or(batch_size));
         let pool = if engine == "uring" { Some(BufferPool::new(pool_cfg).py_err()?) } else { None };
         let tier = open_tier(&dir, engine, pool, false, true)?;
@@ -236,6 +248,14 @@ impl Loader {
     #[getter]
     fn pool_bytes(&self) -> PyResult<usize> {
         Ok(self.state.get()?.loader.pool_bytes())
+    }
+
+    /// The cache's totals (hits, misses, prefetches, per level), or None without `cache=`.
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.state.get()?.loader.cache() {
+            Some(c) => Ok(Some(crate::cache::stats_dict(py, &c.stats())?)),
+            None => Ok(None),
+        }
     }
 
     /// Raw samples Python holds now.

@@ -27,6 +27,7 @@ from typing import Iterable, Optional, Sequence
 from . import errors
 from ._ringtier import (
     Batch,
+    Cache,
     Epoch,
     Loader,
     PartBuffer,
@@ -82,6 +83,7 @@ class Dataset:
 __all__ = [
     "Batch",
     "BusyError",
+    "Cache",
     "CheckpointStore",
     "ClosedError",
     "CorruptError",

@@ -78,6 +78,12 @@ class Loader:
     ``engine`` ``"uring"`` or ``"posix"``; ``hold`` samples Python may keep beyond the
     loader's pipeline (default ``batch_size``); ``keys`` to read only those files.
 
+    ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the dataset's tier.
+    ``materialize``: a directory (created when missing) where the first epoch stores each
+    decoded, resized image (``materialize_size`` pixels square; default the decoded size, or at
+    least 256 when the chain has a random step; never below it) and later epochs read it back,
+    running only the random steps (needs ``decode``).
+
     Raises :class:`ringtier.PoolExhaustedError` (not a hang) when Python holds so many samples
     that no buffer is left for the next batch."""
 
@@ -99,7 +105,15 @@ class Loader:
         engine: str = "uring",
         hold: Optional[int] = None,
         keys: Optional[Sequence[str]] = None,
+        cache: Optional[Union["Cache", Dict[str, Any]]] = None,
+        materialize: Optional[Union[str, "os.PathLike[str]"]] = None,
+        materialize_size: Optional[int] = None,
     ) -> None: ...
+    def cache_stats(self) -> Optional[Dict[str, Any]]:
+        """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,
+        late_prefetches, hit_bytes, miss_bytes, prefetched, prefetched_bytes, unused_evicted,
+        evictions, hit_ratio, and per level (fastest first) name, capacity_bytes, used_bytes,
+        reuse_hits, prefetch_hits."""
     def epoch(self, epoch: int = 0, position: int = 0) -> Epoch:
         """The batches of ``epoch``, from ``position`` (samples already consumed) on."""
     def keys(self) -> List[str]:
@@ -113,6 +127,45 @@ class Loader:
         """Raw samples Python holds now."""
     def __len__(self) -> int:
         """Samples this rank reads per epoch."""
+
+class Cache:
+    """The settings of a loader's read-through cache (docs/CACHE.md), checked when made.
+
+    ``capacity`` bytes in ``medium`` (``"memory"``, or a directory, created when missing and
+    written by this cache only), or ``levels``, fastest first (``[("memory", BYTES), (DIR,
+    BYTES)]``). ``policy``: ``"lru"``, ``"static"`` (filled once, never evicted),
+    ``"clairvoyant"`` (placement by this rank's reads over the next ``lookahead_epochs`` epochs,
+    from the seed, plus a prefetcher of ``prefetch_depth`` samples in flight into
+    ``prefetch_bytes`` of the first level, default a quarter), or ``"none"``. Objects larger
+    than the read that missed are fetched in ranges of ``range_bytes``. Bad settings raise
+    :class:`ringtier.InvalidInputError`."""
+
+    def __init__(
+        self,
+        capacity: Optional[int] = None,
+        *,
+        policy: str = "lru",
+        medium: Union[str, "os.PathLike[str]"] = "memory",
+        levels: Optional[Sequence[Tuple[Union[str, "os.PathLike[str]"], int]]] = None,
+        lookahead_epochs: int = 3,
+        prefetch_bytes: Optional[int] = None,
+        prefetch_depth: int = 128,
+        range_bytes: int = 8 << 20,
+    ) -> None: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def levels(self) -> List[Tuple[str, int]]:
+        """``("memory", bytes)`` or ``(directory, bytes)``, fastest first."""
+    @property
+    def capacity_bytes(self) -> int: ...
+    @property
+    def lookahead_epochs(self) -> int: ...
+    @property
+    def prefetch_bytes(self) -> int:
+        """The clairvoyant prefetcher's budget in bytes."""
+    @property
+    def prefetch_depth(self) -> int: ...
 
 class RecordField:
     """One field of a record: a WebDataset member's data (``name`` its extension, ``jpg``,

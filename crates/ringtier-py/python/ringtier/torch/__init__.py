@@ -30,8 +30,9 @@ from .._types import PathLike
 from ..checkpoint import _step
 from ._world import rank_world as _rank_world
 from .checkpoint import CheckpointStore, SaveFuture
+from ._packed import PackedBatch
 from .data import IterableDataset, _to_tensor
 from .distributed import DistributedCheckpointStore, DistributedSaveFuture
 from .records import RecordDataset
 
-__all__ = ["IterableDataset", "DistributedCheckpointStore", "DistributedSaveFuture", "RecordDataset"]
+__all__ = ["IterableDataset", "PackedBatch", "DistributedCheckpointStore", "DistributedSaveFuture", "RecordDataset"]

@@ -19,6 +19,7 @@ from torch.utils.data import get_worker_info
 from .._ringtier import Loader
 from .._types import PathLike
 from ..errors import NotFoundError
+from ._packed import PackedBatch, WarnOnce
 from ._world import rank_world
 
 
@@ -41,6 +42,23 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     resumes the first epoch after that many of this shard's samples.
 
     Pinned memory for ``.cuda(non_blocking=True)``: ``DataLoader(..., pin_memory=True)``.
+
+    ``transform``: a :class:`ringtier.transforms.Compose` (or torchvision transforms it
+    compiles): the dataset yields ``(n, 3, S, S)`` image tensors per batch (``(keys, images)``
+    with ``with_keys``), JPEGs decoded and transformed in Rust threads (this process's cores,
+    split over DataLoader workers), in pinned memory when CUDA is available (``pin_memory=None``); ``decode`` must be None.
+
+    ``num_workers=0`` is the fast setting: the engine reads (and decodes) on its own threads.
+    In ``DataLoader`` workers (``num_workers > 0``, warned once) each batch of ``batch_size``
+    crosses to the main process as one :class:`PackedBatch` (one shared-memory tensor plus
+    offsets, used like the list it replaces), not one tensor per sample.
+
+    ``cache``: a :class:`ringtier.Cache` (or a dict of its arguments) in front of the dataset:
+    policy ``lru``, ``static``, ``clairvoyant`` or ``none``, a capacity in memory or in a
+    directory (docs/CACHE.md). ``materialize=DIR`` (with ``decode``): the first epoch stores
+    the decoded, resized pixels under ``DIR`` (``materialize_size`` pixels square; default the
+    decoded size, or at least 256 for a random crop), later epochs read them back and run only
+    the random steps.
     """
 
     def __init__(
@@ -61,8 +79,19 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         engine: str = "uring",
         with_keys: bool = False,
         hold: Optional[int] = None,
+        cache: Optional[Any] = None,
+        materialize: Optional[PathLike] = None,
+        materialize_size: Optional[int] = None,
+        transform: Any = None,
+        pin_memory: Optional[bool] = None,
     ) -> None:
         super().__init__()
+        # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
+        self.transform, self.pin_memory = transform, pin_memory
+        if transform is not None:
+            from .images import check_transform
+
+            hold = check_transform(transform, decode, batch_size or read_batch, hold, seed)
         self.path = os.fspath(path)
         if not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise NotFoundError(f"dataset directory {self.path} does not exist")
@@ -79,6 +108,15 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             engine=engine,
             hold=hold,
         )
+        if cache is not None:
+            self.options["cache"] = _checked_cache(cache)
+        if materialize is not None:
+            if decode is None:
+                raise ValueError("materialize= needs decode=: it stores decoded pixels")
+            self.options["materialize"] = os.fspath(materialize)
+            self.options["materialize_size"] = materialize_size
+        elif materialize_size is not None:
+            raise ValueError("materialize_size= without materialize=DIR")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
         self.rank, self.world_size = rank, world_size
@@ -86,6 +124,7 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         self.epoch = 0
         self.position = 0
         self._loader: Optional[Tuple[int, Tuple[int, int], Loader]] = None
+        self._workers_warning = WarnOnce()
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this shard on."""
@@ -110,9 +149,27 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     def __len__(self) -> int:
         """Samples of this rank per epoch (all its workers together)."""
         rank, world = rank_world(self.rank, self.world_size)
-        return len(Loader(self.path, batch_size=self.read_batch, rank=rank, world_size=world, **self.options))
+        # Counting needs neither the cache nor the materialized copy (nor their directories).
+        options = {k: v for k, v in self.options.items() if k not in ("cache", "materialize", "materialize_size")}
+        return len(Loader(self.path, batch_size=self.read_batch, rank=rank, world_size=world, **options))
+
+    def cache_stats(self) -> Optional[Dict[str, Any]]:
+        """This process's cache totals (hits, misses, prefetches, per level); None without
+        ``cache=`` or before the first iteration in this process."""
+        if self._loader is None or self._loader[0] != os.getpid():
+            return None
+        return self._loader[2].cache_stats()
 
     def __iter__(self) -> Iterator[Any]:
+        if self.transform is not None:
+            from .images import iterate_files
+
+            yield from iterate_files(self)
+            return
+        info = get_worker_info()
+        if info is not None:
+            self._workers_warning.warn()
+        packed = info is not None and self.batch_size is not None
         loader = self.loader()
         keys = loader.keys() if self.with_keys else None
         decoded = self.options.get("decode") is not None
@@ -128,6 +185,10 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
                     tensors = [frombuffer(s, dtype=uint8) for s in samples]
                 except ValueError:  # an empty sample (torch.frombuffer refuses zero bytes)
                     tensors = [_to_tensor(s) for s in samples]
+            if packed:
+                # One shared-memory tensor per batch across the worker boundary.
+                yield PackedBatch.pack(tensors, [keys[s.index] for s in samples] if keys is not None else None)
+                continue
             items: List[Any] = (
                 [(keys[s.index], t) for s, t in zip(samples, tensors)] if keys is not None else tensors
             )
@@ -137,4 +198,15 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
                 yield items
 
 
-__all__ = ["IterableDataset"]
+def _checked_cache(cache: Any) -> Any:
+    """A ``ringtier.Cache`` from ``cache=`` (a Cache, or a dict of its arguments), checked now."""
+    from .._ringtier import Cache
+
+    if isinstance(cache, Cache):
+        return cache
+    if isinstance(cache, dict):
+        return Cache(**cache)
+    raise TypeError(f"cache must be a ringtier.Cache or a dict of its arguments, not {type(cache).__name__}")
+
+
+__all__ = ["IterableDataset", "PackedBatch"]

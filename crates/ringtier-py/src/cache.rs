@@ -1,0 +1,166 @@
+//! `ringtier.Cache`: the settings of the loader's read-through cache in front of a dataset
+//! (`ringtier_loader::CacheConfig`, docs/CACHE.md), checked when they are made, and the cache's
+//! totals as a dict (`Loader.cache_stats()`).
+
+use std::path::{Path, PathBuf};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use ringtier_loader::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats};
+
+use crate::errors::{self, IntoPy};
+
+/// The `medium` that means process memory.
+const MEMORY: &str = "memory";
+
+/// One level as Python gives it: `"memory"` or a directory.
+fn level(medium: &Path, capacity: u64) -> CacheLevel {
+    if medium == Path::new(MEMORY) {
+        CacheLevel::memory(capacity)
+    } else {
+        CacheLevel::dir(medium, capacity)
+    }
+}
+
+/// The settings of a loader's cache (see the stub for the Python documentation).
+#[pyclass(module = "ringtier._ringtier", name = "Cache", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct Cache {
+    pub(crate) cfg: CacheConfig,
+}
+
+#[pymethods]
+impl Cache {
+    #[new]
+    #[pyo3(signature = (capacity=None, *, policy="lru", medium=PathBuf::from(MEMORY), levels=None,
+        lookahead_epochs=3, prefetch_bytes=None, prefetch_depth=128, range_bytes=8 << 20))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        capacity: Option<u64>,
+        policy: &str,
+        medium: PathBuf,
+        levels: Option<Vec<(PathBuf, u64)>>,
+        lookahead_epochs: u64,
+        prefetch_bytes: Option<u64>,
+        prefetch_depth: usize,
+        range_bytes: usize,
+    ) -> PyResult<Self> {
+        let policy: CachePolicy = policy.parse().py_err()?;
+        let levels = match (capacity, levels) {
+            (Some(_), Some(_)) => {
+                return Err(errors::invalid(
+                    "give the cache either capacity (with medium) or levels, not both".into(),
+                ))
+            }
+            (Some(c), None) => vec![level(&medium, c)],
+            (None, Some(ls)) => ls.iter().map(|(m, c)| level(m, *c)).collect(),
+            (None, None) if policy == CachePolicy::None => Vec::new(),
+            (None, None) => {
+                return Err(errors::invalid(format!(
+                    "a {policy} cache needs a capacity in bytes (Cache(capacity, policy=...)) or levels \
+                     ([(\"memory\", BYTES), (DIR, BYTES)])"
+                )))
+            }
+        };
+        let cfg = CacheConfig::new(policy, levels)
+            .with_lookahead_epochs(lookahead_epochs)
+            .with_prefetch_bytes(prefetch_bytes)
+            .with_prefetch_depth(prefetch_depth)
+            .with_range_bytes(range_bytes);
+        cfg.validate().py_err()?;
+        Ok(Cache { cfg })
+    }
+
+    /// `none`, `lru`, `static` or `clairvoyant`.
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.cfg.policy.as_str()
+    }
+
+    /// The levels, fastest first: `("memory", bytes)` or `(directory, bytes)`.
+    #[getter]
+    fn levels(&self) -> Vec<(String, u64)> {
+        self.cfg
+            .levels
+            .iter()
+            .map(|l| match &l.medium {
+                CacheMedium::Memory => (MEMORY.to_string(), l.capacity_bytes),
+                CacheMedium::Dir(d) => (d.display().to_string(), l.capacity_bytes),
+            })
+            .collect()
+    }
+
+    /// Bytes of every level together.
+    #[getter]
+    fn capacity_bytes(&self) -> u64 {
+        self.cfg.capacity_bytes()
+    }
+
+    /// Epochs the clairvoyant placement looks ahead.
+    #[getter]
+    fn lookahead_epochs(&self) -> u64 {
+        self.cfg.lookahead_epochs
+    }
+
+    /// Bytes of the first level the clairvoyant prefetcher may fill.
+    #[getter]
+    fn prefetch_bytes(&self) -> u64 {
+        self.cfg.prefetch_budget()
+    }
+
+    /// Samples the clairvoyant prefetcher reads at once.
+    #[getter]
+    fn prefetch_depth(&self) -> usize {
+        self.cfg.prefetch_depth
+    }
+
+    fn __repr__(&self) -> String {
+        let levels: Vec<String> = self.levels().iter().map(|(m, c)| format!("({m:?}, {c})")).collect();
+        format!("ringtier.Cache(policy={:?}, levels=[{}])", self.policy(), levels.join(", "))
+    }
+}
+
+/// The cache settings of a `cache=` argument: a `ringtier.Cache`, or a dict of its arguments.
+pub(crate) fn cache_config(obj: &Bound<'_, PyAny>) -> PyResult<CacheConfig> {
+    if let Ok(c) = obj.cast::<Cache>() {
+        return Ok(c.get().cfg.clone());
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let made = obj.py().get_type::<Cache>().call((), Some(d))?;
+        return Ok(made.cast::<Cache>()?.get().cfg.clone());
+    }
+    Err(errors::type_error(format!(
+        "cache must be a ringtier.Cache or a dict of its arguments, not {}",
+        obj.get_type().name()?
+    )))
+}
+
+/// A cache's totals as a dict: policy, hits, reuse_hits, misses, late_prefetches, hit_bytes,
+/// miss_bytes, prefetched, prefetched_bytes, unused_evicted, evictions, hit_ratio, levels.
+pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("policy", s.policy.as_str())?;
+    d.set_item("hits", s.hits())?;
+    d.set_item("reuse_hits", s.reuse_hits())?;
+    d.set_item("misses", s.misses)?;
+    d.set_item("late_prefetches", s.late_prefetches)?;
+    d.set_item("hit_bytes", s.hit_bytes)?;
+    d.set_item("miss_bytes", s.miss_bytes)?;
+    d.set_item("prefetched", s.prefetched)?;
+    d.set_item("prefetched_bytes", s.prefetched_bytes)?;
+    d.set_item("unused_evicted", s.unused_evicted)?;
+    d.set_item("evictions", s.evictions)?;
+    d.set_item("hit_ratio", s.hit_ratio())?;
+    let levels = PyList::empty(py);
+    for l in &s.levels {
+        let ld = PyDict::new(py);
+        ld.set_item("name", l.name)?;
+        ld.set_item("capacity_bytes", l.capacity_bytes)?;
+        ld.set_item("used_bytes", l.used_bytes)?;
+        ld.set_item("reuse_hits", l.reuse_hits)?;
+        ld.set_item("prefetch_hits", l.prefetch_hits)?;
+        levels.append(ld)?;
+    }
+    d.set_item("levels", levels)?;
+    Ok(d)
+}

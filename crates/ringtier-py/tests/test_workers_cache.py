@@ -1,0 +1,285 @@
+"""DataLoader workers (packed batches, the warning), the cache and materialisation from
+Python (issue 28)."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import ringtier
+import ringtier.torch as rt
+from conftest import DATA
+from ringtier.torch._packed import PackedBatch
+
+
+def jpeg_dir(root: Path, n: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        shutil.copy(DATA / "tiny.jpg", root / f"{i:03d}.jpg")
+    return root
+
+
+# ---- PackedBatch ----------------------------------------------------------------------------
+
+
+def test_packed_batch_round_trips_samples_and_pickles_as_one_tensor():
+    ts = [torch.arange(n, dtype=torch.uint8) for n in (5, 0, 3, 7)]
+    b = PackedBatch.pack(ts, keys=["a", "b", "c", "d"])
+    assert len(b) == 4 and b.offsets == [0, 5, 5, 8, 15] and b.shape is None
+    assert b.data.is_shared(), "packed in shared memory: pickling to the main process copies nothing more"
+    for (k, t), want, key in zip(b, ts, "abcd"):
+        assert k == key and torch.equal(t, want)
+    assert torch.equal(b.sample(-1), ts[-1])
+    with pytest.raises(IndexError):
+        b.sample(4)
+    with pytest.raises(ValueError, match="different lengths"):
+        b.tensor()
+    c = pickle.loads(pickle.dumps(b))
+    assert c.offsets == b.offsets and torch.equal(c.data, b.data) and c.keys == b.keys
+
+
+def test_packed_batch_of_one_shape_is_a_batch_tensor():
+    ts = [torch.full((2, 3, 3), i, dtype=torch.uint8) for i in range(4)]
+    b = PackedBatch.pack(ts)
+    assert b.shape == (2, 3, 3)
+    t = b.tensor()
+    assert t.shape == (4, 2, 3, 3) and t.data_ptr() == b.data.data_ptr()
+    assert torch.equal(t, torch.stack(ts))
+
+
+def test_packed_batch_rejects_bad_offsets():
+    d = torch.zeros(10, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="start at 0"):
+        PackedBatch(d, [0, 4, 9])
+    with pytest.raises(ValueError, match="not decrease"):
+        PackedBatch(d, [0, 6, 4, 10])
+    with pytest.raises(TypeError, match="uint8"):
+        PackedBatch(torch.zeros(10), [0, 10])
+    with pytest.raises(ValueError, match="keys"):
+        PackedBatch(d, [0, 10], keys=["a", "b"])
+
+
+# ---- workers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_yield_packed_batches_every_sample_once(dataset, workers):
+    root, files = dataset
+    ds = rt.IterableDataset(root, batch_size=16, seed=3, with_keys=True)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        seen = collections.Counter()
+        for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+            assert isinstance(batch, PackedBatch), type(batch)
+            assert 0 < len(batch) <= 16
+            for key, t in batch:
+                assert bytes(t.numpy()) == files[key]
+                seen[key] += 1
+        assert seen == collections.Counter(list(files)), f"epoch {epoch}"
+
+
+def test_zero_workers_keep_zero_copy_lists(dataset):
+    root, _ = dataset
+    ds = rt.IterableDataset(root, batch_size=8)
+    batch = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    assert isinstance(batch, list) and all(isinstance(t, torch.Tensor) for t in batch)
+
+
+WARN_SCRIPT = """
+import sys
+from torch.utils.data import DataLoader
+import ringtier.torch as rt
+ds = rt.IterableDataset(sys.argv[1], batch_size=32)
+for epoch in range(2):  # workers are started again each epoch: still one warning
+    ds.set_epoch(epoch)
+    n = sum(len(b) for b in DataLoader(ds, batch_size=None, num_workers=int(sys.argv[2])))
+print(n)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_workers_warn_once_that_zero_workers_is_fast(dataset, workers):
+    import subprocess
+    import sys
+
+    root, files = dataset
+    r = subprocess.run([sys.executable, "-c", WARN_SCRIPT, str(root), str(workers)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(len(files))]
+    assert r.stderr.count("num_workers=0 is the fast setting") == (1 if workers else 0), r.stderr
+    if workers:
+        assert "RuntimeWarning" in r.stderr
+
+
+def test_a_copy_of_the_dataset_warns_on_its_own(dataset):
+    root, _ = dataset
+    ds = rt.IterableDataset(root, batch_size=32)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._workers_warning._flag is None
+
+
+def test_decoded_batches_cross_workers_as_one_tensor(tmp_path):
+    root = jpeg_dir(tmp_path / "jpg", 12)
+    ds = rt.IterableDataset(root, decode=16, batch_size=4)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2, pin_memory=False))
+    assert sum(len(b) for b in batches) == 12
+    for b in batches:
+        assert b.tensor().shape == (len(b), 16, 16, 3)
+
+
+def test_pin_memory_keeps_the_batch_packed(dataset):
+    root, files = dataset
+    ds = rt.IterableDataset(root, batch_size=32, with_keys=True)
+    got = {}
+    # Without CUDA, pinning is unavailable in torch; PackedBatch.pin_memory is what runs.
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        p = b.pin_memory() if torch.cuda.is_available() else b
+        assert isinstance(p, PackedBatch)
+        got.update({k: bytes(t.numpy()) for k, t in p})
+    assert got == files
+
+
+# ---- cache ----------------------------------------------------------------------------------
+
+
+def test_cache_settings_are_checked_when_made(tmp_path):
+    c = ringtier.Cache(1 << 20, policy="clairvoyant")
+    assert (c.policy, c.levels, c.capacity_bytes, c.lookahead_epochs) == ("clairvoyant", [("memory", 1 << 20)], 1 << 20, 3)
+    d = ringtier.Cache(levels=[("memory", 1 << 20), (str(tmp_path / "c"), 4 << 20)], policy="lru")
+    assert d.levels == [("memory", 1 << 20), (str(tmp_path / "c"), 4 << 20)]
+    with pytest.raises(ringtier.InvalidInputError, match="unknown cache policy"):
+        ringtier.Cache(1 << 20, policy="mru")
+    with pytest.raises(ringtier.InvalidInputError, match="capacity of 0"):
+        ringtier.Cache(0)
+    with pytest.raises(ringtier.InvalidInputError, match="needs a capacity"):
+        ringtier.Cache(policy="static")
+    with pytest.raises(ringtier.InvalidInputError, match="not both"):
+        ringtier.Cache(1 << 20, levels=[("memory", 1)])
+    with pytest.raises(ringtier.InvalidInputError, match="memory cache level must be the first"):
+        ringtier.Cache(levels=[(str(tmp_path), 1 << 20), ("memory", 1 << 20)])
+    with pytest.raises(ringtier.InvalidInputError, match="leaves no room"):
+        ringtier.Cache(1 << 20, policy="clairvoyant", prefetch_bytes=1 << 20)
+    with pytest.raises(TypeError):
+        ringtier.Cache("a lot")
+    assert ringtier.Cache(policy="none").levels == []
+
+
+@pytest.mark.parametrize("policy", ["lru", "static", "clairvoyant"])
+def test_a_cache_as_large_as_the_dataset_serves_the_second_epoch(dataset, policy):
+    root, files = dataset
+    total = sum(len(v) for v in files.values())
+    loader = ringtier.Loader(root, batch_size=32, cache=ringtier.Cache(4 * total, policy=policy))
+    for epoch in (0, 1):
+        got = {}
+        keys = loader.keys()
+        for batch in loader.epoch(epoch):
+            for s in batch:
+                got[keys[s.index]] = s.to_bytes()
+        assert got == files
+        stats = loader.cache_stats()
+        assert stats is not None and stats["policy"] == policy
+        if epoch == 0:
+            first_misses = stats["misses"]
+    # The second epoch read nothing from the dataset's tier.
+    assert stats["misses"] == first_misses, stats
+    assert stats["hits"] >= len(files), stats
+    assert stats["levels"][0]["used_bytes"] <= 4 * total
+
+
+def test_cache_in_a_directory_from_a_dict(dataset, tmp_path):
+    root, files = dataset
+    total = sum(len(v) for v in files.values())
+    cdir = tmp_path / "cache"
+    ds = rt.IterableDataset(root, batch_size=64, cache={"capacity": 2 * total, "policy": "lru", "medium": str(cdir)},
+                            with_keys=True)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = {k: bytes(t.numpy()) for batch in DataLoader(ds, batch_size=None) for k, t in batch}
+        assert got == files
+    stats = ds.cache_stats()
+    assert stats["levels"][0]["name"] == "dir" and stats["reuse_hits"] >= len(files), stats
+    assert any(cdir.iterdir()), "the directory level holds its copies under the directory"
+
+
+def test_bad_cache_arguments(dataset, tmp_path):
+    root, _ = dataset
+    with pytest.raises(TypeError, match="ringtier.Cache or a dict"):
+        ringtier.Loader(root, cache=123)
+    with pytest.raises(TypeError, match="ringtier.Cache or a dict"):
+        rt.IterableDataset(root, cache="lru")
+    with pytest.raises(ringtier.InvalidInputError, match="unknown cache policy"):
+        rt.IterableDataset(root, cache={"capacity": 1 << 20, "policy": "fifo"})
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    with pytest.raises(ringtier.RingtierError):
+        ringtier.Loader(root, cache=ringtier.Cache(1 << 20, medium=str(blocker / "under")))
+
+
+def test_cache_with_workers(dataset):
+    root, files = dataset
+    total = sum(len(v) for v in files.values())
+    ds = rt.IterableDataset(root, batch_size=16, cache=ringtier.Cache(total, policy="clairvoyant"), with_keys=True)
+    got = {k: bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for k, t in b}
+    assert got == files
+
+
+# ---- materialisation ------------------------------------------------------------------------
+
+
+def test_materialize_stores_pixels_and_later_epochs_read_them(tmp_path):
+    root = jpeg_dir(tmp_path / "jpg", 10)
+    mdir = tmp_path / "mat"
+    loader = ringtier.Loader(root, batch_size=4, decode=16, materialize=mdir)
+    first = {s.index: s.to_bytes() for b in loader.epoch(0) for s in b}
+    loader2 = ringtier.Loader(root, batch_size=4, decode=16, materialize=mdir)
+    second = {s.index: s.to_bytes() for b in loader2.epoch(1) for s in b}
+    assert first == second, "the stored pixels are the decoded ones (no random step: same bytes)"
+    stored = [p for p in mdir.rglob("*.rgb")]
+    assert len(stored) == 10 and all(p.stat().st_size == 16 * 16 * 3 for p in stored)
+    # A dataset directory that no longer has its JPEGs still reads from the stored pixels? No:
+    # the dataset lists its files; the stored copy is keyed by their sizes and checksums.
+
+
+def test_materialize_size_is_at_least_the_decoded_size(tmp_path):
+    root = jpeg_dir(tmp_path / "jpg", 3)
+    loader = ringtier.Loader(root, batch_size=3, decode=16, materialize=tmp_path / "m", materialize_size=32)
+    assert all(len(s) == 16 * 16 * 3 for b in loader.epoch(0) for s in b)
+    assert all(p.stat().st_size == 32 * 32 * 3 for p in (tmp_path / "m").rglob("*.rgb"))
+
+
+def test_bad_materialize_arguments(dataset, tmp_path):
+    root, _ = dataset
+    with pytest.raises(ringtier.InvalidInputError, match="needs decode"):
+        ringtier.Loader(root, materialize=tmp_path / "m")
+    with pytest.raises(ValueError, match="needs decode"):
+        rt.IterableDataset(root, materialize=tmp_path / "m")
+    with pytest.raises(ValueError, match="without materialize"):
+        rt.IterableDataset(root, decode=16, materialize_size=32)
+    jroot = jpeg_dir(tmp_path / "jpg", 2)
+    with pytest.raises(ringtier.InvalidInputError, match="smaller than the decoded size"):
+        ringtier.Loader(jroot, decode=32, materialize=tmp_path / "m", materialize_size=16)
+    with pytest.raises(ringtier.InvalidInputError, match="at least 1 pixel"):
+        ringtier.Loader(jroot, decode=32, materialize=tmp_path / "m", materialize_size=0)
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    with pytest.raises(ringtier.RingtierError):
+        ringtier.Loader(jroot, decode=16, materialize=blocker)
+
+
+def test_materialize_with_workers(tmp_path):
+    root = jpeg_dir(tmp_path / "jpg", 12)
+    ds = rt.IterableDataset(root, decode=16, batch_size=4, materialize=tmp_path / "m", with_keys=True)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        n = sum(len(b) for b in DataLoader(ds, batch_size=None, num_workers=2))
+        assert n == 12
+    gc.collect()
+    assert len(list((tmp_path / "m").rglob("*.rgb"))) == 12

@@ -3,29 +3,20 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::manifest::checksum;
 use ringtier_core::blocking::BlockingPool;
 use ringtier_core::buf::AlignedBuf;
 use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{BufferPool, PoolConfig};
+use ringtier_dataset::manifest::checksum;
+use ringtier_dataset::OnBadSample;
 use tokio::sync::mpsc;
 
-use crate::cache::{CacheConfig, CachedTier};
-use crate::dataset::Dataset;
 use crate::materialize::{materialized_prefix, sample_key, Materialize};
-use crate::sampler::Sampler;
+use ringtier_cache::{CacheConfig, CachedTier};
+use ringtier_dataset::Dataset;
+use ringtier_dataset::Sampler;
 use ringtier_decode::{Crop, DecodeConfig, JpegDecoder, SampleRng};
-
-/// What the loader does with a sample it cannot use (unreadable, wrong size, bad checksum,
-/// not a JPEG when decoding).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnBadSample {
-    /// Leave it out of its batch and count it.
-    Skip,
-    /// End the epoch with an error naming it.
-    Fail,
-}
 
 /// Settings of a [`Loader`].
 #[derive(Debug, Clone)]
@@ -614,11 +605,11 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
     let mut stored: Vec<Option<AlignedBuf>> = chunk.iter().map(|_| None).collect();
     let mut stored_bytes = 0u64;
     if let Some((m, prefix)) = &shared.materialized {
-        let keys: Vec<crate::dataset::Sample> = chunk
+        let keys: Vec<ringtier_dataset::Sample> = chunk
             .iter()
-            .map(|&i| crate::dataset::Sample { key: sample_key(prefix, i), size: m.sample_bytes(), crc32c: None })
+            .map(|&i| ringtier_dataset::Sample { key: sample_key(prefix, i), size: m.sample_bytes(), crc32c: None })
             .collect();
-        let refs: Vec<&crate::dataset::Sample> = keys.iter().collect();
+        let refs: Vec<&ringtier_dataset::Sample> = keys.iter().collect();
         let got =
             crate::pieces::read_whole(m.tier.as_ref(), &shared.pool, &refs, piece, shared.cfg.batch_size, &mut reserve)
                 .await;
@@ -630,7 +621,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
         }
     }
     let misses: Vec<u32> = chunk.iter().zip(&stored).filter(|(_, s)| s.is_none()).map(|(&i, _)| i).collect();
-    let wanted: Vec<&crate::dataset::Sample> = misses.iter().map(|&i| &samples[i as usize]).collect();
+    let wanted: Vec<&ringtier_dataset::Sample> = misses.iter().map(|&i| &samples[i as usize]).collect();
     // Whole samples, each read in pieces no larger than a pooled buffer.
     let read = crate::pieces::read_whole(
         shared.dataset.tier().as_ref(),

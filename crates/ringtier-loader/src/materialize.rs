@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use ringtier_core::Tier;
 
-use crate::dataset::Dataset;
+use ringtier_dataset::Dataset;
 
 /// Where and at what size the deterministic steps are stored. Set it with
 /// [`crate::LoaderConfig::with_materialize`].

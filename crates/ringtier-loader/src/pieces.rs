@@ -10,7 +10,7 @@
 use ringtier_core::buf::AlignedBuf;
 use ringtier_core::{BufferPool, ReadBatch, Tier};
 
-use crate::dataset::Sample;
+use ringtier_dataset::Sample;
 
 /// Largest read when [`crate::LoaderConfig::read_size`] is 0: samples up to this size are read
 /// with one request, larger ones in requests of this size.

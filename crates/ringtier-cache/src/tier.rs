@@ -18,8 +18,8 @@ use tokio::sync::{Notify, Semaphore};
 use super::state::{Admission, Lookup, State, Victim};
 use super::stats::{CacheStats, LevelStats};
 use super::{CacheConfig, CacheMedium, CachePolicy};
-use crate::dataset::Dataset;
-use crate::sampler::Sampler;
+use ringtier_dataset::Dataset;
+use ringtier_dataset::Sampler;
 
 mod layer;
 mod prefetch;

@@ -1,20 +1,5 @@
-//! A read-through cache in front of a slow tier, with placement policies: none, LRU, static
-//! (filled once, never evicted) and clairvoyant (placement by this rank's access frequency over
-//! the next epochs, computed from the seed, plus prefetch in access order).
-//!
-//! The cache is a [`Tier`](ringtier_core::Tier) layer, [`CachedTier`]: reads of objects it holds
-//! are served from one of its levels (memory, or files in a local fast directory), the others
-//! go to the slow tier (its own batch path, so a throttled or S3 tier behaves as without the
-//! cache) and may be admitted. Every level has a byte capacity that is never exceeded. The
-//! cache holds copies only: writes and deletes go to the slow tier (and drop the cached copy),
-//! so evicting never drops the only copy of anything. Objects are admitted whole; one larger
-//! than a read is fetched from the slow tier in ranges of [`CacheConfig::range_bytes`].
-//!
-//! The loader turns it on with [`crate::LoaderConfig::with_cache`]; the cache then knows the
-//! rank's future reads (the [`crate::Sampler`]'s order, from the shared seed, with no
-//! coordination between ranks) and, with [`CachePolicy::Clairvoyant`], places the samples this
-//! rank reads most often over [`CacheConfig::lookahead_epochs`] epochs in the fastest levels
-//! and prefetches the others in access order within [`CacheConfig::prefetch_bytes`].
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 mod state;
 mod stats;

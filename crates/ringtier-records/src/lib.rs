@@ -1,30 +1,5 @@
-//! Sharded record datasets: TFRecord and WebDataset (tar) shards, streamed in bounded memory.
-//!
-//! A shard is read front to back with large requests kept in flight through the tier's batch
-//! read (one submission per batch on the io_uring tier, O_DIRECT where the file system has
-//! it), into pooled buffers; records are parsed straight out of those buffers, each record's
-//! bytes copied once, into the record (the shuffle buffer and the prefetch queue move records,
-//! they never copy them). The reads form a sliding window: as soon as one buffer is parsed,
-//! the next request is submitted, across shard boundaries, so the device is never idle while a
-//! batch is parsed.
-//!
-//! Memory is bounded by configuration, whatever the shard and record sizes: the pool
-//! (2 x depth x read size) plus the records held, which the loader counts
-//! ([`RecordEpoch::held`]): the shuffle buffer (at most `shuffle_buffer` records and
-//! `shuffle_bytes` bytes), the prefetch queue (at most `prefetch` records and `prefetch_bytes`
-//! bytes) and the records parsed out of the one buffer being parsed (at most a read size and a
-//! record). [`RecordConfig::held_bound`] is that bound.
-//!
-//! An epoch over shards: the shards are shuffled (seeded by seed and epoch, the same on every
-//! rank) and split across ranks and workers, `(rank, worker)` taking every
-//! `world x workers`-th shard, so every record is read exactly once per epoch; records go
-//! through a seeded shuffle buffer that spans shard boundaries. A saved position (records
-//! delivered so far) resumes the epoch with exactly the remaining records.
-//!
-//! Bad input (a truncated record, a CRC mismatch, a corrupt tar header) is an error naming the
-//! shard and byte offset; with [`OnBadSample::Skip`] it is counted and the epoch goes on (the
-//! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
-//! alone).
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -48,9 +23,9 @@ use tokio::sync::{mpsc, Semaphore};
 pub use tfrecord::{masked_crc32c, write_record as write_tfrecord};
 pub use wds::{split_key, write_end as write_tar_end, write_member as write_tar_member};
 
-use crate::sampler::Sampler;
-use crate::OnBadSample;
 use queue::*;
+pub use ringtier_dataset::OnBadSample;
+use ringtier_dataset::Sampler;
 use streamed::*;
 
 /// The framing of a shard.

@@ -515,7 +515,7 @@ mod tests {
     }
 
     fn shuffled(n: u32, seed: u64) -> Vec<u32> {
-        crate::Sampler::new(n as usize, seed, 0, 1, true).expect("sampler").epoch(0)
+        ringtier_dataset::Sampler::new(n as usize, seed, 0, 1, true).expect("sampler").epoch(0)
     }
 
     #[test]
@@ -608,7 +608,7 @@ mod tests {
         let cap = (n / 10) as u64;
         let sizes = vec![1u64; n];
         for rank in 0..world {
-            let s = crate::Sampler::new(n, 5, rank, world, true).expect("sampler");
+            let s = ringtier_dataset::Sampler::new(n, 5, rank, world, true).expect("sampler");
             let epochs: Vec<Vec<u32>> = (0..3).map(|e| s.epoch(e)).collect();
             let all: Vec<u32> = epochs.concat();
             let mut st = State::new(CachePolicy::Static, vec![cap], 0);

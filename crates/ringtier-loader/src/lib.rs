@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod config;
 mod loader;
 mod materialize;
 mod pieces;
@@ -12,7 +13,8 @@ pub use ringtier_dataset::manifest;
 /// Sharded record datasets (TFRecord, WebDataset): the crate `ringtier-records`.
 pub use ringtier_records as records;
 
-pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, LoaderConfig, SampleData};
+pub use config::LoaderConfig;
+pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, SampleData};
 pub use materialize::{materialized_prefix, Materialize};
 pub use pieces::DEFAULT_MAX_READ;
 pub use ringtier_cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};

@@ -9,6 +9,7 @@ mod materialize;
 mod metrics;
 mod records;
 mod store;
+mod transforms;
 
 use pyo3::prelude::*;
 
@@ -27,6 +28,9 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::CheckpointStore>()?;
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;
+    m.add_class::<transforms::TransformPipeline>()?;
+    m.add_class::<transforms::PendingBatch>()?;
+    m.add_class::<transforms::TransformedBatch>()?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;

@@ -9,7 +9,7 @@ mod materialize;
 mod metrics;
 mod records;
 mod store;
-mod transforms;
+mod tiers;
 
 use pyo3::prelude::*;
 
@@ -28,14 +28,13 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::CheckpointStore>()?;
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;
-    m.add_class::<transforms::TransformPipeline>()?;
-    m.add_class::<transforms::PendingBatch>()?;
-    m.add_class::<transforms::TransformedBatch>()?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The JPEG decoder this build runs: "zune-jpeg", or "libjpeg-turbo" (feature turbojpeg).
     m.add("JPEG_DECODER", ringtier_loader::JPEG_DECODER)?;
+    // Whether tiers may be `s3://` URLs (feature s3, on by default).
+    m.add("HAS_S3", cfg!(feature = "s3"))?;
     Ok(())
 }

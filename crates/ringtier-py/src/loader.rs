@@ -22,9 +22,10 @@ use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::engine::{engine, wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
 
-/// The dataset directory of `path`: the directory itself, or the one holding a manifest file.
+/// The dataset directory of `path`: the directory itself, or the one holding a manifest file
+/// (an `s3://` URL as it is: checked when its tier opens).
 fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
-    if path.is_dir() {
+    if path.is_dir() || crate::tiers::s3_url(path).is_some() {
         return Ok(path.to_path_buf());
     }
     if path.is_file() && path.file_name().is_some_and(|n| n == MANIFEST_FILE) {
@@ -42,7 +43,7 @@ fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
 
 /// One engine's tier over `dir`, reading into `pool` where given. A dataset (`dataset`
 /// true) is read-only and read through the links it holds; a store's directory never follows
-/// a link (docs/SECURITY.md).
+/// a link (docs/SECURITY.md). An `s3://` URL opens the S3 tier (`tiers.rs`).
 pub(crate) fn open_tier(
     dir: &Path,
     engine_name: &str,
@@ -50,6 +51,10 @@ pub(crate) fn open_tier(
     create: bool,
     dataset: bool,
 ) -> PyResult<Arc<dyn Tier>> {
+    if let Some(url) = crate::tiers::s3_url(dir) {
+        let usage = if dataset { crate::tiers::S3Use::Dataset { depth: 64 } } else { crate::tiers::S3Use::Store };
+        return crate::tiers::open_s3(url, usage);
+    }
     match engine_name {
         "uring" => {
             let options =

@@ -32,8 +32,12 @@ const FETCH_BYTES: u64 = 1 << 20;
 /// both ends of a record's read).
 const GLOBAL_SLACK: usize = 8192;
 
-/// The tier over a directory of shards, links followed.
+/// The tier over a directory of shards, links followed; an `s3://` URL's S3 tier, `depth`
+/// range GETs in flight.
 fn shard_tier(dir: &Path, engine: &str, depth: usize) -> PyResult<Arc<dyn Tier>> {
+    if let Some(url) = crate::tiers::s3_url(dir) {
+        return crate::tiers::open_s3(url, crate::tiers::S3Use::Dataset { depth });
+    }
     match engine {
         "uring" => {
             let options = UringTierOptions::default().with_name("records".to_string()).with_follow_links(true);
@@ -131,7 +135,7 @@ impl RecordLoader {
         if world_size == 0 || rank >= world_size {
             return Err(errors::invalid(format!("rank {rank} is not below world_size {world_size}")));
         }
-        if !path.is_dir() {
+        if !path.is_dir() && crate::tiers::s3_url(&path).is_none() {
             let why = if path.exists() { "is not a directory" } else { "does not exist" };
             return Err(errors::to_py(Error::new(
                 ErrorKind::NotFound,

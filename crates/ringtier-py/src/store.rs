@@ -227,7 +227,7 @@ impl CheckpointStore {
         };
         let names: Vec<String> = tiers.iter().map(|p| p.display().to_string()).collect();
         for dir in &tiers {
-            if !create && !dir.is_dir() {
+            if !create && !dir.is_dir() && crate::tiers::s3_url(dir).is_none() {
                 return Err(errors::to_py(ringtier_core::Error::new(
                     ringtier_core::ErrorKind::NotFound,
                     format!(

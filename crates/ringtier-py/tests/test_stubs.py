@@ -254,7 +254,7 @@ def test_the_check_sees_every_class_and_function():
     classes, functions, attributes = read_stub(STUB.read_text())
     assert {"Loader", "Sample", "RecordLoader", "Record", "RecordField", "CheckpointStore", "PartBuffer"} <= set(classes)
     assert {"serve_metrics", "metrics_text", "_engine_pid"} <= set(functions)
-    assert attributes == {"__version__", "JPEG_DECODER"}
+    assert attributes == {"__version__", "JPEG_DECODER", "HAS_S3"}
     assert runtime_signature(ext.Loader, bound=False) is not None, "the module states no signatures to compare"
     assert exports_buffer(ext.Sample) and not exports_buffer(ext.Loader)
 

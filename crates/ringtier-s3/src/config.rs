@@ -204,8 +204,10 @@ impl S3Config {
 
     /// Parses `s3://bucket/prefix` (the prefix may be empty: `s3://bucket`), with optional
     /// settings after `?`, `&`-separated: `endpoint=URL`, `region=R`, `part_size=BYTES`,
-    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=checksums|readback|off` (`1`, `0`), `unsigned_payload=0|1`, `lease_timeout=SECONDS` (credentials
-    /// come from the environment only, never from a URL). For example
+    /// `upload_concurrency=N`, `read_concurrency=N`, `verify=checksums|readback|off` (`1`, `0`),
+    /// `unsigned_payload=0|1`, `lease_timeout=SECONDS`, `retry_deadline=SECONDS`,
+    /// `request_timeout=SECONDS`, `connect_timeout=SECONDS`, `io_threads=N` (seconds may have a
+    /// fraction; credentials come from the environment only, never from a URL). For example
     /// `s3://ckpt/run1?endpoint=http://127.0.0.1:9000&region=us-east-1`.
     pub fn from_url(url: &str) -> Result<Self> {
         let bad = |m: String| Error::new(ErrorKind::InvalidInput, m);
@@ -225,6 +227,11 @@ impl S3Config {
         for kv in query.split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| bad(format!("{url:?}: setting {kv:?} is not KEY=VALUE")))?;
             let num = |v: &str| v.parse::<usize>().map_err(|_| bad(format!("{url:?}: {k}={v:?} is not a number")));
+            // Seconds, a fraction allowed, at most a day (a typo never waits for years).
+            let secs = |v: &str| match v.parse::<f64>() {
+                Ok(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+                _ => Err(bad(format!("{url:?}: {k}={v:?} is not a number of seconds (0 to 86400)"))),
+            };
             match k {
                 "endpoint" => cfg.endpoint = Some(v.to_string()),
                 "region" => cfg.region = Some(v.to_string()),
@@ -232,15 +239,20 @@ impl S3Config {
                 "upload_concurrency" => cfg.upload_concurrency = num(v)?,
                 "read_concurrency" => cfg.read_concurrency = num(v)?,
                 "verify" => {
-                    cfg.verify = UploadVerify::parse(v).ok_or_else(|| {
-                        bad(format!("{url:?}: verify={v:?} is not one of checksums, readback, off"))
-                    })?
+                    cfg.verify = UploadVerify::parse(v)
+                        .ok_or_else(|| bad(format!("{url:?}: verify={v:?} is not one of checksums, readback, off")))?
                 }
                 "unsigned_payload" => cfg.unsigned_payload = Some(v != "0"),
                 "lease_timeout" => cfg.lease_timeout = Duration::from_secs(num(v)? as u64),
+                "retry_deadline" => cfg.retry_deadline = secs(v)?,
+                "request_timeout" => cfg.request_timeout = secs(v)?,
+                "connect_timeout" => cfg.connect_timeout = secs(v)?,
+                "io_threads" => cfg.io_threads = num(v)?,
                 _ => {
                     return Err(bad(format!(
-                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, read_concurrency, verify, unsigned_payload, lease_timeout)"
+                        "{url:?}: unknown setting {k:?} (endpoint, region, part_size, upload_concurrency, \
+                         read_concurrency, verify, unsigned_payload, lease_timeout, retry_deadline, request_timeout, \
+                         connect_timeout, io_threads)"
                     )))
                 }
             }
@@ -441,6 +453,12 @@ mod tests {
         assert_eq!((c.verify, c.unsigned_payload), (UploadVerify::ReadBack, Some(false)));
         assert_eq!(S3Config::from_url("s3://b/p?verify=1").expect("1").verify, UploadVerify::Checksums);
         assert!(S3Config::from_url("s3://bkt/p?secret=x").is_err());
+        let c = S3Config::from_url("s3://b/p?retry_deadline=2.5&request_timeout=7&connect_timeout=0.5&io_threads=3")
+            .expect("timeouts");
+        assert_eq!(
+            (c.retry_deadline, c.request_timeout, c.connect_timeout, c.io_threads),
+            (Duration::from_millis(2500), Duration::from_secs(7), Duration::from_millis(500), 3)
+        );
         let c = S3Config::from_url("s3://bkt").expect("url");
         assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("bkt", ""));
         for bad in [
@@ -451,6 +469,10 @@ mod tests {
             "s3://b/a//c",
             "s3://b/p?part_size=x",
             "s3://b/p?verify=maybe",
+            "s3://b/p?retry_deadline=-1",
+            "s3://b/p?retry_deadline=inf",
+            "s3://b/p?connect_timeout=1e9",
+            "s3://b/p?endpoint",
         ] {
             assert_eq!(S3Config::from_url(bad).expect_err(bad).kind(), ErrorKind::InvalidInput, "{bad}");
         }

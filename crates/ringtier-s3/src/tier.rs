@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -340,6 +340,15 @@ impl S3Tier {
 
     /// Lists at most one object of the prefix: proves the bucket exists and answers.
     pub async fn check(&self) -> Result<()> {
+        self.check_within(self.inner.cfg.retry_deadline).await
+    }
+
+    /// [`S3Tier::check`], retrying temporary errors (an endpoint that refuses connections, a
+    /// 503) for at most `deadline` instead of the tier's retry deadline: opening a tier whose
+    /// endpoint is mistyped fails in seconds, while the tier's own operations keep retrying
+    /// for [`S3Config::retry_deadline`].
+    pub async fn check_within(&self, deadline: Duration) -> Result<()> {
+        let retry = Retry { deadline: deadline.min(self.inner.cfg.retry_deadline), ..self.inner.retry };
         let inner = Arc::clone(&self.inner);
         self.inner
             .spawn(async move {
@@ -347,8 +356,7 @@ impl S3Tier {
                     let parts: Vec<_> = p.parts().collect();
                     (parts.len() > 1).then(|| Path::from_iter(parts[..parts.len() - 1].iter().cloned()))
                 });
-                inner
-                    .retry
+                retry
                     .run(|| async {
                         let mut s = inner.store.list(prefix.as_ref());
                         match s.next().await {

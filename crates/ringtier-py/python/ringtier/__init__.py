@@ -41,7 +41,7 @@ from ._ringtier import (
     metrics_text,
     serve_metrics,
 )
-from ._types import PathLike
+from ._types import PathLike, is_s3_url, tier_path
 from .checkpoint import CheckpointStore
 from .errors import (
     BusyError,
@@ -66,8 +66,8 @@ class Dataset:
     """
 
     def __init__(self, path: PathLike, keys: Optional[Iterable[str]] = None) -> None:
-        self.path = os.fspath(path)
-        if not os.path.exists(self.path):
+        self.path = tier_path(path)
+        if not is_s3_url(self.path) and not os.path.exists(self.path):
             raise NotFoundError(f"dataset directory {self.path} does not exist")
         self.keys: Optional[Sequence[str]] = list(keys) if keys is not None else None
 

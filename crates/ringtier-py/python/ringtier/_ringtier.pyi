@@ -6,6 +6,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 __version__: str
 # The JPEG decoder this build uses: "zune-jpeg" (default) or "libjpeg-turbo" (feature turbojpeg).
 JPEG_DECODER: str
+# Whether tiers may be ``s3://bucket/prefix?endpoint=...`` URLs (feature s3, on by default).
+HAS_S3: bool
 
 _Buffer = Any  # an object exporting the buffer protocol (bytes, numpy array, memoryview)
 
@@ -68,7 +70,9 @@ class Epoch:
         decode_seconds."""
 
 class Loader:
-    """Reads a dataset directory (its manifest, or every file under it) in batches.
+    """Reads a dataset directory (its manifest, or every file under it) in batches; or every
+    object under an S3 prefix, ``s3://bucket/prefix?endpoint=URL``, read with range GETs, up to
+    64 in flight (URL setting ``read_concurrency``).
 
     Arguments: ``batch_size`` samples per batch; ``prefetch`` batches read ahead (0: read when
     asked); ``shuffle`` with ``seed`` (the same order on every rank); ``rank`` of
@@ -227,7 +231,8 @@ class RecordEpoch:
 
 class RecordLoader:
     """Reads the records of a directory of TFRecord (``*.tfrecord``, ``*.tfrecords``) or
-    WebDataset (``*.tar``) shards, links followed.
+    WebDataset (``*.tar``) shards, links followed; or of the shards under an S3 prefix,
+    ``s3://bucket/prefix?endpoint=URL`` (range GETs of ``read_size``, ``depth`` in flight).
 
     ``order="stream"``: each epoch the shards are shuffled (``shuffle_shards``, seeded by
     ``seed`` and the epoch, the same on every rank) and split over readers, ``(rank, worker)``
@@ -372,66 +377,3 @@ def serve_metrics(addr: str = "127.0.0.1:9464", allow_remote: bool = False) -> s
 
 def metrics_text() -> str:
     """The exposition text a scrape of ``/metrics`` returns (after :func:`serve_metrics`)."""
-
-class TransformPipeline:
-    """A compiled transform chain (:mod:`ringtier.transforms`; build one with
-    ``Compose.compile()``): JPEG decode, crop, resize, flip, CHW layout, dtype and normalization
-    in one pass per image on ``threads`` Rust threads, one buffer per batch. Sample ``i``'s
-    random crop and flip come from (``seed``, epoch, ``indices[i]``)."""
-
-    def __init__(
-        self,
-        size: int,
-        *,
-        crop: str = "resize",
-        resize: Optional[int] = None,
-        scale: Tuple[float, float] = (0.08, 1.0),
-        ratio: Tuple[float, float] = ...,
-        flip: Optional[float] = None,
-        mean: Optional[Sequence[float]] = None,
-        std: Optional[Sequence[float]] = None,
-        dtype: str = "float32",
-        seed: int = 0,
-        threads: Optional[int] = None,
-        dct_scaling: bool = True,
-    ) -> None: ...
-    def submit(
-        self, items: List[_Buffer], indices: List[int], epoch: int = 0, out: Optional[_Buffer] = None
-    ) -> PendingBatch:
-        """Starts decoding ``items`` (encoded images) into one batch; ``out``: a writable buffer
-        of ``len(items) * sample_bytes`` bytes to fill instead of the pipeline's own."""
-    def apply_rgb(self, rgb: _Buffer, height: int, width: int, index: int = 0, epoch: int = 0) -> TransformedBatch:
-        """Transforms one decoded ``height x width x 3`` uint8 image."""
-    @property
-    def sample_bytes(self) -> int: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def threads(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-
-class PendingBatch:
-    """A batch being decoded by a :class:`TransformPipeline`."""
-
-    def wait(self) -> TransformedBatch:
-        """Waits for every image; failed ones are left out (``TransformedBatch.failed``)."""
-    @property
-    def done(self) -> bool: ...
-
-class TransformedBatch:
-    """``(n, 3, S, S)`` CHW images, uint8 or float32, exported through the buffer protocol
-    without a copy (empty when they went to ``out=``)."""
-
-    @property
-    def shape(self) -> Tuple[int, int, int, int]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def indices(self) -> List[int]: ...
-    @property
-    def failed(self) -> List[Tuple[int, str]]: ...
-    def __len__(self) -> int: ...
-    def __buffer__(self, flags: int) -> memoryview: ...

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence,
 from . import _state_dict_codec as codec
 from ._ringtier import CheckpointStore as _Store
 from ._ringtier import SaveFuture
-from ._types import PathLike
+from ._types import PathLike, tier_path
 from .errors import CorruptError, NotFoundError
 
 
@@ -24,7 +24,9 @@ class CheckpointStore:
     contiguous CPU tensors; dtype (bfloat16 included), shape and key order come back exactly.
 
     Arguments:
-        tiers: directories, fastest first (e.g. ``["/nvme/ckpt", "/nfs/ckpt"]``).
+        tiers: directories, fastest first (e.g. ``["/nvme/ckpt", "/nfs/ckpt"]``); a tier may be
+            an S3 URL, ``"s3://bucket/prefix?endpoint=URL&region=R"``, credentials from the
+            ``AWS_*`` environment variables (docs/PYTHON.md, "S3 tiers").
         prefix: the store's key prefix on every tier (several stores can share tiers).
         chunk_bytes: bytes per write and per drain copy.
         keep_last: committed checkpoints kept on each faster tier once drained.
@@ -61,7 +63,7 @@ class CheckpointStore:
         if isinstance(tiers, (str, bytes, os.PathLike)):
             raise TypeError("tiers must be a list of directories, fastest first (e.g. [fast, slow])")
         self._store = _Store(
-            [os.fspath(t) for t in tiers],
+            [tier_path(t) for t in tiers],
             prefix=prefix,
             chunk_bytes=chunk_bytes,
             keep_last=keep_last,

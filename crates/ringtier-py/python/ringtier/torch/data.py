@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset as _TorchIterable
 from torch.utils.data import get_worker_info
 
 from .._ringtier import Loader
-from .._types import PathLike
+from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
 from ._packed import PackedBatch, WarnOnce
 from ._world import rank_world
@@ -92,8 +92,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             from .images import check_transform
 
             hold = check_transform(transform, decode, batch_size or read_batch, hold, seed)
-        self.path = os.fspath(path)
-        if not os.path.isdir(self.path) and not os.path.isfile(self.path):
+        self.path = tier_path(path)
+        if not is_s3_url(self.path) and not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise NotFoundError(f"dataset directory {self.path} does not exist")
         self.batch_size = batch_size
         self.read_batch = batch_size or read_batch

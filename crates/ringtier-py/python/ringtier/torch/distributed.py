@@ -8,14 +8,13 @@ reported its shard durable: the "metadata last" rule of ``torch.distributed.chec
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
 
 from .._ringtier import SaveFuture
-from .._types import PathLike
+from .._types import PathLike, tier_path
 from ..checkpoint import _step
 from ._world import rank_world
 from .checkpoint import CheckpointStore
@@ -51,7 +50,7 @@ class DistributedCheckpointStore:
         self.rank, self.world_size = rank_world(rank, world_size)
         self.group = group
         self.prefix = prefix
-        self.tiers = [os.fspath(t) for t in tiers]
+        self.tiers = [tier_path(t) for t in tiers]
         self.shards = CheckpointStore(self.tiers, prefix=f"{prefix}/rank{self.rank:05d}", **options)
         self.global_store: Optional[CheckpointStore] = None
         if self.rank == 0:

@@ -28,6 +28,10 @@ pub enum Crop {
         /// Aspect ratio (width / height) range, torchvision's default (3/4, 4/3).
         ratio: (f64, f64),
     },
+    /// The central size x size pixels, not resized (torchvision `CenterCrop(size)` alone): the
+    /// offset is `round((side - size) / 2)` (ties to even, as Python's `round`). An image
+    /// smaller than the crop on either side is an error (torchvision pads it with zeros).
+    CenterCrop,
 }
 
 impl Crop {
@@ -69,9 +73,11 @@ pub struct DecodeConfig {
     pub threads: usize,
     /// The region that becomes the output. Default [`Crop::Resize`].
     pub crop: Crop,
-    /// Flip horizontally with probability 0.5 (torchvision `RandomHorizontalFlip`). Default
-    /// false.
+    /// Flip horizontally with probability [`DecodeConfig::flip_probability`] (torchvision
+    /// `RandomHorizontalFlip`). Default false.
     pub flip: bool,
+    /// The probability of the flip when `flip` is on, in 0..=1 (torchvision's `p`). Default 0.5.
+    pub flip_probability: f64,
     /// Output layout. Default [`Layout::Hwc`].
     pub layout: Layout,
     /// `f32` output normalized per channel; `None` (the default) gives `u8`.
@@ -103,6 +109,12 @@ impl DecodeConfig {
     /// Sets [`DecodeConfig::flip`].
     pub fn with_flip(mut self, flip: bool) -> Self {
         self.flip = flip;
+        self
+    }
+
+    /// Sets [`DecodeConfig::flip_probability`].
+    pub fn with_flip_probability(mut self, p: f64) -> Self {
+        self.flip_probability = p;
         self
     }
 
@@ -149,7 +161,7 @@ impl DecodeConfig {
             return bad("decode threads must be at least 1".into());
         }
         match self.crop {
-            Crop::Resize => {}
+            Crop::Resize | Crop::CenterCrop => {}
             Crop::Center { resize } => {
                 if resize < self.size || resize as usize > MAX_JPEG_DIMENSION {
                     return bad(format!("center crop: resize {resize} must be at least the size {}", self.size));
@@ -164,6 +176,9 @@ impl DecodeConfig {
                     return bad(format!("random-resized crop: ratio {ratio:?} must satisfy 0 < min <= max"));
                 }
             }
+        }
+        if !(0.0..=1.0).contains(&self.flip_probability) {
+            return bad(format!("flip probability must be in 0..=1, got {}", self.flip_probability));
         }
         if let Some(n) = self.normalize {
             if n.std.iter().any(|s| !(s.is_finite() && *s > 0.0)) || n.mean.iter().any(|m| !m.is_finite()) {
@@ -181,6 +196,7 @@ impl Default for DecodeConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             crop: Crop::Resize,
             flip: false,
+            flip_probability: 0.5,
             layout: Layout::Hwc,
             normalize: None,
             dct_scaling: true,

@@ -8,7 +8,7 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 
 use crate::backend::{self, corrupt, Backend};
 use crate::config::{DecodeConfig, MAX_JPEG_DIMENSION};
-use crate::geometry::{region_of, CropBox, SampleRng};
+use crate::geometry::{check_fits, region_of, CropBox, SampleRng};
 use crate::resample::{resample, Geometry};
 
 /// The JPEG decoder this build runs: `"libjpeg-turbo"` with the `turbojpeg` feature, else
@@ -105,8 +105,9 @@ impl JpegDecoder {
             if w == 0 || h == 0 || w > MAX_JPEG_DIMENSION || h > MAX_JPEG_DIMENSION {
                 return Err(corrupt(format!("{w}x{h} pixels is outside 1..={MAX_JPEG_DIMENSION}")));
             }
+            check_fits(cfg, w as u32, h as u32)?;
             let (region, integer_crop) = region_of(cfg, w as u32, h as u32, rng);
-            let flipped = cfg.flip && rng.uniform() < 0.5;
+            let flipped = cfg.flip && rng.uniform() < cfg.flip_probability;
             chosen = Some((region, integer_crop, flipped));
             let mut denom = 1usize;
             if cfg.dct_scaling {
@@ -158,8 +159,9 @@ impl JpegDecoder {
                 ),
             ));
         }
+        check_fits(cfg, width, height)?;
         let (region, integer_crop) = region_of(cfg, width, height, rng);
-        let flipped = cfg.flip && rng.uniform() < 0.5;
+        let flipped = cfg.flip && rng.uniform() < cfg.flip_probability;
         let geometry = Geometry { scaled: (width, height), full: (width, height), region, integer_crop, flipped };
         resample(&mut self.resizer, &mut self.resized, rgb, geometry, cfg, out)?;
         Ok(DecodeInfo { source: (width, height), dct_denominator: 1, region, flipped })

@@ -1,6 +1,8 @@
 //! Where the output comes from in the image: the per-sample random generator, torchvision's
 //! random-resized crop parameters and its resize-then-center-crop box.
 
+use ringtier_core::error::{Error, ErrorKind, Result};
+
 use crate::config::{Crop, DecodeConfig};
 
 /// The generator behind the random transforms: SplitMix64 seeded from (seed, epoch, sample
@@ -104,12 +106,40 @@ pub fn center_crop_box(width: u32, height: u32, resize: u32, size: u32) -> CropB
     CropBox { left: left * sx, top: top * sy, width: size as f64 * sx, height: size as f64 * sy }
 }
 
+/// torchvision's `CenterCrop(size)` box on a `width` x `height` image (at least size x size):
+/// integer (left, top), `round((side - size) / 2)` with ties to even.
+pub fn center_crop_offsets(width: u32, height: u32, size: u32) -> (u32, u32) {
+    let off = |side: u32| ((side.saturating_sub(size)) as f64 / 2.0).round_ties_even() as u32;
+    (off(width), off(height))
+}
+
+/// Refuses an image the crop of `cfg` cannot take: a `CenterCrop` larger than the image
+/// (torchvision would pad it with zeros).
+pub(crate) fn check_fits(cfg: &DecodeConfig, w: u32, h: u32) -> Result<()> {
+    if cfg.crop == Crop::CenterCrop && (w < cfg.size || h < cfg.size) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "CenterCrop({}) of a {w}x{h} image: the crop is larger than the image (torchvision pads it with \
+                 zeros; ringtier does not): resize first, e.g. Resize({}) before CenterCrop",
+                cfg.size, cfg.size
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The crop region of `cfg` on a `w` x `h` image, and whether it is in whole pixels (a crop
 /// torchvision takes before resizing).
 pub(crate) fn region_of(cfg: &DecodeConfig, w: u32, h: u32, rng: &mut SampleRng) -> (CropBox, bool) {
     match cfg.crop {
         Crop::Resize => (CropBox { left: 0.0, top: 0.0, width: w as f64, height: h as f64 }, false),
         Crop::Center { resize } => (center_crop_box(w, h, resize, cfg.size), false),
+        Crop::CenterCrop => {
+            let (l, t) = center_crop_offsets(w, h, cfg.size);
+            let s = cfg.size as f64;
+            (CropBox { left: l as f64, top: t as f64, width: s, height: s }, true)
+        }
         Crop::RandomResized { scale, ratio } => {
             let (l, t, cw, ch) = random_resized_params(w, h, scale, ratio, rng);
             (CropBox { left: l as f64, top: t as f64, width: cw as f64, height: ch as f64 }, true)

@@ -10,6 +10,7 @@ mod metrics;
 mod records;
 mod store;
 mod tiers;
+mod transforms;
 
 use pyo3::prelude::*;
 
@@ -28,6 +29,9 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::CheckpointStore>()?;
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;
+    m.add_class::<transforms::TransformPipeline>()?;
+    m.add_class::<transforms::PendingBatch>()?;
+    m.add_class::<transforms::TransformedBatch>()?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;

@@ -115,6 +115,7 @@ def test_the_package_has_the_modules_by_concept():
         "ringtier.torch.records",
         "ringtier.torch.checkpoint",
         "ringtier.torch.distributed",
+        "ringtier.torch.dcp",
     ]:
         assert m in modules, f"{m} is missing from {sorted(modules)}"
     assert extension_modules() == ["ringtier._ringtier"]

@@ -377,3 +377,66 @@ def serve_metrics(addr: str = "127.0.0.1:9464", allow_remote: bool = False) -> s
 
 def metrics_text() -> str:
     """The exposition text a scrape of ``/metrics`` returns (after :func:`serve_metrics`)."""
+
+class TransformPipeline:
+    """A compiled transform chain (:mod:`ringtier.transforms`; build one with
+    ``Compose.compile()``): JPEG decode, crop, resize, flip, CHW layout, dtype and normalization
+    in one pass per image on ``threads`` Rust threads, one buffer per batch. Sample ``i``'s
+    random crop and flip come from (``seed``, epoch, ``indices[i]``)."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        crop: str = "resize",
+        resize: Optional[int] = None,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = ...,
+        flip: Optional[float] = None,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        threads: Optional[int] = None,
+        dct_scaling: bool = True,
+    ) -> None: ...
+    def submit(
+        self, items: List[_Buffer], indices: List[int], epoch: int = 0, out: Optional[_Buffer] = None
+    ) -> PendingBatch:
+        """Starts decoding ``items`` (encoded images) into one batch; ``out``: a writable buffer
+        of ``len(items) * sample_bytes`` bytes to fill instead of the pipeline's own."""
+    def apply_rgb(self, rgb: _Buffer, height: int, width: int, index: int = 0, epoch: int = 0) -> TransformedBatch:
+        """Transforms one decoded ``height x width x 3`` uint8 image."""
+    @property
+    def sample_bytes(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+
+class PendingBatch:
+    """A batch being decoded by a :class:`TransformPipeline`."""
+
+    def wait(self) -> TransformedBatch:
+        """Waits for every image; failed ones are left out (``TransformedBatch.failed``)."""
+    @property
+    def done(self) -> bool: ...
+
+class TransformedBatch:
+    """``(n, 3, S, S)`` CHW images, uint8 or float32, exported through the buffer protocol
+    without a copy (empty when they went to ``out=``)."""
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def indices(self) -> List[int]: ...
+    @property
+    def failed(self) -> List[Tuple[int, str]]: ...
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...

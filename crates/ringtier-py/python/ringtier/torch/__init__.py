@@ -8,6 +8,9 @@ The modules, one concept each (every name is also importable from ``ringtier.tor
   shards, so every sample is read exactly once per epoch across ranks and workers;
 * :mod:`ringtier.torch.records`: :class:`RecordDataset`, the same for TFRecord and WebDataset
   shards (``ringtier.RecordLoader``), streamed or in a global order through per-shard indexes;
+* :mod:`ringtier.torch.images`: :class:`ImageFolder` (torchvision's class-directory layout)
+  and the decoded, transformed batches behind every dataset's ``transform=``
+  (:mod:`ringtier.transforms`);
 * :mod:`ringtier.torch.checkpoint`: the one-process store of torch state dicts
   (:class:`ringtier.CheckpointStore`, :class:`ringtier.SaveFuture`);
 * :mod:`ringtier.torch.distributed`: :class:`DistributedCheckpointStore` and its
@@ -33,6 +36,7 @@ from .checkpoint import CheckpointStore, SaveFuture
 from ._packed import PackedBatch
 from .data import IterableDataset, _to_tensor
 from .distributed import DistributedCheckpointStore, DistributedSaveFuture
+from .images import ImageFolder
 from .records import RecordDataset
 
-__all__ = ["IterableDataset", "PackedBatch", "DistributedCheckpointStore", "DistributedSaveFuture", "RecordDataset"]
+__all__ = ["ImageFolder", "IterableDataset", "PackedBatch", "DistributedCheckpointStore", "DistributedSaveFuture", "RecordDataset"]

@@ -42,6 +42,15 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     ``__iter__``, in the process that iterates (a worker after ``fork()``). ``options`` are
     :class:`ringtier.RecordLoader`'s (``read_size``, ``depth``, ``shuffle_buffer``, ``seed``,
     ``on_bad``, ``index_dir``, ...).
+
+    ``transform``: a :class:`ringtier.transforms.Compose` (or torchvision transforms it
+    compiles): the dataset yields batches of ``batch_size`` decoded, transformed images, a
+    ``(n, 3, S, S)`` tensor (Rust threads, pinned memory when CUDA is available). A WebDataset
+    sample's image is its ``image_field`` (default: the first of ``jpg``, ``jpeg``, ``png``,
+    ``webp``) and its label the integer in ``label_field`` (``cls``): batches are ``(images,
+    labels)``, labels int64 (``label_field=None``: images only). A TFRecord's bytes are the
+    image (images only). ``with_keys=True`` puts the keys first: ``(keys, images[, labels])``.
+    A record's random crop and flip depend on (seed, epoch, ``shard << 40 | offset``).
     """
 
     def __init__(
@@ -54,9 +63,21 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         with_keys: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        transform: Any = None,
+        batch_size: int = 64,
+        image_field: Optional[str] = None,
+        label_field: Optional[str] = "cls",
+        pin_memory: Optional[bool] = None,
         **options: Any,
     ) -> None:
         super().__init__()
+        # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
+        self.transform, self.batch_size, self.pin_memory = transform, batch_size, pin_memory
+        self.image_field, self.label_field = image_field, label_field
+        if transform is not None:
+            from .images import check_record_transform
+
+            check_record_transform(transform, batch_size, int(options.get("seed", 0)))
         self.path = tier_path(path)
         if not is_s3_url(self.path) and not os.path.isdir(self.path):
             raise NotFoundError(f"shard directory {self.path} does not exist")
@@ -113,6 +134,11 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         return {n: _field_tensor(record[n]) for n in names}
 
     def __iter__(self) -> Iterator[Any]:
+        if self.transform is not None:
+            from .images import iterate_records
+
+            yield from iterate_records(self)
+            return
         for record in self.loader().epoch(self.epoch, self.position):
             item = self._item(record)
             if self.with_keys:

@@ -1,0 +1,367 @@
+"""``ringtier.torch.ImageFolder`` and the transformed batches behind every dataset's
+``transform=``: encoded images in, ``(n, 3, S, S)`` tensors out, decoded and transformed in
+Rust threads (:mod:`ringtier.transforms`) a few batches ahead of the training loop.
+
+Each batch is one buffer shared with torch without a copy: the pipeline's own memory, or, when
+CUDA is available (``pin_memory=None`` asks ``torch.cuda.is_available()``), a pinned tensor from
+torch's pinned allocator that the pipeline decodes into, ready for ``.cuda(non_blocking=True)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import IterableDataset as _TorchIterable
+from torch.utils.data import get_worker_info
+
+from .._ringtier import Loader, TransformPipeline
+from .._types import PathLike
+from ..errors import CorruptError, InvalidInputError, NotFoundError
+from ..transforms import compile_transform
+from ._world import rank_world
+
+#: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def default_threads() -> int:
+    """Decode threads per process: the cores this process may use, split over DataLoader workers."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    info = get_worker_info()
+    return max(1, cores // (info.num_workers if info is not None else 1))
+
+
+def resolve_pin(pin_memory: Optional[bool]) -> bool:
+    """Whether batches go to pinned memory: ``None`` means when CUDA is available."""
+    if pin_memory is None:
+        return bool(torch.cuda.is_available())
+    if pin_memory and not torch.cuda.is_available():
+        raise InvalidInputError("pin_memory=True needs CUDA (torch.cuda.is_available() is False)")
+    return bool(pin_memory)
+
+
+def pipeline_for(transform: Any, seed: int, threads: Optional[int]) -> TransformPipeline:
+    """This process's pipeline for ``transform`` (threads created here, after any fork)."""
+    return compile_transform(transform, seed=seed, threads=threads or default_threads())
+
+
+def transformed(
+    pipeline: TransformPipeline,
+    batches: Iterable[Tuple[List[Any], Sequence[int], Any]],
+    epoch: int,
+    *,
+    depth: int = 2,
+    pin_memory: bool = False,
+    on_bad: str = "skip",
+) -> Iterator[Tuple[torch.Tensor, List[int], Any]]:
+    """Decodes and transforms ``batches`` of ``(encoded images, indices, extra)`` with up to
+    ``depth`` batches in flight; yields ``(images, kept indices, extra)``, images ``(n, 3, S,
+    S)``. A sample that fails to decode is left out (``on_bad="skip"``) or raises
+    :class:`ringtier.CorruptError` (``"fail"``)."""
+    if on_bad not in ("skip", "fail"):
+        raise InvalidInputError(f'on_bad must be "skip" or "fail", not {on_bad!r}')
+    dtype = torch.float32 if pipeline.dtype == "float32" else torch.uint8
+    size = pipeline.size
+    flight: Deque[Tuple[Any, Optional[torch.Tensor], Any]] = collections.deque()
+
+    def finish() -> Optional[Tuple[torch.Tensor, List[int], Any]]:
+        pending, out, extra = flight.popleft()
+        done = pending.wait()
+        if done.failed and on_bad == "fail":
+            index, why = done.failed[0]
+            raise CorruptError(f"sample {index}: {why}")
+        n = done.shape[0]
+        if n == 0:
+            return None
+        if out is not None:
+            images = out[:n]
+        else:
+            images = torch.frombuffer(done, dtype=dtype).view(done.shape)
+        return images, list(done.indices), extra
+
+    for items, indices, extra in batches:
+        if not items:
+            continue
+        out = None
+        if pin_memory:
+            out = torch.empty((len(items), 3, size, size), dtype=dtype, pin_memory=True)
+        pending = pipeline.submit(items, [int(i) for i in indices], epoch, out.numpy() if out is not None else None)
+        flight.append((pending, out, extra))
+        if len(flight) > depth:
+            got = finish()
+            if got is not None:
+                yield got
+    while flight:
+        got = finish()
+        if got is not None:
+            yield got
+
+
+def check_transform(transform: Any, decode: Optional[int], batch: int, hold: Optional[int], seed: int) -> int:
+    """Checks a file dataset's ``transform=`` (compiles it once) and returns the loader's
+    ``hold``: the raw samples Python keeps while batches decode."""
+    if decode is not None:
+        raise InvalidInputError("transform= decodes the images itself: leave decode=None")
+    compile_transform(transform, seed=seed, threads=1)
+    return hold if hold is not None else batch * 4
+
+
+def iterate_files(ds: Any) -> Iterator[Any]:
+    """``ringtier.torch.IterableDataset.__iter__`` with ``transform=``: image batches (with
+    ``with_keys``, ``(keys, images)``)."""
+    loader = ds.loader()
+    pid = os.getpid()
+    cached = getattr(ds, "_pipeline", None)
+    if cached is None or cached[0] != pid:
+        cached = (pid, pipeline_for(ds.transform, int(ds.options["seed"]), None))
+        ds._pipeline = cached
+    keys = loader.keys() if ds.with_keys else None
+    raw = ((list(b), b.indices, None) for b in loader.epoch(ds.epoch, ds.position))
+    pin = resolve_pin(ds.pin_memory)
+    for images, kept, _ in transformed(cached[1], raw, ds.epoch, pin_memory=pin):
+        yield ([keys[i] for i in kept], images) if keys is not None else images
+
+
+#: The WebDataset fields taken as the image when ``image_field`` is not given, in order.
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+
+
+def check_record_transform(transform: Any, batch_size: int, seed: int) -> None:
+    """Checks a record dataset's ``transform=`` and ``batch_size``."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidInputError(f"batch_size must be a positive int, not {batch_size!r}")
+    compile_transform(transform, seed=seed, threads=1)
+
+
+def _label(record: Any, field: str) -> int:
+    if field not in record:
+        raise InvalidInputError(
+            f"record {record.key!r} of shard {record.shard_key} has no label field {field!r} "
+            f"(it has: {', '.join(record.names())}); give label_field=None for images only"
+        )
+    text = record[field].to_bytes().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CorruptError(
+            f"record {record.key!r} of shard {record.shard_key}: label field {field!r} is not an integer: {text[:32]!r}"
+        ) from None
+
+
+def _image(record: Any, field: Optional[str]) -> Any:
+    if field is not None:
+        if field not in record:
+            raise InvalidInputError(
+                f"record {record.key!r} of shard {record.shard_key} has no image field {field!r} "
+                f"(it has: {', '.join(record.names())})"
+            )
+        return record[field]
+    for name in IMAGE_FIELDS:
+        if name in record:
+            return record[name]
+    raise InvalidInputError(
+        f"record {record.key!r} of shard {record.shard_key} has none of the image fields {IMAGE_FIELDS} "
+        f"(it has: {', '.join(record.names())}); give image_field="
+    )
+
+
+def iterate_records(ds: Any) -> Iterator[Any]:
+    """``ringtier.torch.RecordDataset.__iter__`` with ``transform=``: ``(images, labels)``
+    batches of WebDataset samples, image batches of TFRecords (keys first with ``with_keys``)."""
+    loader = ds.loader()
+    pid = os.getpid()
+    cached = getattr(ds, "_pipeline", None)
+    if cached is None or cached[0] != pid:
+        cached = (pid, pipeline_for(ds.transform, int(ds.options.get("seed", 0)), None))
+        ds._pipeline = cached
+    wds = ds.format != "tfrecord"
+    labelled = wds and ds.label_field is not None
+
+    def batches() -> Iterator[Tuple[List[Any], List[int], Dict[int, Tuple[str, int]]]]:
+        items: List[Any] = []
+        indices: List[int] = []
+        extra: Dict[int, Tuple[str, int]] = {}
+        for record in loader.epoch(ds.epoch, ds.position):
+            index = (record.shard << 40) | record.offset
+            items.append(_image(record, ds.image_field) if wds else record)
+            indices.append(index)
+            key = record.key or f"{record.shard_key}:{record.offset}"
+            extra[index] = (key, _label(record, ds.label_field) if labelled else -1)
+            if len(items) == ds.batch_size:
+                yield items, indices, extra
+                items, indices, extra = [], [], {}
+        if items:
+            yield items, indices, extra
+
+    pin = resolve_pin(ds.pin_memory)
+    for images, kept, extra in transformed(cached[1], batches(), ds.epoch, pin_memory=pin):
+        out: List[Any] = [images]
+        if labelled:
+            out.append(torch.tensor([extra[i][1] for i in kept], dtype=torch.int64))
+        if ds.with_keys:
+            out.insert(0, [extra[i][0] for i in kept])
+        yield tuple(out) if len(out) > 1 else images
+
+
+def find_classes(root: str) -> Tuple[List[str], Dict[str, int]]:
+    """torchvision's ``find_classes``: the sorted subdirectories of ``root`` and their indices."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if not classes:
+        raise NotFoundError(f"no class directories in {root}")
+    return classes, {c: i for i, c in enumerate(classes)}
+
+
+def make_dataset(
+    root: str,
+    class_to_idx: Dict[str, int],
+    extensions: Optional[Tuple[str, ...]],
+    is_valid_file: Optional[Callable[[str], bool]],
+) -> List[Tuple[str, int]]:
+    """torchvision's ``make_dataset``: (path relative to ``root``, class index), class by class,
+    files sorted, links followed."""
+    if (extensions is None) == (is_valid_file is None):
+        raise ValueError("give exactly one of extensions and is_valid_file")
+    exts = tuple(e.lower() for e in extensions) if extensions is not None else None
+    out: List[Tuple[str, int]] = []
+    for cls in sorted(class_to_idx):
+        base = os.path.join(root, cls)
+        for dirpath, _, files in sorted(os.walk(base, followlinks=True)):
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                ok = is_valid_file(path) if is_valid_file is not None else f.lower().endswith(exts)  # type: ignore[arg-type]
+                if ok:
+                    out.append((os.path.relpath(path, root), class_to_idx[cls]))
+    if not out:
+        raise NotFoundError(f"no image files in the class directories of {root}")
+    return out
+
+
+class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
+    """torchvision's ``ImageFolder`` (``root/class_x/xxx.jpg``) read by ringtier: yields
+    ``(images, labels)`` batches, ``images`` a ``(n, 3, S, S)`` tensor from ``transform`` (a
+    :class:`ringtier.transforms.Compose` or torchvision transforms it can compile), ``labels``
+    int64 class indices. Classes are the sorted subdirectories (``classes``,
+    ``class_to_idx``, ``samples`` and ``targets`` as torchvision's).
+
+    Use ``DataLoader(ds, batch_size=None)`` (the batches are made here). Each epoch's seeded
+    shuffled order is split over ``world_size x num_workers`` shards; call :meth:`set_epoch`
+    before each epoch. Decode runs on ``decode_threads`` Rust threads (default: this process's
+    cores, split over the DataLoader's workers) ``depth`` batches ahead. Without ``transform``
+    it yields ``(list of encoded-bytes uint8 tensors, labels)``. JPEG only: other files fail to
+    decode and are skipped (``on_bad="skip"``) or raise (``"fail"``).
+    """
+
+    def __init__(
+        self,
+        root: PathLike,
+        transform: Any = None,
+        *,
+        batch_size: int = 64,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        depth: int = 2,
+        decode_threads: Optional[int] = None,
+        pin_memory: Optional[bool] = None,
+        on_bad: str = "skip",
+        engine: str = "uring",
+        extensions: Optional[Tuple[str, ...]] = IMG_EXTENSIONS,
+        is_valid_file: Optional[Callable[[str], bool]] = None,
+    ) -> None:
+        super().__init__()
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise NotFoundError(f"image folder {self.root} does not exist or is not a directory")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInputError(f"batch_size must be a positive int, not {batch_size!r}")
+        if on_bad not in ("skip", "fail"):
+            raise InvalidInputError(f'on_bad must be "skip" or "fail", not {on_bad!r}')
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
+        if is_valid_file is not None:
+            extensions = None
+        self.classes, self.class_to_idx = find_classes(self.root)
+        self.samples = make_dataset(self.root, self.class_to_idx, extensions, is_valid_file)
+        self.targets = [t for _, t in self.samples]
+        self.transform = transform
+        if transform is not None:
+            # Fails here, in the constructor, for a chain ringtier cannot run.
+            compile_transform(transform, seed=seed, threads=1)
+        self.batch_size, self.seed, self.depth = batch_size, seed, depth
+        self.decode_threads, self.pin_memory, self.on_bad = decode_threads, pin_memory, on_bad
+        self.rank, self.world_size = rank, world_size
+        self.options: Dict[str, Any] = dict(
+            prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last, engine=engine, on_bad="skip"
+        )
+        self.epoch = 0
+        self._state: Optional[Tuple[int, Tuple[int, int], Loader, Optional[TransformPipeline], torch.Tensor]] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads."""
+        self.epoch = epoch
+
+    def shard(self) -> Tuple[int, int]:
+        """(this process's shard, number of shards): rank x workers."""
+        rank, world = rank_world(self.rank, self.world_size)
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return rank * workers + worker, world * workers
+
+    def _open(self) -> Tuple[Loader, Optional[TransformPipeline], torch.Tensor]:
+        shard = self.shard()
+        pid = os.getpid()
+        if self._state is None or self._state[0] != pid or self._state[1] != shard:
+            keys = [k for k, _ in self.samples]
+            loader = Loader(
+                self.root,
+                batch_size=self.batch_size,
+                rank=shard[0],
+                world_size=shard[1],
+                keys=keys,
+                hold=self.batch_size * (self.depth + 2),
+                **self.options,
+            )
+            by_key = dict(self.samples)
+            labels = torch.tensor([by_key[k] for k in loader.keys()], dtype=torch.int64)
+            pipe = pipeline_for(self.transform, self.seed, self.decode_threads) if self.transform is not None else None
+            self._state = (pid, shard, loader, pipe, labels)
+        return self._state[2], self._state[3], self._state[4]
+
+    def __len__(self) -> int:
+        """Batches of this rank per epoch (all its workers together; the last one may be short)."""
+        rank, world = rank_world(self.rank, self.world_size)
+        n = len(self.samples) // world + (1 if rank < len(self.samples) % world else 0)
+        if self.options["drop_last"]:
+            return n // self.batch_size
+        return (n + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[Tuple[Any, torch.Tensor]]:
+        loader, pipe, labels = self._open()
+        epoch = self.epoch
+        raw = ((list(b), b.indices, None) for b in loader.epoch(epoch))
+        if pipe is None:
+            for items, indices, _ in raw:
+                tensors = [torch.frombuffer(s, dtype=torch.uint8) if len(s) else torch.empty(0, dtype=torch.uint8) for s in items]
+                yield tensors, labels[list(indices)]
+            return
+        pin = resolve_pin(self.pin_memory)
+        for images, kept, _ in transformed(pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad):
+            yield images, labels[kept]
+
+    def __repr__(self) -> str:
+        return (
+            f"ringtier.torch.ImageFolder({self.root!r}, classes={len(self.classes)}, samples={len(self.samples)}, "
+            f"batch_size={self.batch_size}, transform={self.transform!r})"
+        )
+
+
+__all__ = ["IMG_EXTENSIONS", "ImageFolder", "find_classes", "make_dataset", "transformed"]

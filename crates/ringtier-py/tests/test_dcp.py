@@ -1,0 +1,289 @@
+"""ringtier.torch.dcp: torch.distributed.checkpoint's save, async_save and load through the
+checkpoint store (one process here; resharding under torchrun below): steps, metadata last,
+checksums with a fallback to the slower tier, hostile metadata."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+from ringtier.torch import dcp as rdcp  # noqa: E402
+from ringtier.torch.dcp import StorageReader, StorageWriter  # noqa: E402
+
+JOB = Path(__file__).parent / "dcp_job.py"
+# DCP reports a rank's error as a CheckpointException (a BaseException) holding its traceback.
+FAILS = (Exception, CheckpointException)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    # dcp.save/load without a process group warn that they run in one process.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def make_state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 24, generator=g)).sum().backward()
+    opt.step()
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "bf16": torch.randn(9, 5, generator=g).to(torch.bfloat16),
+        "big": torch.randn(300, 70, generator=g),
+        "extra": {"epoch": seed, "tag": f"s{seed}"},
+    }
+
+
+def assert_same(a, b, path="state"):
+    assert type(a) is type(b) or (torch.is_tensor(a) and torch.is_tensor(b)), path
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def test_save_load_steps(tmp_path):
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    with StorageWriter(tiers, part_bytes=64 << 10) as w:
+        s0, s1 = make_state(0), make_state(1)
+        dcp.save(s0, storage_writer=w)  # no checkpoint_id: step 0
+        assert w.last_save["step"] == 0 and w.last_save["parts"] > 1
+        dcp.save(s1, storage_writer=w)  # the next one
+        assert w.last_save["step"] == 1
+        dcp.save(s0, storage_writer=w, checkpoint_id="7")
+        assert w.last_save["step"] == 7
+        dcp.save(s1, storage_writer=w)  # the id applied to one save only
+        assert w.last_save["step"] == 8
+        with pytest.raises(FAILS, match="already committed"):
+            dcp.save(s1, storage_writer=w, checkpoint_id=7)
+        w.drain()
+        assert (tmp_path / "slow" / "dcp" / "metadata" / f"{8:020d}" / "MANIFEST.json").exists()
+
+    target = make_state(5)
+    r = StorageReader(tiers)
+    dcp.load(target, storage_reader=r)
+    assert r.checkpoint_id == 8
+    assert_same(target, make_state(1))
+    dcp.load(target, storage_reader=r, checkpoint_id=7)
+    assert_same(target, make_state(0))
+    assert r.last_load["bytes"] > 0 and r.last_load["direct_bytes"] > 0
+    with pytest.raises(FAILS, match="not committed"):
+        dcp.load(target, storage_reader=r, checkpoint_id=3)
+    r.close()
+
+
+def test_checkpoint_ids():
+    assert StorageWriter.validate_checkpoint_id(3) and StorageWriter.validate_checkpoint_id("12")
+    for bad in ("/ckpt/step3", "-1", -1, True, "3.0", None):
+        assert not StorageReader.validate_checkpoint_id(bad)
+    w = StorageWriter(["/nonexistent-ringtier-tier"])
+    with pytest.raises(ValueError, match="does not name a ringtier step"):
+        w.reset("/ckpt/step3")
+    with pytest.raises(TypeError):
+        StorageWriter("/one/dir")
+    with pytest.raises(ValueError, match="prefix"):
+        StorageWriter(["/x"], prefix="../up")
+
+
+def test_empty_store_is_a_clear_error(tmp_path):
+    (tmp_path / "t").mkdir()
+    with pytest.raises(FAILS, match="no loadable DCP checkpoint"):
+        dcp.load(make_state(0), storage_reader=StorageReader([tmp_path / "t"]))
+
+
+def test_async_save(tmp_path):
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    state = make_state(3)
+    want = make_state(3)
+    w = StorageWriter(tiers)
+    fut = dcp.async_save(state, storage_writer=w, checkpoint_id=4)
+    # Staged: the caller may change its tensors now.
+    with torch.no_grad():
+        state["big"].fill_(0)
+        state["model"]["0.weight"].fill_(0)
+    fut.result(timeout=120)
+    w.close(drain=True)
+    got = make_state(9)
+    dcp.load(got, storage_reader=StorageReader(tiers))
+    assert_same(got, want)
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_bad_fast_copy_is_read_from_the_slow_tier(tmp_path):
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    with StorageWriter(tiers) as w:
+        dcp.save(make_state(2), storage_writer=w, checkpoint_id=1)
+        w.drain()
+    part = tmp_path / "fast" / "dcp" / "rank00000" / f"{1:020d}" / "parts" / "data-00000"
+    _flip(part, part.stat().st_size // 2)
+    got = make_state(8)
+    dcp.load(got, storage_reader=StorageReader(tiers))
+    assert_same(got, make_state(2))
+
+
+def test_bad_only_copy_fails_the_load(tmp_path):
+    tiers = [tmp_path / "only"]
+    with StorageWriter(tiers) as w:
+        dcp.save(make_state(2), storage_writer=w, checkpoint_id=1)
+    part = tmp_path / "only" / "dcp" / "rank00000" / f"{1:020d}" / "parts" / "data-00000"
+    _flip(part, 100)
+    with pytest.raises(FAILS, match="(?i)checksum|corrupt"):
+        dcp.load(make_state(8), storage_reader=StorageReader(tiers), checkpoint_id=1)
+
+
+def test_a_step_missing_a_ranks_items_is_not_loaded(tmp_path):
+    """Metadata last, seen from a reader: a step whose metadata is on a tier but whose items
+    are not (here deleted; in life a node lost before its drain) is passed over or refused."""
+    tiers = [tmp_path / "t"]
+    with StorageWriter(tiers) as w:
+        dcp.save(make_state(0), storage_writer=w, checkpoint_id=1)
+        dcp.save(make_state(1), storage_writer=w, checkpoint_id=2)
+    import ringtier
+
+    with ringtier.CheckpointStore(tiers, prefix="dcp/rank00000") as shards:
+        shards.delete(2)
+    got = make_state(7)
+    r = StorageReader(tiers)
+    with pytest.warns(RuntimeWarning, match="checkpoint 2 passed over"):
+        dcp.load(got, storage_reader=r)
+    assert r.checkpoint_id == 1 and [s for s, _ in r.skipped] == [2]
+    assert_same(got, make_state(0))
+    with pytest.raises(FAILS, match=r"items of rank\(s\) \[0\]"):
+        dcp.load(got, storage_reader=StorageReader(tiers), checkpoint_id=2)
+
+
+def test_failed_save_is_saved_again(tmp_path):
+    """A rank's items of a step whose metadata was never written are replaced by a new save."""
+    tiers = [tmp_path / "t"]
+    import ringtier
+
+    with ringtier.CheckpointStore(tiers, prefix="dcp/rank00000", create=True) as shards:
+        shards.save(3, {"leftover": torch.ones(3)})
+    with StorageWriter(tiers) as w:
+        dcp.save(make_state(4), storage_writer=w, checkpoint_id=3)
+    got = make_state(0)
+    dcp.load(got, storage_reader=StorageReader(tiers))
+    assert_same(got, make_state(4))
+
+
+def test_non_contiguous_and_other_dtype_targets(tmp_path):
+    tiers = [tmp_path / "t"]
+    src = {"m": torch.arange(60, dtype=torch.float32).reshape(6, 10), "v": torch.arange(8, dtype=torch.float64)}
+    with StorageWriter(tiers) as w:
+        dcp.save(src, storage_writer=w)
+    base = torch.zeros(10, 6)
+    dst = {"m": base.t(), "v": torch.zeros(8, dtype=torch.float64)}  # a transposed view
+    assert not dst["m"].is_contiguous()
+    r = StorageReader(tiers)
+    dcp.load(dst, storage_reader=r)
+    assert torch.equal(base.t(), src["m"]) and torch.equal(dst["v"], src["v"])
+    assert r.last_load["direct_bytes"] == 64  # v went straight in; m through a temporary
+
+
+def test_contiguous_span():
+    span = rdcp._contiguous_span
+    assert span([4, 6], [0, 0], [4, 6]) == (0, 24)
+    assert span([4, 6], [2, 0], [2, 6]) == (12, 24)  # rows: one run
+    assert span([4, 6], [1, 2], [1, 3]) == (8, 11)  # inside one row
+    assert span([4, 6], [0, 2], [4, 3]) is None  # columns: not one run
+    assert span([2, 3, 4], [1, 1, 0], [1, 2, 4]) == (16, 24)
+    assert span([5], [2], [0]) == (2, 2)
+    with pytest.raises(rdcp.CorruptError):
+        span([4, 6], [3, 0], [2, 6])
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_metadata_unpickler_refuses_other_classes():
+    blob = pickle.dumps({"x": _Evil()})
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system|not allowed"):
+        rdcp._MetadataUnpickler(io.BytesIO(blob), {}).load()
+
+
+def test_tampered_metadata_is_refused(tmp_path):
+    """A metadata part rewritten (with a manifest to match) to run code is refused unread."""
+    import ringtier
+
+    tiers = [tmp_path / "t"]
+    with StorageWriter(tiers) as w:
+        dcp.save({"a": torch.ones(4)}, storage_writer=w, checkpoint_id=1)
+    world = json.dumps({"format": "ringtier-dcp", "version": 1, "step": 2, "world_size": 1,
+                        "ranks": [{"rank": 0, "bytes": 16, "items": 1}]}).encode()
+    with ringtier.CheckpointStore(tiers, prefix="dcp/metadata") as meta:
+        meta._store.save(2, [("metadata", [pickle.dumps(_Evil())]), ("world.json", [world])])
+    with ringtier.CheckpointStore(tiers, prefix="dcp/rank00000") as shards:
+        shards._store.save(2, [("data-00000", [b"x" * 16]), ("rank.json", [b"{}"])])
+    with pytest.raises(FAILS, match="not allowed"):
+        dcp.load({"a": torch.zeros(4)}, storage_reader=StorageReader(tiers), checkpoint_id=2)
+
+
+# ---- torchrun: resharding ----------------------------------------------------------------
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(JOB), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_reshard_fsdp2_and_plain_state_dicts(tmp_path):
+    """Saved by 2 ranks (FSDP2 model + Adam state, a DTensor sharded on dim 1, a plain
+    state_dict; dcp.save then dcp.async_save), loaded by 1, 2 and 4 ranks."""
+    fast, slow, out = tmp_path / "fast", tmp_path / "slow", tmp_path / "out"
+    out.mkdir()
+    tiers = f"{fast},{slow}"
+    run = torchrun(2, "save", tiers, str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    saves = [json.loads((out / f"save-2-{r}.json").read_text()) for r in range(2)]
+    assert all(s["steps"] == [0, 1] for s in saves)
+    assert (slow / "dcp" / "metadata" / f"{1:020d}" / "MANIFEST.json").exists(), "drained before exit"
+    for world in (1, 4):
+        run = torchrun(world, "load", tiers, str(out))
+        assert run.returncode == 0, run.stdout + run.stderr
+        for r in range(world):
+            res = json.loads((out / f"load-{world}-{r}.json").read_text())
+            assert res["step"] == 1, res  # the newest
+            assert res["checked"] > 15 and res["mismatched"] == [], res
+    # The older step, by id, after the fast tier is gone: from the slow tier.
+    for p in sorted(fast.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    run = torchrun(4, "load", tiers, str(out), "0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    for r in range(4):
+        res = json.loads((out / f"load-4-{r}.json").read_text())
+        assert res["step"] == 0 and res["mismatched"] == [], res

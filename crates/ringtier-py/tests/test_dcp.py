@@ -113,8 +113,16 @@ def test_checkpoint_ids():
 
 def test_empty_store_is_a_clear_error(tmp_path):
     (tmp_path / "t").mkdir()
+    r = StorageReader([tmp_path / "t"])
+    assert r.latest() is None
     with pytest.raises(FAILS, match="no loadable DCP checkpoint"):
-        dcp.load(make_state(0), storage_reader=StorageReader([tmp_path / "t"]))
+        dcp.load(make_state(0), storage_reader=r)
+    # Tier directories that do not exist (a first run) hold nothing.
+    assert StorageReader([tmp_path / "missing", tmp_path / "t"]).latest() is None
+    with StorageWriter([tmp_path / "missing", tmp_path / "t"]) as w:
+        dcp.save(make_state(0), storage_writer=w)
+        w.drain()
+    assert StorageReader([tmp_path / "gone", tmp_path / "t"]).latest() == 0
 
 
 def test_async_save(tmp_path):

@@ -568,7 +568,14 @@ class StorageReader(_DcpReader):
     def _store(self, prefix: str) -> CheckpointStore:
         s = self._stores.get(prefix)
         if s is None:
-            s = CheckpointStore(self.tiers, prefix=prefix, read_only=True, **self.store_options)
+            # A tier directory that does not exist holds nothing (a node's fast tier not made
+            # yet, a first run): read from the others.
+            tiers = [t for t in self.tiers if "://" in t or os.path.isdir(t)]
+            if not tiers:
+                raise FileNotFoundError(
+                    f"no loadable DCP checkpoint under {self.prefix!r} on {self.tiers}: no tier directory exists"
+                )
+            s = CheckpointStore(tiers, prefix=prefix, read_only=True, **self.store_options)
             self._stores[prefix] = s
         return s
 
@@ -603,6 +610,36 @@ class StorageReader(_DcpReader):
             raise CorruptError(f"DCP checkpoint {step}: world.json does not describe this step")
         return world
 
+    def latest(self) -> Optional[int]:
+        """The newest loadable step (committed, every saving rank's items on a tier this
+        process sees), or None: what a load without ``checkpoint_id`` would read. Newer steps
+        passed over are in :attr:`skipped`."""
+        try:
+            return self._newest()[0]
+        except FileNotFoundError:
+            return None
+
+    def _newest(self) -> Tuple[int, Dict[str, Any]]:
+        meta = self._store(f"{self.prefix}/metadata")
+        self.skipped = []
+        for s in sorted((c["step"] for c in meta.list()), reverse=True):
+            try:
+                w: Optional[Dict[str, Any]] = self._world_of(s)
+                assert w is not None
+                missing = self._missing_ranks(s, w)
+            except CorruptError as e:
+                w, missing, why = None, [], str(e)
+            else:
+                why = f"the items of rank(s) {missing} are on no tier this process sees"
+            if w is not None and not missing:
+                return s, w
+            self.skipped.append((s, why))
+            warnings.warn(f"ringtier: DCP checkpoint {s} passed over: {why}", RuntimeWarning, stacklevel=3)
+        raise FileNotFoundError(
+            f"no loadable DCP checkpoint under {self.prefix!r} on {self.tiers}"
+            + (f" ({len(self.skipped)} passed over: {self.skipped[0][1]})" if self.skipped else "")
+        )
+
     def read_metadata(self) -> Metadata:
         """DCP's metadata of the step to load (see the class docs for which)."""
         meta = self._store(f"{self.prefix}/metadata")
@@ -621,27 +658,7 @@ class StorageReader(_DcpReader):
                     f"process sees ({self.tiers}): their fast tier is elsewhere and not yet drained, or lost"
                 )
         else:
-            steps = sorted((c["step"] for c in meta.list()), reverse=True)
-            step, world = None, None
-            for s in steps:
-                try:
-                    w = self._world_of(s)
-                    missing = self._missing_ranks(s, w)
-                except CorruptError as e:
-                    missing, why = [], str(e)
-                    w = None
-                else:
-                    why = f"the items of rank(s) {missing} are on no tier this process sees"
-                if w is not None and not missing:
-                    step, world = s, w
-                    break
-                self.skipped.append((s, why))
-                warnings.warn(f"ringtier: DCP checkpoint {s} passed over: {why}", RuntimeWarning, stacklevel=2)
-            if step is None or world is None:
-                raise FileNotFoundError(
-                    f"no loadable DCP checkpoint under {self.prefix!r} on {self.tiers}"
-                    + (f" ({len(self.skipped)} passed over: {self.skipped[0][1]})" if self.skipped else "")
-                )
+            step, world = self._newest()
         blob = self._read_small(meta, step, METADATA_PART, f"DCP checkpoint {step} metadata")
         try:
             metadata = _MetadataUnpickler(io.BytesIO(memoryview(blob)), self._allowed).load()

@@ -85,6 +85,49 @@ def test_workers_yield_packed_batches_every_sample_once(dataset, workers):
         assert seen == collections.Counter(list(files)), f"epoch {epoch}"
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_worker_slots_are_reused_only_once_released(dataset, keep):
+    """Batches held by the main process keep their memory (the worker packs into other slots
+    or fresh memory); dropped ones give their slot back to the worker."""
+    root, files = dataset
+    ds = rt.IterableDataset(root, batch_size=8, seed=5, with_keys=True)
+    kept = []
+    seen = {}
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        for batch in DataLoader(ds, batch_size=None, num_workers=1):
+            if keep:
+                kept.append(batch)  # every batch alive until the end: no slot may be reused
+            else:
+                seen.update((k, bytes(t.numpy())) for k, t in batch)
+            del batch
+    for batch in kept:
+        for k, t in batch:
+            assert bytes(t.numpy()) == files[k], k
+            seen[k] = bytes(t.numpy())
+    assert seen == files
+    ring = ds._ring
+    if keep:
+        assert sum(ring.flags) > 0, "held batches keep their slots busy"
+    kept.clear()
+    gc.collect()
+    assert sum(ring.flags) == 0, "every slot is free once no view of its batch is left"
+
+
+def test_a_sample_view_keeps_its_slot(dataset):
+    root, files = dataset
+    ds = rt.IterableDataset(root, batch_size=8, with_keys=True)
+    views = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=1):
+        views.append(batch[0])  # one (key, view) per batch; the batch object itself is dropped
+    for k, t in views:
+        assert bytes(t.numpy()) == files[k], k
+    assert sum(ds._ring.flags) > 0
+    views.clear()
+    gc.collect()
+    assert sum(ds._ring.flags) == 0
+
+
 def test_zero_workers_keep_zero_copy_lists(dataset):
     root, _ = dataset
     ds = rt.IterableDataset(root, batch_size=8)
@@ -205,7 +248,9 @@ def test_cache_in_a_directory_from_a_dict(dataset, tmp_path):
         got = {k: bytes(t.numpy()) for batch in DataLoader(ds, batch_size=None) for k, t in batch}
         assert got == files
     stats = ds.cache_stats()
-    assert stats["levels"][0]["name"] == "dir" and stats["reuse_hits"] >= len(files), stats
+    # Directory copies are written in the background: one still being written when epoch 2
+    # reads it is a miss.
+    assert stats["levels"][0]["name"] == "dir" and stats["reuse_hits"] >= 0.9 * len(files), stats
     assert any(cdir.iterdir()), "the directory level holds its copies under the directory"
 
 
@@ -242,17 +287,28 @@ def test_materialize_stores_pixels_and_later_epochs_read_them(tmp_path):
     loader2 = ringtier.Loader(root, batch_size=4, decode=16, materialize=mdir)
     second = {s.index: s.to_bytes() for b in loader2.epoch(1) for s in b}
     assert first == second, "the stored pixels are the decoded ones (no random step: same bytes)"
-    stored = [p for p in mdir.rglob("*.rgb")]
-    assert len(stored) == 10 and all(p.stat().st_size == 16 * 16 * 3 for p in stored)
-    # A dataset directory that no longer has its JPEGs still reads from the stored pixels? No:
-    # the dataset lists its files; the stored copy is keyed by their sizes and checksums.
+    stored = wait_for_files(mdir, 10)
+    assert all(p.stat().st_size == 16 * 16 * 3 for p in stored)
+
+
+def wait_for_files(d: Path, n: int, timeout: float = 20.0) -> list:
+    """The stored samples under `d` once there are `n` (they are written in the background)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = sorted(d.rglob("*.rgb"))
+        if len(got) >= n or time.monotonic() > deadline:
+            assert len(got) == n, f"{len(got)} stored samples, {n} expected"
+            return got
+        time.sleep(0.05)
 
 
 def test_materialize_size_is_at_least_the_decoded_size(tmp_path):
     root = jpeg_dir(tmp_path / "jpg", 3)
     loader = ringtier.Loader(root, batch_size=3, decode=16, materialize=tmp_path / "m", materialize_size=32)
     assert all(len(s) == 16 * 16 * 3 for b in loader.epoch(0) for s in b)
-    assert all(p.stat().st_size == 32 * 32 * 3 for p in (tmp_path / "m").rglob("*.rgb"))
+    assert all(p.stat().st_size == 32 * 32 * 3 for p in wait_for_files(tmp_path / "m", 3))
 
 
 def test_bad_materialize_arguments(dataset, tmp_path):
@@ -281,5 +337,4 @@ def test_materialize_with_workers(tmp_path):
         ds.set_epoch(epoch)
         n = sum(len(b) for b in DataLoader(ds, batch_size=None, num_workers=2))
         assert n == 12
-    gc.collect()
-    assert len(list((tmp_path / "m").rglob("*.rgb"))) == 12
+    wait_for_files(tmp_path / "m", 12)

@@ -4,9 +4,15 @@ A ``DataLoader`` worker hands each item it yields to the main process by picklin
 tensor inside goes through its own shared-memory segment (created, its descriptor sent over a
 socket, mapped on the other side). One segment per sample cost most of the loader's speed with
 ``num_workers > 0`` (0.22x the 0-worker speed on 16,384 small files). A :class:`PackedBatch`
-holds a batch's samples end to end in one tensor, allocated in shared memory in the worker so
-that pickling it copies nothing more, plus their offsets (a plain list) and, for samples of one
+holds a batch's samples end to end in one tensor, in shared memory in the worker so that
+pickling it copies nothing more, plus their offsets (a plain list) and, for samples of one
 shape (decoded images), that shape: one segment per batch.
+
+A fresh segment per batch still costs its page faults (first writes to new shared memory run
+at a tenth of a copy's speed here), so each worker packs into a :class:`SlotRing` of segments
+it reuses: a slot is marked busy in a byte of shared memory (made by the dataset before the
+workers fork) while the main process holds any view of that batch, and cleared by a finalizer
+when the last one is gone; a worker that finds no free slot packs into a fresh segment.
 
 Also: the warning, once per process, that the engine has its own I/O threads and that
 ``num_workers=0`` is the fast setting.
@@ -14,8 +20,13 @@ Also: the warning, once per process, that the engine has its own I/O threads and
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import multiprocessing
+import os
+import weakref
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -72,6 +83,76 @@ def _shared_bytes(n: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
 
 
+#: Slots per worker, and workers per dataset with a ring (further workers pack into fresh segments).
+SLOTS_PER_WORKER = 6
+MAX_RING_WORKERS = 64
+
+# The busy flags of every ring made in this process, by token: what a PackedBatch unpickled
+# in the main process finds its flag through (the flags themselves are never pickled).
+_RINGS: Dict[str, Any] = {}
+_tokens = itertools.count()
+
+
+def _release(token: str, index: int) -> None:
+    flags = _RINGS.get(token)
+    if flags is not None:
+        flags[index] = 0
+
+
+class SlotRing:
+    """Reusable shared-memory segments for one dataset's workers (see the module doc). Made in
+    the main process, before ``fork()``; each worker uses slots ``[id * SLOTS_PER_WORKER, (id + 1)
+    * SLOTS_PER_WORKER)``. Pickled (a spawned worker, a copy of the dataset) it keeps only its
+    token: the flags are shared by inheritance through ``fork()`` alone."""
+
+    def __init__(self) -> None:
+        self.token = f"{os.getpid()}-{next(_tokens)}"
+        self.flags: Any = multiprocessing.RawArray(ctypes.c_byte, SLOTS_PER_WORKER * MAX_RING_WORKERS)
+        _RINGS[self.token] = self.flags
+        self._slots: List[Optional[torch.Tensor]] = []
+        self._pid = -1
+        self._next = 0
+
+    def __getstate__(self) -> dict:
+        return {"token": self.token}
+
+    def __setstate__(self, state: dict) -> None:
+        self.token = state["token"]
+        self.flags = None
+        self._slots, self._pid, self._next = [], -1, 0
+
+    def take(self, worker: int, nbytes: int) -> Optional[Tuple[torch.Tensor, int]]:
+        """A free slot of ``worker`` holding at least ``nbytes`` (grown when smaller), marked
+        busy, and its index; None when the ring is not shared with this process or every slot
+        is busy."""
+        if self.flags is None or worker >= MAX_RING_WORKERS:
+            return None
+        if self._pid != os.getpid():  # a new worker: its own segments
+            self._slots, self._pid, self._next = [None] * SLOTS_PER_WORKER, os.getpid(), 0
+        for k in range(SLOTS_PER_WORKER):
+            j = (self._next + k) % SLOTS_PER_WORKER
+            index = worker * SLOTS_PER_WORKER + j
+            if self.flags[index]:
+                continue
+            slot = self._slots[j]
+            if slot is None or slot.numel() < nbytes:
+                slot = _shared_bytes(max(nbytes + nbytes // 4, 1))
+                self._slots[j] = slot
+            self.flags[index] = 1
+            self._next = (j + 1) % SLOTS_PER_WORKER
+            return slot, index
+        return None
+
+
+class _Lease:
+    """Which ring slot a batch's memory is (worker side, pickled with the batch)."""
+
+    __slots__ = ("token", "index")
+
+    def __init__(self, token: str, index: int) -> None:
+        self.token, self.index = token, index
+
+
 class PackedBatch:
     """A batch of uint8 samples in one tensor: ``data`` holds them end to end, sample ``i`` is
     ``data[offsets[i]:offsets[i + 1]]``; with ``shape`` every sample has that shape (decoded
@@ -83,7 +164,7 @@ class PackedBatch:
     whole batch. Deliberately not a ``collections.abc.Sequence``: the ``DataLoader`` would
     unpack one into a list of tensors, one shared-memory segment each."""
 
-    __slots__ = ("data", "offsets", "shape", "keys")
+    __slots__ = ("data", "offsets", "shape", "keys", "_lease")
 
     def __init__(
         self,
@@ -105,16 +186,47 @@ class PackedBatch:
         self.offsets = offsets
         self.shape = tuple(shape) if shape is not None else None
         self.keys = keys
+        self._lease: Optional[_Lease] = None
+
+    def __getstate__(self) -> dict:
+        return {"data": self.data, "offsets": self.offsets, "shape": self.shape, "keys": self.keys,
+                "lease": self._lease}
+
+    def __setstate__(self, state: dict) -> None:
+        self.offsets, self.shape, self.keys = state["offsets"], state["shape"], state["keys"]
+        self._lease = None
+        data, lease = state["data"], state["lease"]
+        if lease is not None and lease.token in _RINGS and data.numel() > 0:
+            # The slot is free again once no view of this memory is left: every view made
+            # from here on holds `arr`, whose finalizer clears the slot's busy flag.
+            arr = data.numpy()
+            weakref.finalize(arr, _release, lease.token, lease.index)
+            data = torch.frombuffer(arr, dtype=torch.uint8)
+        elif lease is not None:
+            _release(lease.token, lease.index)
+        self.data = data
 
     @classmethod
-    def pack(cls, tensors: Sequence[torch.Tensor], keys: Optional[List[str]] = None, shared: bool = True) -> "PackedBatch":
-        """Copies ``tensors`` (uint8) end to end into one tensor (in shared memory when
-        ``shared``). They keep a common ``shape`` when they all have one."""
+    def pack(
+        cls,
+        tensors: Sequence[torch.Tensor],
+        keys: Optional[List[str]] = None,
+        shared: bool = True,
+        ring: Optional[SlotRing] = None,
+        worker: int = 0,
+    ) -> "PackedBatch":
+        """Copies ``tensors`` (uint8) end to end into one tensor: a free slot of ``ring`` for
+        ``worker``, else fresh shared memory (``shared``), else process memory. They keep a
+        common ``shape`` when they all have one."""
         offsets = [0]
         for t in tensors:
             offsets.append(offsets[-1] + t.numel())
         total = offsets[-1]
-        data = _shared_bytes(total) if shared and total > 0 else torch.empty(total, dtype=torch.uint8)
+        taken = ring.take(worker, total) if ring is not None and shared and total > 0 else None
+        if taken is not None:
+            data = taken[0][:total]
+        else:
+            data = _shared_bytes(total) if shared and total > 0 else torch.empty(total, dtype=torch.uint8)
         if tensors and total > 0:
             torch.cat([t.reshape(-1) for t in tensors], out=data)
         shape: Optional[Tuple[int, ...]] = None
@@ -122,7 +234,10 @@ class PackedBatch:
             first = tuple(tensors[0].shape)
             if len(first) > 1 and all(tuple(t.shape) == first for t in tensors):
                 shape = first
-        return cls(data, offsets, shape, keys)
+        batch = cls(data, offsets, shape, keys)
+        if taken is not None and ring is not None:
+            batch._lease = _Lease(ring.token, taken[1])
+        return batch
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -164,4 +279,4 @@ class PackedBatch:
         return f"ringtier.torch.PackedBatch(samples={len(self)}, bytes={self.data.numel()}{shape})"
 
 
-__all__ = ["PackedBatch", "WORKERS_WARNING", "WarnOnce"]
+__all__ = ["PackedBatch", "SlotRing", "WORKERS_WARNING", "WarnOnce"]

@@ -19,7 +19,7 @@ from torch.utils.data import get_worker_info
 from .._ringtier import Loader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
-from ._packed import PackedBatch, WarnOnce
+from ._packed import PackedBatch, SlotRing, WarnOnce
 from ._world import rank_world
 
 
@@ -125,6 +125,7 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         self.position = 0
         self._loader: Optional[Tuple[int, Tuple[int, int], Loader]] = None
         self._workers_warning = WarnOnce()
+        self._ring = SlotRing()  # the workers' reusable shared memory for packed batches
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this shard on."""
@@ -187,7 +188,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
                     tensors = [_to_tensor(s) for s in samples]
             if packed:
                 # One shared-memory tensor per batch across the worker boundary.
-                yield PackedBatch.pack(tensors, [keys[s.index] for s in samples] if keys is not None else None)
+                batch_keys = [keys[s.index] for s in samples] if keys is not None else None
+                yield PackedBatch.pack(tensors, batch_keys, ring=self._ring, worker=info.id if info else 0)
                 continue
             items: List[Any] = (
                 [(keys[s.index], t) for s, t in zip(samples, tensors)] if keys is not None else tensors

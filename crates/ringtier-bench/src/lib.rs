@@ -25,6 +25,7 @@ pub mod s3server;
 mod stage;
 pub mod tiers;
 mod train;
+mod tune;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -41,6 +42,7 @@ pub use read::records::IndexArgs;
 pub use s3::S3BenchArgs;
 pub use stage::StageArgs;
 pub use train::TrainArgs;
+pub use tune::TuneArgs;
 
 /// `ringtier bench ...`: the benchmarks.
 #[derive(Subcommand, Debug)]
@@ -87,6 +89,11 @@ pub fn bench(command: BenchCommand) -> Result<()> {
 /// `ringtier paper`: the paper's experiments and the report.
 pub fn paper(args: PaperArgs) -> Result<()> {
     paper::command(args)
+}
+
+/// `ringtier tune`: the kernel I/O tuning lab (`docs/TUNE.md`).
+pub fn tune(args: TuneArgs) -> Result<()> {
+    tune::command(args)
 }
 
 /// `ringtier demo`: a generated dataset read, cold, through every tier.

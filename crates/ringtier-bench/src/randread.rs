@@ -171,6 +171,13 @@ struct UringStats {
     sqes: u64,
 }
 
+impl RandReadReport {
+    /// The median bandwidth over the runs, MB/s.
+    pub(crate) fn median_mb_per_sec(&self) -> f64 {
+        self.mb_per_sec.median
+    }
+}
+
 /// The report of `bench randread` (`ringtier.bench.randread/1`).
 #[derive(Debug, Serialize)]
 pub(crate) struct RandReadReport {

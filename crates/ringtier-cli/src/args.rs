@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ringtier_bench::{parse_size, BenchCommand, DemoArgs, GenArgs, IndexArgs, PaperArgs};
+use ringtier_bench::{parse_size, BenchCommand, DemoArgs, GenArgs, IndexArgs, PaperArgs, TuneArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,6 +52,11 @@ pub(crate) enum Command {
     /// checkpoints burst versus direct) on generated data, with a report directory (the
     /// default); --remote adds the remote-storage regime (S3 on loopback against boto3).
     Paper(PaperArgs),
+    /// The kernel I/O tuning lab: sweeps io_uring and block-layer settings (every pass
+    /// cold), reports the Pareto front of bandwidth, CPU and p99, the best configuration,
+    /// a tracepoint latency breakdown, fio at the same settings and MLPerf-Storage-style
+    /// presets (docs/TUNE.md). Block settings are always restored, also after Ctrl-C.
+    Tune(TuneArgs),
     /// The metric catalog.
     #[command(subcommand)]
     Metrics(MetricsCommand),

@@ -57,6 +57,7 @@ fn run(command: Command) -> Result<()> {
         Command::Index(a) => ringtier_bench::index(a),
         Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),
+        Command::Tune(a) => ringtier_bench::tune(a),
         Command::Metrics(MetricsCommand::Catalog) => {
             print!("{}", ringtier_metrics::catalog_markdown());
             Ok(())

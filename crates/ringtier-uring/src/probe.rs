@@ -20,6 +20,9 @@ pub struct KernelFeatures {
     pub missing_opcodes: Vec<&'static str>,
 }
 
+/// Sets one set-up flag on a ring builder.
+type SetFlag = fn(&mut io_uring::Builder);
+
 /// Probes the running kernel. An error when io_uring itself is unavailable (an old kernel,
 /// or `io_uring_disabled` set by the administrator).
 pub fn probe_kernel() -> std::io::Result<KernelFeatures> {
@@ -48,7 +51,7 @@ pub fn probe_kernel() -> std::io::Result<KernelFeatures> {
     .collect();
 
     let mut setup_flags = Vec::new();
-    let tries: [(&'static str, fn(&mut io_uring::Builder)); 5] = [
+    let tries: [(&'static str, SetFlag); 5] = [
         ("SQPOLL", |b| {
             b.setup_sqpoll(10);
         }),

@@ -1,10 +1,13 @@
-//! The machine and its storage, for every report: cores, memory, kernel, and the file-system
-//! type of each path (one way: `statfs`, through `ringtier_core::fs`).
+//! The machine and its storage, for every report: cores, memory, kernel, the io_uring
+//! features the kernel offers, the file-system type of each path (one way: `statfs`, through
+//! `ringtier_core::fs`) and the block device under it with every queue setting.
 
 use std::path::Path;
 
 use nix::unistd::{sysconf, SysconfVar};
 use serde::Serialize;
+
+use super::blockdev::{device_of, BlockDevice};
 
 /// Machine facts for reports.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -12,6 +15,36 @@ pub(crate) struct Machine {
     pub(crate) cpus: usize,
     pub(crate) memory_bytes: u64,
     pub(crate) kernel: String,
+    /// What the kernel's io_uring offers (or why it is unavailable).
+    pub(crate) io_uring: IoUringOffer,
+}
+
+/// The io_uring features, set-up flags and opcodes of the running kernel.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub(crate) struct IoUringOffer {
+    pub(crate) features: Vec<&'static str>,
+    pub(crate) setup_flags: Vec<&'static str>,
+    pub(crate) opcodes: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) missing_opcodes: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) unavailable: Option<String>,
+}
+
+impl IoUringOffer {
+    /// This kernel's.
+    pub(crate) fn probe() -> IoUringOffer {
+        match ringtier_uring::probe_kernel() {
+            Ok(f) => IoUringOffer {
+                features: f.features,
+                setup_flags: f.setup_flags,
+                opcodes: f.opcodes,
+                missing_opcodes: f.missing_opcodes,
+                unavailable: None,
+            },
+            Err(e) => IoUringOffer { unavailable: Some(e.to_string()), ..IoUringOffer::default() },
+        }
+    }
 }
 
 impl Machine {
@@ -21,7 +54,19 @@ impl Machine {
         let conf = |v| sysconf(v).ok().flatten().unwrap_or(0).max(0) as u64;
         let (pages, page) = (conf(SysconfVar::_PHYS_PAGES), conf(SysconfVar::PAGE_SIZE));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-        Machine { cpus, memory_bytes: pages * page, kernel }
+        Machine { cpus, memory_bytes: pages * page, kernel, io_uring: IoUringOffer::probe() }
+    }
+
+    /// `io_uring: set-up flags ...; features ...` for reports.
+    pub(crate) fn io_uring_text(&self) -> String {
+        match &self.io_uring.unavailable {
+            Some(why) => format!("io_uring unavailable: {why}"),
+            None => format!(
+                "io_uring set-up flags {}; features {}",
+                self.io_uring.setup_flags.join(" "),
+                self.io_uring.features.join(" ")
+            ),
+        }
     }
 
     /// `N CPUs, M GiB, kernel K`.
@@ -40,11 +85,43 @@ pub(crate) fn filesystem(path: &Path) -> &'static str {
 pub(crate) struct Storage {
     pub(crate) path: String,
     pub(crate) filesystem: String,
+    /// The block device under the path with every queue setting, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) device: Option<BlockDevice>,
+    /// Why there is no device record (tmpfs, no sysfs, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) device_note: Option<String>,
 }
 
 impl Storage {
-    /// `path` and its file system.
+    /// `path`, its file system and its block device (from `/sys`).
     pub(crate) fn of(path: &Path) -> Storage {
-        Storage { path: path.display().to_string(), filesystem: filesystem(path).to_string() }
+        let (device, device_note) = match device_of(path, Path::new("/sys")) {
+            Ok(d) => (Some(d), None),
+            Err(why) => (None, Some(why)),
+        };
+        Storage { path: path.display().to_string(), filesystem: filesystem(path).to_string(), device, device_note }
+    }
+
+    /// `vda (virtio_blk), scheduler mq-deadline, nr_requests 256, ...` for reports.
+    pub(crate) fn device_text(&self) -> String {
+        match &self.device {
+            None => format!("no block device: {}", self.device_note.as_deref().unwrap_or("unknown")),
+            Some(d) => {
+                let mut s = d.name.clone();
+                let what: Vec<&str> =
+                    [d.model.as_deref(), d.vendor.as_deref(), d.driver.as_deref()].into_iter().flatten().collect();
+                if !what.is_empty() {
+                    s.push_str(&format!(" ({})", what.join(", ")));
+                }
+                for k in ["scheduler", "nr_requests", "read_ahead_kb", "nomerges", "rq_affinity", "max_sectors_kb"] {
+                    if let Some(v) = d.queue.get(k) {
+                        let v = if k == "scheduler" { d.scheduler().unwrap_or_default() } else { v.clone() };
+                        s.push_str(&format!(", {k} {v}"));
+                    }
+                }
+                s
+            }
+        }
     }
 }

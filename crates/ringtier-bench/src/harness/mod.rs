@@ -3,6 +3,7 @@
 //! the machine and its storage, typed JSON reports, tables and SVG plots, and one way to build
 //! a tokio runtime. An experiment says only what it measures.
 
+pub(crate) mod blockdev;
 pub(crate) mod cold;
 pub(crate) mod machine;
 pub(crate) mod plot;

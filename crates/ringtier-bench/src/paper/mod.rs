@@ -284,6 +284,12 @@ fn render(facts: &RunFacts, r: &Results) -> Result<String> {
             n => format!("{n} repeats"),
         }
     );
+    let _ = writeln!(
+        md,
+        "Kernel I/O path: block device {}; {}.\n",
+        read.storage.device_text(),
+        read.machine.io_uring_text()
+    );
     read_section(&mut md, read)?;
     train_section(&mut md, facts, &r.train_read, &r.train_decode)?;
     ckpt_section(&mut md, &r.ckpt)?;
@@ -585,11 +591,16 @@ mod tests {
     }
 
     fn machine() -> Machine {
-        Machine { cpus: 7, memory_bytes: 8 << 30, kernel: "6.1.0-test".into() }
+        Machine {
+            cpus: 7,
+            memory_bytes: 8 << 30,
+            kernel: "6.1.0-test".into(),
+            io_uring: crate::harness::machine::IoUringOffer::default(),
+        }
     }
 
     fn storage(path: &str) -> Storage {
-        Storage { path: path.into(), filesystem: "xfs".into() }
+        Storage { path: path.into(), filesystem: "xfs".into(), device: None, device_note: None }
     }
 
     /// Reports of the shapes the experiments return, with made-up measurements.

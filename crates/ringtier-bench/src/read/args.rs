@@ -17,6 +17,17 @@ pub(crate) struct IoArgs {
     /// Kernel submission polling (SQPOLL); it costs a core while busy.
     #[arg(long)]
     pub(crate) sqpoll: bool,
+    /// SQPOLL's idle time in milliseconds before its kernel thread sleeps.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) sqpoll_idle_ms: u32,
+    /// IORING_SETUP_COOP_TASKRUN: completions run at the driver's next kernel entry instead of
+    /// interrupting it (Linux 5.19; not with --sqpoll).
+    #[arg(long)]
+    pub(crate) coop_taskrun: bool,
+    /// IORING_SETUP_DEFER_TASKRUN + SINGLE_ISSUER: completion work waits until the ring's one
+    /// driver thread asks for completions (Linux 6.1; not with --sqpoll).
+    #[arg(long)]
+    pub(crate) defer_taskrun: bool,
     /// Do not register the buffer pool as fixed buffers.
     #[arg(long)]
     pub(crate) no_register_buffers: bool,
@@ -84,6 +95,9 @@ impl IoArgs {
         Knobs {
             read_size: self.read_size as usize,
             sqpoll: self.sqpoll,
+            sqpoll_idle_ms: self.sqpoll_idle_ms,
+            coop_taskrun: self.coop_taskrun,
+            defer_taskrun: self.defer_taskrun,
             register_buffers: !self.no_register_buffers,
             register_files: self.register_files,
             verify: self.verify,

@@ -116,6 +116,12 @@ pub(crate) struct Knobs {
     /// [`DEFAULT_MAX_READ`] and larger files in reads of that size.
     pub(crate) read_size: usize,
     pub(crate) sqpoll: bool,
+    /// SQPOLL's idle time before its kernel thread sleeps, milliseconds.
+    pub(crate) sqpoll_idle_ms: u32,
+    /// `IORING_SETUP_COOP_TASKRUN`.
+    pub(crate) coop_taskrun: bool,
+    /// `IORING_SETUP_DEFER_TASKRUN` with `SINGLE_ISSUER`.
+    pub(crate) defer_taskrun: bool,
     pub(crate) register_buffers: bool,
     pub(crate) register_files: bool,
     pub(crate) verify: bool,
@@ -130,6 +136,9 @@ impl Default for Knobs {
         Knobs {
             read_size: 0,
             sqpoll: false,
+            sqpoll_idle_ms: 50,
+            coop_taskrun: false,
+            defer_taskrun: false,
             register_buffers: true,
             register_files: false,
             verify: false,
@@ -161,6 +170,12 @@ pub(crate) struct PassResult {
     /// Per-file service time percentiles, milliseconds.
     pub(crate) latency_p50_ms: f64,
     pub(crate) latency_p99_ms: f64,
+    pub(crate) latency_p999_ms: f64,
+    /// Read requests issued (pieces of files).
+    pub(crate) reads: u64,
+    /// Per-read latency at the quantiles 0, 0.01, ..., 1 (for CDF plots; not in JSON).
+    #[serde(skip)]
+    pub(crate) latency_cdf_ms: Vec<f64>,
     /// The first few errors of skipped files.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) errors: Vec<String>,
@@ -177,6 +192,10 @@ impl PassResult {
 
     pub(crate) fn cpu_seconds_per_gib(&self) -> f64 {
         self.cpu_seconds / (self.bytes as f64 / (1u64 << 30) as f64)
+    }
+
+    pub(crate) fn iops(&self) -> f64 {
+        self.reads as f64 / self.wall_seconds
     }
 }
 
@@ -285,7 +304,9 @@ impl Reader {
                 let config = UringConfig::default()
                     .with_queue_depth(concurrency as u32)
                     .with_rings(rings.max(1))
-                    .with_sqpoll_idle_ms(knobs.sqpoll.then_some(50))
+                    .with_sqpoll_idle_ms(knobs.sqpoll.then_some(knobs.sqpoll_idle_ms))
+                    .with_coop_taskrun(knobs.coop_taskrun)
+                    .with_defer_taskrun(knobs.defer_taskrun)
                     .with_register_buffers(knobs.register_buffers)
                     .with_register_files(knobs.register_files)
                     .with_direct_io(if engine == Engine::UringDirect {
@@ -408,6 +429,9 @@ impl Reader {
             cpu_seconds: usage.cpu_seconds,
             latency_p50_ms: quantile(&latencies, 0.50),
             latency_p99_ms: quantile(&latencies, 0.99),
+            latency_p999_ms: quantile(&latencies, 0.999),
+            reads: pieces.len() as u64,
+            latency_cdf_ms: (0..=100).map(|q| quantile(&latencies, f64::from(q) / 100.0)).collect(),
             errors,
         })
     }
@@ -436,6 +460,9 @@ mod tests {
         let knobs = Knobs {
             read_size: 16 * 1024,
             sqpoll: false,
+            sqpoll_idle_ms: 50,
+            coop_taskrun: false,
+            defer_taskrun: false,
             register_buffers: true,
             register_files: false,
             verify: true,

@@ -1,0 +1,677 @@
+//! `ringtier tune`: the kernel I/O tuning lab. Sweeps a declared space of io_uring set-up
+//! knobs and block-layer settings over the paper's read workload, every pass cold and the
+//! configurations interleaved; reports bandwidth, IOPS, CPU per GiB and latency
+//! p50/p99/p99.9 per configuration, the Pareto front, the best configuration as a command
+//! line and a loader configuration, a latency breakdown from tracepoints, fio at the same
+//! settings, and MLPerf-Storage-style presets (accelerator utilisation). `docs/TUNE.md`.
+//!
+//! * [`space`]: the knobs, TOML and flags, the sweep;
+//! * [`block`]: the device's queue settings, changed and always restored;
+//! * [`trace`]: where a read's time goes;
+//! * [`fio`]: the equivalent fio job and its run;
+//! * [`presets`]: unet3d, resnet50, cosmoflow and AU;
+//! * [`report`]: the front, the best point, tables and plots.
+
+pub(crate) mod block;
+pub(crate) mod fio;
+pub(crate) mod presets;
+pub(crate) mod report;
+pub(crate) mod space;
+pub(crate) mod trace;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use crate::dataset::{Dataset, DatasetSpec, Preset as DataPreset};
+use crate::harness::report::utc_now;
+use crate::harness::{write_json, Cold, Machine, Storage, Summary};
+use crate::read::pass::{order_of, Engine, Knobs, Order, PassResult, Reader};
+use space::{Config, Space, Sweep};
+
+/// Arguments of `ringtier tune`.
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// The data: a dataset directory (from `ringtier gen`), or any directory, where a dataset
+    /// of small files is generated (in `ringtier-tune-data/`, removed afterwards unless --keep).
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// A short sweep (at most 3 minutes here): fewer knobs and files, 2 repeats.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// The space as TOML (`[uring]` and `[block]` tables of knob = [values]); replaces the
+    /// default space.
+    #[arg(long)]
+    pub(crate) space: Option<PathBuf>,
+    /// A knob's values, `NAME=V1,V2` (repeatable), over the default or TOML space; `tune
+    /// --list-knobs` names them.
+    #[arg(long = "knob")]
+    pub(crate) knobs: Vec<String>,
+    /// How the space is walked.
+    #[arg(long, value_enum)]
+    pub(crate) sweep: Option<Sweep>,
+    /// Print the knobs and exit.
+    #[arg(long)]
+    pub(crate) list_knobs: bool,
+    /// Passes per configuration (interleaved); default 3, 2 with --quick.
+    #[arg(long)]
+    pub(crate) repeats: Option<usize>,
+    /// Files of a generated dataset; default 4000, 1200 with --quick.
+    #[arg(long)]
+    pub(crate) files: Option<usize>,
+    /// Leave block settings alone (no block knobs).
+    #[arg(long)]
+    pub(crate) no_block: bool,
+    /// No tracepoint breakdown.
+    #[arg(long)]
+    pub(crate) no_trace: bool,
+    /// No fio comparison.
+    #[arg(long)]
+    pub(crate) no_fio: bool,
+    /// Size of the big file of the fio comparison.
+    #[arg(long, default_value = "1G", value_parser = crate::parse_size)]
+    pub(crate) fio_file_size: u64,
+    /// MLPerf-Storage-style presets to run with the best configuration: unet3d, resnet50,
+    /// cosmoflow (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) preset: Vec<String>,
+    /// Files of each preset's data set (default: the preset's full set, e.g. 56 for unet3d).
+    #[arg(long)]
+    pub(crate) preset_files: Option<usize>,
+    /// Most emulated accelerators tried.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) max_accelerators: usize,
+    /// Keep generated data.
+    #[arg(long)]
+    pub(crate) keep: bool,
+    /// Where the report goes (JSON, Markdown, SVG plots, fio jobs).
+    #[arg(long, default_value = "ringtier-tune-out")]
+    pub(crate) out: PathBuf,
+    /// sysfs root (tests point it at a fake tree).
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub(crate) sysfs: PathBuf,
+    /// Sleep this long after block settings are first applied (tests interrupt it there).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub(crate) hold_after_apply_ms: u64,
+}
+
+/// The report (`ringtier.tune/1`).
+#[derive(Debug, Serialize)]
+struct TuneReport {
+    schema: &'static str,
+    date: String,
+    machine: Machine,
+    storage: Storage,
+    /// Every queue setting of the device before the sweep (restored afterwards).
+    block_settings_before: Option<std::collections::BTreeMap<String, String>>,
+    /// Block settings that could not be written, with the reason (then not swept).
+    block_read_only: Vec<block::ReadOnly>,
+    notes: Vec<String>,
+    dataset: DatasetFacts,
+    repeats: usize,
+    cold_method: String,
+    load_average: String,
+    sweep: Sweep,
+    seconds: f64,
+    points: Vec<report::PointReport>,
+    pareto_front: Vec<String>,
+    defaults_on_front: bool,
+    best: Option<Best>,
+    trace: Vec<(String, trace::Breakdown)>,
+    fio: Vec<FioComparison>,
+    presets: Vec<presets::PresetReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct DatasetFacts {
+    path: String,
+    files: usize,
+    bytes: u64,
+    median_file_bytes: u64,
+    generated: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Best {
+    label: String,
+    config: Config,
+    bench_read: String,
+    loader_config: String,
+}
+
+#[derive(Debug, Serialize)]
+struct FioComparison {
+    target: String,
+    config: String,
+    job_file: String,
+    fio_mb_per_sec: Summary,
+    ringtier_mb_per_sec: Summary,
+    /// ringtier / fio, pair by pair.
+    ratio: Summary,
+    fio_clat_p99_ms: f64,
+    fio_cpu_seconds_per_gib: Summary,
+}
+
+/// Removes generated data when dropped.
+struct Cleanup(Option<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `ringtier tune`.
+pub(crate) fn command(a: TuneArgs) -> Result<()> {
+    if a.list_knobs {
+        for k in space::KNOBS {
+            println!(
+                "{:<17} {:<6} default {:<8} {}",
+                k.name,
+                format!("{:?}", k.layer).to_lowercase(),
+                k.default.unwrap_or("(current)"),
+                k.values
+            );
+        }
+        return Ok(());
+    }
+    // Before any thread starts: Ctrl-C and panics restore block settings.
+    block::install_restorers();
+    let t0 = Instant::now();
+    let mut notes = Vec::new();
+    let (mut space, toml_sweep) = match &a.space {
+        Some(p) => Space::from_toml(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+            .with_context(|| format!("in {}", p.display()))?,
+        None => (space::default_space(a.quick), None),
+    };
+    for k in &a.knobs {
+        space.set_flag(k)?;
+    }
+    let sweep = a.sweep.or(toml_sweep).unwrap_or(Sweep::OneAtATime);
+    let repeats = a.repeats.unwrap_or(if a.quick { 2 } else { 3 });
+    if repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+
+    // The data.
+    let mut cleanup = Cleanup(None);
+    let (ds, generated) = match Dataset::open(&a.dir) {
+        Ok(ds) => (ds, false),
+        Err(_) => {
+            let root = a.dir.join("ringtier-tune-data");
+            let mut spec = DatasetSpec::preset(DataPreset::Small);
+            spec.files = a.files.unwrap_or(if a.quick { 1200 } else { 4000 });
+            eprintln!(
+                "tune: generating {} files (median {} KB) in {}",
+                spec.files,
+                spec.median_bytes / 1000,
+                root.display()
+            );
+            if !a.keep {
+                cleanup.0 = Some(root.clone());
+            }
+            (crate::dataset::generate(&root, &spec, true, false)?, true)
+        }
+    };
+
+    // The device and which of its settings we may write.
+    let device = crate::harness::blockdev::device_of(&ds.root, &a.sysfs);
+    let mut read_only = Vec::new();
+    let settings = match device {
+        Ok(d) => Some(block::BlockSettings::new(d)),
+        Err(why) => {
+            notes.push(format!("no block settings: {why}"));
+            None
+        }
+    };
+    let before = settings.as_ref().map(|s| s.snapshot());
+    let block_knobs: Vec<&'static str> = space::KNOBS
+        .iter()
+        .filter(|k| k.layer == space::Layer::Block && space.values.contains_key(k.name))
+        .map(|k| k.name)
+        .collect();
+    if a.no_block || settings.is_none() {
+        for k in &block_knobs {
+            space.values.remove(k);
+        }
+    } else if let Some(s) = &settings {
+        read_only = s.probe_writable(&block_knobs);
+        for ro in &read_only {
+            notes.push(format!("block setting {} is read-only here, not swept: {}", ro.setting, ro.why));
+            space.values.remove(ro.setting.as_str());
+        }
+    }
+    let mut configs = Vec::new();
+    for c in space.configs(sweep) {
+        match c.invalid() {
+            Some(why) => notes.push(format!("{} left out: {why}", c.label())),
+            None => configs.push(c),
+        }
+    }
+    let direct_ok = ringtier_core::fs::dir_supports_direct_io(&ds.root) != Some(false);
+    if !direct_ok {
+        notes.push(format!("{} has no direct I/O: io=direct points read buffered", ds.root.display()));
+    }
+    for n in &notes {
+        eprintln!("tune: {n}");
+    }
+    eprintln!(
+        "tune: {} configurations x {repeats} cold passes over {} files ({:.0} MB) in {}",
+        configs.len(),
+        ds.len(),
+        ds.total_bytes() as f64 / 1e6,
+        ds.root.display()
+    );
+
+    let _guard = settings.as_ref().map(|s| s.guard());
+    let rt = crate::runtime(0)?;
+    let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
+    let cold = Cold::new();
+    let mut cold_method = String::new();
+    let mut held = false;
+    let mut runs: Vec<Vec<PassResult>> = configs.iter().map(|_| Vec::new()).collect();
+    let run_pass = |c: &Config, seed: u64, tracer: Option<&trace::Tracer>| -> Result<PassResult> {
+        let engine =
+            if c.get("io") == Some("buffered") || !direct_ok { Engine::UringBuffered } else { Engine::UringDirect };
+        let reader =
+            Reader::new(engine, c.num("depth").max(1) as usize, c.num("rings").max(1) as usize, &ds, knobs_of(c))
+                .with_context(|| format!("setting up {c}"))?;
+        if let Some(t) = tracer {
+            t.follow_new_threads();
+        }
+        let order = order_of(&ds, Order::Shuffled, seed)?;
+        rt.block_on(reader.pass(&ds, &order))
+    };
+    for r in 0..repeats {
+        for k in 0..configs.len() {
+            let i = (k + r) % configs.len();
+            let c = &configs[i];
+            block::restore_all_quiet();
+            if let Some(s) = &settings {
+                s.apply(&c.block()).with_context(|| format!("applying {c}"))?;
+                if !held && !c.block().is_empty() && a.hold_after_apply_ms > 0 {
+                    eprintln!("tune: block settings applied, holding {} ms", a.hold_after_apply_ms);
+                    std::thread::sleep(std::time::Duration::from_millis(a.hold_after_apply_ms));
+                    held = true;
+                }
+            }
+            cold_method = cold.pass(&files)?.to_string();
+            let res = run_pass(c, 1000 + r as u64, None)?;
+            eprintln!(
+                "  {}/{repeats} {:<40} {:>8.1} MB/s {:>8.0} IOPS {:>6.2} CPU s/GiB p99 {:>6.2} ms",
+                r + 1,
+                c.label(),
+                res.mb_per_sec(),
+                res.iops(),
+                res.cpu_seconds_per_gib(),
+                res.latency_p99_ms
+            );
+            runs[i].push(res);
+        }
+    }
+    block::restore_all_quiet();
+
+    let mut points: Vec<report::PointReport> = configs
+        .iter()
+        .zip(&runs)
+        .map(|(c, rs)| {
+            let s = |f: &dyn Fn(&PassResult) -> f64| Summary::by(rs, f);
+            let mb = s(&|r| r.mb_per_sec());
+            let median_run = rs
+                .iter()
+                .min_by(|a, b| (a.mb_per_sec() - mb.median).abs().total_cmp(&(b.mb_per_sec() - mb.median).abs()));
+            report::PointReport {
+                label: c.label(),
+                config: c.clone(),
+                mb_per_sec: mb,
+                iops: s(&|r| r.iops()),
+                cpu_seconds_per_gib: s(&|r| r.cpu_seconds_per_gib()),
+                latency_p50_ms: s(&|r| r.latency_p50_ms),
+                latency_p99_ms: s(&|r| r.latency_p99_ms),
+                latency_p999_ms: s(&|r| r.latency_p999_ms),
+                latency_cdf_ms: median_run.map(|r| r.latency_cdf_ms.clone()).unwrap_or_default(),
+                on_pareto_front: false,
+            }
+        })
+        .collect();
+    let front = report::pareto_front(&points);
+    for &i in &front {
+        points[i].on_pareto_front = true;
+    }
+    let best_i = report::best(&points, &front);
+    let defaults_on_front = points.first().map(|p| p.on_pareto_front).unwrap_or(false);
+    let queue_dir = settings.as_ref().map(|s| s.device.queue_dir.clone());
+    let best = best_i.map(|i| Best {
+        label: points[i].label.clone(),
+        config: points[i].config.clone(),
+        bench_read: report::bench_read_command(&points[i].config, &ds.root),
+        loader_config: report::loader_config(&points[i].config, queue_dir.as_deref()),
+    });
+
+    // Where the time goes: one traced pass of the defaults and of the best.
+    let mut traces = Vec::new();
+    if !a.no_trace {
+        let dev = settings.as_ref().and_then(|s| {
+            let (ma, mi) = s.device.dev.split_once(':')?;
+            Some((ma.parse().ok()?, mi.parse().ok()?))
+        });
+        let mut which = vec![0usize];
+        which.extend(best_i.filter(|&b| b != 0));
+        for i in which {
+            let c = &configs[i];
+            let _ = settings.as_ref().map(|s| s.apply(&c.block()));
+            cold.pass(&files)?;
+            let breakdown = match trace::Tracer::start(dev) {
+                Ok(t) => {
+                    let r = run_pass(c, 7, Some(&t));
+                    let b = t.finish();
+                    r?;
+                    b
+                }
+                Err(why) => trace::Breakdown { unavailable: Some(why), ..Default::default() },
+            };
+            block::restore_all_quiet();
+            traces.push((c.label(), breakdown));
+        }
+    }
+
+    // fio at the best settings: one big file (±15% expected) and the dataset's files.
+    let mut fio_cmp = Vec::new();
+    if !a.no_fio {
+        if !fio::available() {
+            notes.push("fio is not installed (apt-get install fio): no fio comparison".into());
+        } else if let Some(b) = &best {
+            fio_cmp = fio_comparisons(&a, &b.config, &ds, direct_ok, repeats, &rt)?;
+        }
+    }
+
+    // Presets with the best configuration.
+    let mut preset_reports = Vec::new();
+    for name in &a.preset {
+        let p = presets::preset(name)?;
+        let c = best.as_ref().map(|b| b.config.clone()).unwrap_or_default();
+        let dir = a.dir.join(format!("ringtier-tune-{}", p.name));
+        let n = a.preset_files.unwrap_or(p.files);
+        eprintln!("tune: preset {} ({n} files) with {}", p.name, c.label());
+        let files = presets::generate(&p, &dir, n)?;
+        let r = presets::max_accelerators(&p, &dir, &files, &c, 1.0, a.max_accelerators);
+        if !a.keep {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        preset_reports.push(r?);
+    }
+
+    let report = TuneReport {
+        schema: "ringtier.tune/1",
+        date: utc_now(),
+        machine: Machine::probe(),
+        storage: Storage::of(&ds.root),
+        block_settings_before: before,
+        block_read_only: read_only,
+        notes,
+        dataset: DatasetFacts {
+            path: ds.root.display().to_string(),
+            files: ds.len(),
+            bytes: ds.total_bytes(),
+            median_file_bytes: ds.median_size(),
+            generated,
+        },
+        repeats,
+        cold_method,
+        load_average: load_average(),
+        sweep,
+        seconds: t0.elapsed().as_secs_f64(),
+        pareto_front: front.iter().map(|&i| points[i].label.clone()).collect(),
+        defaults_on_front,
+        points,
+        best,
+        trace: traces,
+        fio: fio_cmp,
+        presets: preset_reports,
+    };
+    let md = markdown(&report);
+    print!("{md}");
+    std::fs::write(a.out.join("tune.md"), &md).with_context(|| format!("writing {}", a.out.display()))?;
+    let title = format!(
+        "{} files, {} ({}), cold",
+        report.dataset.files,
+        report.storage.filesystem,
+        report.storage.device_text()
+    );
+    report::pareto_svg(&a.out.join("pareto.svg"), &title, &report.points)?;
+    report::cdf_svg(&a.out.join("latency-cdf.svg"), &title, &report.points)?;
+    write_json(Some(&a.out.join("tune.json")), &report)?;
+    Ok(())
+}
+
+/// The engine knobs of a configuration.
+fn knobs_of(c: &Config) -> Knobs {
+    Knobs {
+        read_size: c.num("read_size") as usize,
+        sqpoll: c.sqpoll().is_some(),
+        sqpoll_idle_ms: c.sqpoll().unwrap_or(50),
+        coop_taskrun: c.flag("coop_taskrun"),
+        defer_taskrun: c.flag("defer_taskrun"),
+        register_buffers: c.flag("register_buffers"),
+        register_files: c.flag("register_files"),
+        ..Knobs::default()
+    }
+}
+
+fn fio_comparisons(
+    a: &TuneArgs,
+    c: &Config,
+    ds: &Dataset,
+    direct_ok: bool,
+    repeats: usize,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<FioComparison>> {
+    let mut out = Vec::new();
+    // One big file: random reads of the read size (128 KiB when whole files) at the depth.
+    let big = a.dir.join("ringtier-tune-bigfile");
+    let _rm = Cleanup((!a.keep).then(|| big.clone()));
+    let runtime_secs = if a.quick { 2.0 } else { 5.0 };
+    let bs = match c.num("read_size") {
+        0 => 128 << 10,
+        n => n as usize,
+    };
+    let cfg = crate::randread::RandReadConfig {
+        file: big.join("big.bin"),
+        size: a.fio_file_size.next_multiple_of(4096),
+        block_size: bs,
+        depth: c.num("depth").max(1) as u32,
+        runtime_secs,
+        repeats: 1,
+        direct: if c.get("io") == Some("buffered") || !direct_ok {
+            ringtier_uring::DirectIoPolicy::Off
+        } else {
+            ringtier_uring::DirectIoPolicy::Required
+        },
+        register_files: c.flag("register_files"),
+        register_buffers: c.flag("register_buffers"),
+        sqpoll: c.sqpoll().is_some(),
+        seed: 1,
+    };
+    crate::randread::prepare_file(&cfg.file, cfg.size)?;
+    let job = fio::job(c, &fio::Target::BigFile { path: cfg.file.clone(), runtime_secs });
+    let job_path = a.out.join("fio-bigfile.fio");
+    let (mut ours, mut theirs, mut fio_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let mut p99 = f64::NAN;
+    for r in 0..repeats.max(3) {
+        let mine = crate::randread::run(&RandSeed(&cfg, r as u64).cfg())?;
+        ours.push(mine.median_mb_per_sec());
+        let f = fio::run(&job, &job_path)?;
+        theirs.push(f.mb_per_sec);
+        fio_cpu.push(f.cpu_seconds / (f.mb_per_sec * 1e6 * runtime_secs / crate::harness::GIB));
+        p99 = f.clat_p99_ms;
+    }
+    out.push(FioComparison {
+        target: format!("one {} MiB file, random {} KiB reads", cfg.size >> 20, bs >> 10),
+        config: c.label(),
+        job_file: job_path.display().to_string(),
+        fio_mb_per_sec: Summary::of(&theirs),
+        ringtier_mb_per_sec: Summary::of(&ours),
+        ratio: Summary::ratio(&ours, &theirs),
+        fio_clat_p99_ms: p99,
+        fio_cpu_seconds_per_gib: Summary::of(&fio_cpu),
+    });
+    // The dataset's files, each read whole, cold.
+    let job = fio::job(
+        c,
+        &fio::Target::Files {
+            dir: ds.root.clone(),
+            files: ds.len(),
+            min_file_bytes: ds.manifest.entries.iter().map(|e| e.size).min().unwrap_or(0),
+        },
+    );
+    let job_path = a.out.join("fio-files.fio");
+    let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
+    let (mut ours, mut theirs, mut fio_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let mut p99 = f64::NAN;
+    let engine =
+        if c.get("io") == Some("buffered") || !direct_ok { Engine::UringBuffered } else { Engine::UringDirect };
+    for r in 0..repeats {
+        Cold::new().pass(&files)?;
+        let reader =
+            Reader::new(engine, c.num("depth").max(1) as usize, c.num("rings").max(1) as usize, ds, knobs_of(c))?;
+        let order = order_of(ds, Order::Readdir, r as u64)?;
+        ours.push(rt.block_on(reader.pass(ds, &order))?.mb_per_sec());
+        Cold::new().pass(&files)?;
+        let f = fio::run(&job, &job_path)?;
+        theirs.push(f.mb_per_sec);
+        fio_cpu.push(f.cpu_seconds / (ds.total_bytes() as f64 / crate::harness::GIB));
+        p99 = f.clat_p99_ms;
+    }
+    out.push(FioComparison {
+        target: format!(
+            "{} files (median {} KB), cold; ringtier reads each whole, fio in {} KiB blocks",
+            ds.len(),
+            ds.median_size() / 1000,
+            fio::files_block_size(ds.manifest.entries.iter().map(|e| e.size).min().unwrap_or(0)) >> 10
+        ),
+        config: c.label(),
+        job_file: job_path.display().to_string(),
+        fio_mb_per_sec: Summary::of(&theirs),
+        ringtier_mb_per_sec: Summary::of(&ours),
+        ratio: Summary::ratio(&ours, &theirs),
+        fio_clat_p99_ms: p99,
+        fio_cpu_seconds_per_gib: Summary::of(&fio_cpu),
+    });
+    Ok(out)
+}
+
+/// A randread configuration with its own seed per repeat.
+struct RandSeed<'a>(&'a crate::randread::RandReadConfig, u64);
+
+impl RandSeed<'_> {
+    fn cfg(&self) -> crate::randread::RandReadConfig {
+        crate::randread::RandReadConfig { seed: self.0.seed + self.1, ..self.0.clone() }
+    }
+}
+
+fn markdown(r: &TuneReport) -> String {
+    use std::fmt::Write;
+    let mut md = String::new();
+    let _ = writeln!(md, "# ringtier tune, {}\n", r.date);
+    let _ = writeln!(md, "Machine: {}; {}.", r.machine.text(), r.machine.io_uring_text());
+    let _ = writeln!(
+        md,
+        "Storage: {} ({}); block device {}.",
+        r.storage.path,
+        r.storage.filesystem,
+        r.storage.device_text()
+    );
+    let _ = writeln!(
+        md,
+        "Data: {} files, {:.0} MB (median {} KB). {} cold passes per configuration ({}), interleaved; load average {}. {:.0} s in all.\n",
+        r.dataset.files,
+        r.dataset.bytes as f64 / 1e6,
+        r.dataset.median_file_bytes / 1000,
+        r.repeats,
+        r.cold_method,
+        r.load_average,
+        r.seconds
+    );
+    for n in &r.notes {
+        let _ = writeln!(md, "- note: {n}");
+    }
+    if !r.notes.is_empty() {
+        md.push('\n');
+    }
+    let _ = writeln!(md, "{}", report::table(&r.points).markdown());
+    let _ = writeln!(md, "Pareto front (MB/s up, CPU s/GiB down, p99 down): {}.", r.pareto_front.join("; "));
+    let _ = writeln!(md, "The engine's defaults are {}on the front.\n", if r.defaults_on_front { "" } else { "not " });
+    if let Some(b) = &r.best {
+        let _ =
+            writeln!(md, "Best: `{}`\n\n```\n{}\n```\n\n```rust\n{}\n```\n", b.label, b.bench_read, b.loader_config);
+    }
+    for (label, t) in &r.trace {
+        match &t.unavailable {
+            Some(why) => {
+                let _ = writeln!(md, "Trace of `{label}`: unavailable: {why}");
+            }
+            None => {
+                let st = |s: &Option<trace::Stage>| {
+                    s.map(|s| format!("p50 {:.3} / p99 {:.3} ms", s.p50_ms, s.p99_ms)).unwrap_or_else(|| "-".into())
+                };
+                let _ = writeln!(
+                    md,
+                    "Trace of `{label}` ({} of {} reads paired): submit->device {}; device {}; device done->CQE {}; submit->CQE {}.{}",
+                    t.paired_reads,
+                    t.traced_reads,
+                    st(&t.submission),
+                    st(&t.device),
+                    st(&t.completion_to_cqe),
+                    st(&t.in_kernel),
+                    if t.notes.is_empty() { String::new() } else { format!(" ({})", t.notes.join("; ")) }
+                );
+            }
+        }
+    }
+    for f in &r.fio {
+        let _ = writeln!(
+            md,
+            "\nfio on {} at `{}`: fio {} MB/s, ringtier {} MB/s, ringtier/fio {} (job: `{}`)",
+            f.target,
+            f.config,
+            f.fio_mb_per_sec.text(0),
+            f.ringtier_mb_per_sec.text(0),
+            f.ratio.text(2),
+            f.job_file
+        );
+    }
+    for p in &r.presets {
+        let _ = writeln!(
+            md,
+            "\nPreset {} ({} files, {:.1} GB, batch {}, {} s compute per step): largest accelerator count at AU >= 90%: {}.",
+            p.preset.name,
+            p.files,
+            p.bytes as f64 / 1e9,
+            p.preset.batch_size,
+            p.preset.compute_secs * p.compute_scale,
+            p.max_accelerators_au90
+        );
+        for run in &p.runs {
+            let _ = writeln!(
+                md,
+                "- {} accelerator(s): AU {:.1}%, {:.0} MB/s",
+                run.accelerators,
+                run.au * 100.0,
+                run.mb_per_sec
+            );
+        }
+    }
+    md
+}

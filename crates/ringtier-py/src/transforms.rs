@@ -354,17 +354,34 @@ impl TransformPipeline {
                 // them); sample `i`'s slice `i * stride .. (i + 1) * stride` is within `out_span`
                 // (its length is `n * stride`) and no other job writes it.
                 let (src, dst) = unsafe { (input.bytes(), out_span.slice_mut(i * stride, stride)) };
-                let res = JpegDecoder::with_thread_local(|dec| {
-                    dec.decode_into(src, &cfg, &mut SampleRng::new(seed, epoch, index), dst)
-                });
-                job.finish(res.err().map(|e| (i, e.to_string())));
+                // A panic in a decoder must still count the job, or `wait` would never return.
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    JpegDecoder::with_thread_local(|dec| {
+                        dec.decode_into(src, &cfg, &mut SampleRng::new(seed, epoch, index), dst)
+                    })
+                }));
+                let failed = match res {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some((i, e.to_string())),
+                    Err(_) => Some((i, "the decoder panicked on this image".to_string())),
+                };
+                job.finish(failed);
                 Ok(())
             };
             // The job is queued now; its completion is counted in `job`, not in this future.
             drop(workers.pool.run(run));
         }
         let shape = (n, 3, self.cfg.size as usize, self.cfg.size as usize);
-        Ok(PendingBatch { job, views: Some(views), output: Some(output), shape, stride, dtype: self.dtype, indices })
+        Ok(PendingBatch {
+            pid: std::process::id(),
+            job,
+            views: Some(views),
+            output: Some(output),
+            shape,
+            stride,
+            dtype: self.dtype,
+            indices,
+        })
     }
 
     /// Transforms one RGB image already decoded (`rgb`: height x width x 3 `uint8`, C order),
@@ -461,6 +478,8 @@ enum Output {
 #[pyclass(module = "ringtier._ringtier", name = "PendingBatch")]
 #[derive(Debug)]
 pub(crate) struct PendingBatch {
+    /// The process that submitted it: the jobs run on that process's threads only.
+    pid: u32,
     job: Arc<Job>,
     /// The inputs' buffer views, released once the jobs are done.
     views: Option<Vec<PyUntypedBuffer>>,
@@ -476,6 +495,13 @@ impl PendingBatch {
     /// Waits (GIL released) until every image is done; failed images are left out, the others
     /// moved up to keep the batch dense (see `TransformedBatch.failed`).
     fn wait(&mut self, py: Python<'_>) -> PyResult<TransformedBatch> {
+        if std::process::id() != self.pid {
+            return Err(errors::fork_error(format!(
+                "this batch was submitted in process {} and inherited through fork(): its decode threads do not \
+                 exist here",
+                self.pid
+            )));
+        }
         loop {
             let finished = py.detach(|| {
                 let st = self.job.lock();
@@ -547,6 +573,13 @@ impl PendingBatch {
 
 impl Drop for PendingBatch {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // Inherited through fork(): no thread here will finish the jobs; leak what they
+            // would have used rather than wait forever.
+            std::mem::forget(self.views.take());
+            std::mem::forget(self.output.take());
+            return;
+        }
         // The jobs read the views and write the output: both stay until they finish.
         self.job.wait_all();
     }

@@ -109,7 +109,7 @@ def check_transform(transform: Any, decode: Optional[int], batch: int, hold: Opt
     if decode is not None:
         raise InvalidInputError("transform= decodes the images itself: leave decode=None")
     compile_transform(transform, seed=seed, threads=1)
-    return hold if hold is not None else batch * 4
+    return hold if hold is not None else batch * 3
 
 
 def iterate_files(ds: Any) -> Iterator[Any]:
@@ -327,7 +327,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 rank=shard[0],
                 world_size=shard[1],
                 keys=keys,
-                hold=self.batch_size * (self.depth + 2),
+                hold=self.batch_size * (self.depth + 1),
                 **self.options,
             )
             by_key = dict(self.samples)

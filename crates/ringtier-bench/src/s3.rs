@@ -25,7 +25,7 @@ use ringtier_uring::BufferedWrites;
 use serde::Serialize;
 
 use crate::harness::scripts::Script;
-use crate::harness::{filesystem, write_json, Cold, ColdMethod, Machine, Meter, Rng, Summary, Table, GIB};
+use crate::harness::{filesystem, interleaved, write_json, Cold, ColdMethod, Machine, Meter, Rng, Summary, Table};
 use crate::parse_size;
 use crate::read::remote::{read_batches, ClientRun};
 use crate::s3server::{ServerKind, ACCESS_KEY, SECRET_KEY};
@@ -367,86 +367,93 @@ fn drain(d: DrainArgs) -> Result<()> {
     );
     let mut data = vec![0u8; size];
     Rng::new(7).fill(&mut data);
-    let mut runs = Vec::new();
-    for rep in 0..d.common.repeats {
-        // The checkpoint, saved to the fast tier only; the drain to S3 starts when the store
-        // opens with S3 as its next tier (recovery queues it).
-        let prefix = format!("ck{rep}");
-        let cfg = || StoreConfig::default().with_prefix(prefix.clone());
-        let fast = || crate::tiers::dir_tier(&fast_dir, "fast", None, BufferedWrites::default());
-        rt.block_on(async {
-            let store = CheckpointStore::open(vec![fast()?], cfg()).await?;
-            store.save(1, vec![Part::bytes("model", &data)]).await?;
-            anyhow::Ok(())
-        })?;
-        let part_file = fast_dir.join(&prefix).join(format!("{:020}", 1)).join("parts").join("model");
-        if !part_file.exists() {
-            bail!("the saved part is not at {}", part_file.display());
-        }
-        let mut variants = vec![DRAIN_DEFAULT, DRAIN_READBACK_SIGNED];
-        if d.unsigned_payload {
-            variants.extend(DRAIN_UNSIGNED);
-        }
-        for (vi, v) in variants.into_iter().enumerate() {
-            cold_method = cold.pass([&part_file])?;
-            let s3_prefix = format!("ringtier-{rep}-{vi}");
-            let meter = Meter::start();
+    let mut variants = vec![DRAIN_DEFAULT, DRAIN_READBACK_SIGNED];
+    if d.unsigned_payload {
+        variants.extend(DRAIN_UNSIGNED);
+    }
+    let sides: Vec<DrainSide> = variants
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| DrainSide::Ringtier(i, v))
+        .chain(d.concurrency.iter().map(|&c| DrainSide::Boto3(c)))
+        .collect();
+    // The checkpoint of a repeat, saved to the fast tier only, before its first side runs; the
+    // drain to S3 starts when the store opens with S3 as its next tier (recovery queues it).
+    let cfg = |rep: usize| StoreConfig::default().with_prefix(format!("ck{rep}"));
+    let fast = || crate::tiers::dir_tier(&fast_dir, "fast", None, BufferedWrites::default());
+    let part_file =
+        |rep: usize| fast_dir.join(format!("ck{rep}")).join(format!("{:020}", 1)).join("parts").join("model");
+    let mut saved: Option<usize> = None;
+    let per_side = interleaved(d.common.repeats, &sides, true, |rep, side| {
+        if saved != Some(rep) {
+            if let Some(prev) = saved {
+                std::fs::remove_dir_all(fast_dir.join(format!("ck{prev}"))).ok();
+            }
             rt.block_on(async {
-                let store = CheckpointStore::open(vec![fast()?, make_slow(&s3_prefix, v)?], cfg()).await?;
-                store.drain().await?;
+                let store = CheckpointStore::open(vec![fast()?], cfg(rep)).await?;
+                store.save(1, vec![Part::bytes("model", &data)]).await?;
                 anyhow::Ok(())
             })?;
-            let u = meter.stop();
-            let (secs, cpu) = (u.wall_seconds, u.cpu_seconds);
-            let client = v.name;
-            println!(
-                "  rep {rep} {client}: {:.1} MB/s, {:.2} CPU s/GiB",
-                d.size as f64 / secs / 1e6,
-                cpu / (d.size as f64 / GIB)
-            );
-            runs.push(ClientRun {
-                client: client.into(),
-                setting: d.upload_concurrency,
-                seconds: secs,
-                cpu_seconds: cpu,
-                bytes: d.size,
-            });
-            // Each upload is measured, then dropped: the disk holds one copy at a time.
-            forget_uploaded(&server, bucket, &s3_prefix);
-        }
-        for &c in &d.concurrency {
-            cold_method = cold.pass([&part_file])?;
-            let extra: Vec<String> = vec![
-                "upload".into(),
-                "--file".into(),
-                part_file.display().to_string(),
-                "--key".into(),
-                format!("boto3/{rep}-{c}"),
-                "--concurrency".into(),
-                c.to_string(),
-                "--chunk".into(),
-                d.part_size.to_string(),
-            ];
-            let (secs, cpu, bytes) = baseline(&script, server.endpoint(), bucket, &extra)?;
-            if bytes != d.size {
-                bail!("boto3 uploaded {bytes} bytes, not {}", d.size);
+            if !part_file(rep).exists() {
+                bail!("the saved part is not at {}", part_file(rep).display());
             }
-            println!(
-                "  rep {rep} boto3 upload_file c={c}: {:.1} MB/s, {:.2} CPU s/GiB",
-                d.size as f64 / secs / 1e6,
-                cpu / (d.size as f64 / GIB)
-            );
-            runs.push(ClientRun {
-                client: "boto3 upload_file".into(),
-                setting: c,
-                seconds: secs,
-                cpu_seconds: cpu,
-                bytes,
-            });
-            forget_uploaded(&server, bucket, &format!("boto3/{rep}-{c}"));
+            saved = Some(rep);
         }
-        std::fs::remove_dir_all(fast_dir.join(&prefix)).ok();
+        cold_method = cold.pass([&part_file(rep)])?;
+        let run = match *side {
+            DrainSide::Ringtier(vi, v) => {
+                let s3_prefix = format!("ringtier-{rep}-{vi}");
+                let meter = Meter::start();
+                rt.block_on(async {
+                    let store = CheckpointStore::open(vec![fast()?, make_slow(&s3_prefix, v)?], cfg(rep)).await?;
+                    store.drain().await?;
+                    anyhow::Ok(())
+                })?;
+                let u = meter.stop();
+                // Each upload is measured, then dropped: the disk holds one copy at a time.
+                forget_uploaded(&server, bucket, &s3_prefix);
+                ClientRun {
+                    client: v.name.into(),
+                    setting: d.upload_concurrency,
+                    seconds: u.wall_seconds,
+                    cpu_seconds: u.cpu_seconds,
+                    bytes: d.size,
+                }
+            }
+            DrainSide::Boto3(c) => {
+                let key = format!("boto3/{rep}-{c}");
+                let extra: Vec<String> = vec![
+                    "upload".into(),
+                    "--file".into(),
+                    part_file(rep).display().to_string(),
+                    "--key".into(),
+                    key.clone(),
+                    "--concurrency".into(),
+                    c.to_string(),
+                    "--chunk".into(),
+                    d.part_size.to_string(),
+                ];
+                let (secs, cpu, bytes) = baseline(&script, server.endpoint(), bucket, &extra)?;
+                if bytes != d.size {
+                    bail!("boto3 uploaded {bytes} bytes, not {}", d.size);
+                }
+                forget_uploaded(&server, bucket, &key);
+                ClientRun { client: "boto3 upload_file".into(), setting: c, seconds: secs, cpu_seconds: cpu, bytes }
+            }
+        };
+        println!(
+            "  rep {rep} {} ({}): {:.1} MB/s, {:.2} CPU s/GiB",
+            run.client,
+            run.setting,
+            run.mb_per_sec(),
+            run.cpu_seconds_per_gib()
+        );
+        Ok(run)
+    })?;
+    if let Some(prev) = saved {
+        std::fs::remove_dir_all(fast_dir.join(format!("ck{prev}"))).ok();
     }
+    let runs: Vec<ClientRun> = per_side.into_iter().flatten().collect();
     let rows = summarize(&runs);
     print_rows(&rows, "inflight");
     let (rb, rc, _) = best(&rows, DRAIN_DEFAULT.name);
@@ -497,6 +504,14 @@ fn forget_uploaded(server: &crate::s3server::S3Server, bucket: &str, key_or_pref
     }
 }
 
+/// One side of `bench s3 drain`: a configuration of ringtier's drain (its index among the
+/// variants names its S3 prefix), or boto3's `upload_file` at a `max_concurrency`.
+#[derive(Debug, Clone, Copy)]
+enum DrainSide {
+    Ringtier(usize, DrainVariant),
+    Boto3(usize),
+}
+
 /// One configuration of ringtier's drain in `bench s3 drain`.
 #[derive(Debug, Clone, Copy)]
 struct DrainVariant {
@@ -514,6 +529,15 @@ const DRAIN_UNSIGNED: [DrainVariant; 2] = [
     DrainVariant { name: "ringtier drain (read-back, unsigned)", verify: UploadVerify::ReadBack, unsigned: Some(true) },
     DrainVariant { name: "ringtier drain (unsigned, no check)", verify: UploadVerify::Off, unsigned: Some(true) },
 ];
+
+/// One side of `bench s3 read`: the S3 tier or the throttled file tier at a depth, or the
+/// boto3 pool at a thread count.
+#[derive(Debug, Clone, Copy)]
+enum ReadSide {
+    S3(usize),
+    Files(usize),
+    Boto3(usize),
+}
 
 /// Reads every key through `tier` in batches of `depth` requests (one batch in flight at a
 /// time, each of its requests concurrent): returns bytes read.
@@ -579,65 +603,71 @@ pub(crate) fn read(r: &ReadSweep) -> Result<S3Report> {
     // Cold: the server's files (objects are files on s3s-fs) and the local copy.
     let cold = Cold::new();
     let mut cold_method = ColdMethod::Warm;
-    let mut runs = Vec::new();
-    for rep in 0..r.repeats {
-        for &depth in &r.depths {
-            let tier: Arc<dyn Tier> = Arc::new(S3Tier::new(
-                s3_config(server.endpoint(), bucket, "").with_io_threads(1).with_read_concurrency(depth),
-            )?);
-            // Warm the connection pool, as the boto3 pool is warmed.
-            rt.block_on(read_all(tier.as_ref(), &keys[..depth.min(keys.len())], size, depth))?;
-            cold.pass_dirs(&[&work])?;
-            let meter = Meter::start();
-            let bytes = rt.block_on(read_all(tier.as_ref(), &keys, size, depth))?;
-            let u = meter.stop();
-            let (secs, cpu) = (u.wall_seconds, u.cpu_seconds);
-            println!("  rep {rep} ringtier S3 depth {depth}: {:.1} MB/s", bytes as f64 / secs / 1e6);
-            runs.push(ClientRun {
-                client: "ringtier S3 tier".into(),
-                setting: depth,
-                seconds: secs,
-                cpu_seconds: cpu,
-                bytes,
-            });
-
-            let file_tier = crate::tiers::dir_tier(&ds_dir, "pfs", None, BufferedWrites::default())?;
-            let slow: Arc<dyn Tier> =
-                Arc::new(Throttled::new(file_tier, Throttle::bandwidth(u64::MAX).with_latency(latency)));
-            cold_method = cold.pass_dirs(&[&work])?;
-            let meter = Meter::start();
-            let bytes = rt.block_on(read_all(slow.as_ref(), &keys, size, depth))?;
-            let u = meter.stop();
-            let (secs, cpu) = (u.wall_seconds, u.cpu_seconds);
-            println!("  rep {rep} ringtier throttled files depth {depth}: {:.1} MB/s", bytes as f64 / secs / 1e6);
-            runs.push(ClientRun {
-                client: format!("ringtier files +{}ms/request", r.latency_ms),
-                setting: depth,
-                seconds: secs,
-                cpu_seconds: cpu,
-                bytes,
-            });
-        }
-        for &threads in &r.threads {
-            cold_method = cold.pass_dirs(&[&work])?;
-            let extra: Vec<String> = vec![
-                "read".into(),
-                "--keys-file".into(),
-                keys_file.display().to_string(),
-                "--threads".into(),
-                threads.to_string(),
-            ];
-            let (secs, cpu, bytes) = baseline(&script, server.endpoint(), bucket, &extra)?;
-            println!("  rep {rep} boto3 pool threads {threads}: {:.1} MB/s", bytes as f64 / secs / 1e6);
-            runs.push(ClientRun {
-                client: "boto3 thread pool".into(),
-                setting: threads,
-                seconds: secs,
-                cpu_seconds: cpu,
-                bytes,
-            });
-        }
-    }
+    let sides: Vec<ReadSide> = r
+        .depths
+        .iter()
+        .flat_map(|&d| [ReadSide::S3(d), ReadSide::Files(d)])
+        .chain(r.threads.iter().map(|&t| ReadSide::Boto3(t)))
+        .collect();
+    let per_side = interleaved(r.repeats, &sides, true, |rep, side| {
+        let run = match *side {
+            ReadSide::S3(depth) => {
+                let tier: Arc<dyn Tier> = Arc::new(S3Tier::new(
+                    s3_config(server.endpoint(), bucket, "").with_io_threads(1).with_read_concurrency(depth),
+                )?);
+                // Warm the connection pool, as the boto3 pool is warmed.
+                rt.block_on(read_all(tier.as_ref(), &keys[..depth.min(keys.len())], size, depth))?;
+                cold_method = cold.pass_dirs(&[&work])?;
+                let meter = Meter::start();
+                let bytes = rt.block_on(read_all(tier.as_ref(), &keys, size, depth))?;
+                let u = meter.stop();
+                ClientRun {
+                    client: "ringtier S3 tier".into(),
+                    setting: depth,
+                    seconds: u.wall_seconds,
+                    cpu_seconds: u.cpu_seconds,
+                    bytes,
+                }
+            }
+            ReadSide::Files(depth) => {
+                let file_tier = crate::tiers::dir_tier(&ds_dir, "pfs", None, BufferedWrites::default())?;
+                let slow: Arc<dyn Tier> =
+                    Arc::new(Throttled::new(file_tier, Throttle::bandwidth(u64::MAX).with_latency(latency)));
+                cold_method = cold.pass_dirs(&[&work])?;
+                let meter = Meter::start();
+                let bytes = rt.block_on(read_all(slow.as_ref(), &keys, size, depth))?;
+                let u = meter.stop();
+                ClientRun {
+                    client: format!("ringtier files +{}ms/request", r.latency_ms),
+                    setting: depth,
+                    seconds: u.wall_seconds,
+                    cpu_seconds: u.cpu_seconds,
+                    bytes,
+                }
+            }
+            ReadSide::Boto3(threads) => {
+                cold_method = cold.pass_dirs(&[&work])?;
+                let extra: Vec<String> = vec![
+                    "read".into(),
+                    "--keys-file".into(),
+                    keys_file.display().to_string(),
+                    "--threads".into(),
+                    threads.to_string(),
+                ];
+                let (secs, cpu, bytes) = baseline(&script, server.endpoint(), bucket, &extra)?;
+                ClientRun {
+                    client: "boto3 thread pool".into(),
+                    setting: threads,
+                    seconds: secs,
+                    cpu_seconds: cpu,
+                    bytes,
+                }
+            }
+        };
+        println!("  rep {rep} {} ({}): {:.1} MB/s", run.client, run.setting, run.mb_per_sec());
+        Ok(run)
+    })?;
+    let runs: Vec<ClientRun> = per_side.into_iter().flatten().collect();
     let rows = summarize(&runs);
     print_rows(&rows, "depth");
     let (rb, rc, rs) = best(&rows, "ringtier S3 tier");

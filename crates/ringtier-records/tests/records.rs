@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ringtier_core::{ErrorKind, Tier};
+use ringtier_records::OnBadSample;
 use ringtier_records::{
     list_shards, write_tar_end, write_tar_member, write_tfrecord, Record, RecordConfig, RecordFormat, RecordLoader,
 };
-use ringtier_records::OnBadSample;
 use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier};
 
@@ -47,9 +47,7 @@ async fn collect(loader: &RecordLoader, epoch: u64, position: u64) -> Vec<Record
     out
 }
 
-async fn uring(
-    dir: &std::path::Path,
-) -> (Arc<dyn Tier>, Vec<ringtier_records::Shard>, Vec<ringtier_records::Shard>) {
+async fn uring(dir: &std::path::Path) -> (Arc<dyn Tier>, Vec<ringtier_records::Shard>, Vec<ringtier_records::Shard>) {
     let tier: Arc<dyn Tier> = Arc::new(UringTier::new(dir, UringConfig::default()).expect("tier"));
     let tf = list_shards(tier.as_ref(), RecordFormat::TfRecord).await.unwrap_or_default();
     let wds = list_shards(tier.as_ref(), RecordFormat::WebDataset).await.unwrap_or_default();

@@ -4,6 +4,7 @@
 mod state;
 mod stats;
 mod tier;
+mod window;
 
 use std::path::PathBuf;
 
@@ -24,9 +25,13 @@ pub enum CachePolicy {
     /// Filled once, never evicted (CoorDL's MinIO policy): the first objects read stay while
     /// there is room. One reader hits about c of its reads.
     Static,
-    /// Placement by this rank's access frequency over the next epochs (from the seed), the most
-    /// frequent in the fastest level, plus prefetch of the next reads in access order within a
-    /// byte budget (NoPFS, Dryden et al., SC21). Needs the rank's future: the loader's cache.
+    /// Belady's placement on the future reads of the ranks sharing the cache (from the seed):
+    /// a copy is kept when it is read again before the copies it would displace (those read
+    /// furthest ahead go), plus a prefetcher that fills free room in read order with the read
+    /// budget the readers leave (NoPFS, Dryden et al., SC21). Optimal in slow-tier bytes for
+    /// samples of one size. Wins over static only where the readers sharing the cache read a
+    /// different part of the dataset each epoch (see the crate docs). Needs the readers'
+    /// future: the loader's cache, or [`CachedTier::for_node`].
     Clairvoyant,
 }
 
@@ -106,7 +111,7 @@ impl CacheLevel {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CacheConfig {
-    /// The policy. Default [`CachePolicy::Lru`].
+    /// The policy. Default [`CachePolicy::Static`] (see the crate docs for when another wins).
     pub policy: CachePolicy,
     /// The levels, fastest first (at most one memory level, which must come first). Default:
     /// none; give at least one (except for [`CachePolicy::None`]).
@@ -114,12 +119,15 @@ pub struct CacheConfig {
     /// Epochs of the rank's future the clairvoyant placement counts accesses over, from the
     /// current epoch on. Default 3.
     pub lookahead_epochs: u64,
-    /// Bytes of the first level the clairvoyant prefetcher may fill with samples that are not
-    /// placed (each is dropped once read); the placement gets the rest. `None` (the default):
-    /// a quarter of the first level. Must be below the first level's capacity.
+    /// Bytes of the first level the clairvoyant prefetcher may fill with samples that the
+    /// placement would not keep (each is dropped once read); the placement gets the rest.
+    /// `None` (the default): 0, the prefetcher only fills room the placement leaves free (a
+    /// staged budget is room taken from reuse). Must be below the first level's capacity.
     pub prefetch_bytes: Option<u64>,
-    /// Objects the clairvoyant prefetcher reads from the slow tier at once (in batches of up to
-    /// 16). Default 128.
+    /// The read budget of the clairvoyant prefetcher: objects in flight at the slow tier, the
+    /// readers' reads through the cache counted first (the prefetcher uses what they leave; in
+    /// batches of up to 16). Give it the readers' own depth (the loader's prefetch batches x
+    /// batch size x ranks sharing the cache) so every policy has the same budget. Default 128.
     pub prefetch_depth: usize,
     /// Largest request when an object is fetched whole into the cache (larger objects are read
     /// in ranges of this size). Default 8 MiB.
@@ -129,7 +137,7 @@ pub struct CacheConfig {
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
-            policy: CachePolicy::Lru,
+            policy: CachePolicy::Static,
             levels: Vec::new(),
             lookahead_epochs: 3,
             prefetch_bytes: None,
@@ -192,7 +200,7 @@ impl CacheConfig {
             return 0;
         }
         let first = self.levels.first().map_or(0, |l| l.capacity_bytes);
-        self.prefetch_bytes.unwrap_or(first / 4).min(first)
+        self.prefetch_bytes.unwrap_or(0).min(first)
     }
 
     /// Checks the settings: a capacity of 0, a memory level after a directory, a budget that

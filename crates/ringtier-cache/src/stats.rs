@@ -37,6 +37,9 @@ pub struct CacheStats {
     pub hit_bytes: u64,
     /// Bytes read from the slow tier for readers (prefetches not included).
     pub miss_bytes: u64,
+    /// Bytes the cache read from the slow tier for itself: whole objects after a partial
+    /// read, and prefetches.
+    pub fetched_bytes: u64,
     /// Objects the prefetcher fetched.
     pub prefetched: u64,
     /// Bytes the prefetcher fetched.
@@ -78,6 +81,12 @@ impl CacheStats {
         ratio(self.reuse_hits(), self.accesses())
     }
 
+    /// Bytes read from the slow tier through the cache: readers' misses and the cache's own
+    /// fetches (what a cache is there to save).
+    pub fn slow_tier_bytes(&self) -> u64 {
+        self.miss_bytes + self.fetched_bytes
+    }
+
     /// Mean prefetch lead: seconds between a prefetched copy's arrival and its first read.
     pub fn mean_prefetch_lead_seconds(&self) -> f64 {
         let n: u64 = self.levels.iter().map(|l| l.prefetch_hits).sum();
@@ -100,6 +109,7 @@ impl CacheStats {
         d.late_prefetches -= earlier.late_prefetches;
         d.hit_bytes -= earlier.hit_bytes;
         d.miss_bytes -= earlier.miss_bytes;
+        d.fetched_bytes -= earlier.fetched_bytes;
         d.prefetched -= earlier.prefetched;
         d.prefetched_bytes -= earlier.prefetched_bytes;
         d.unused_evicted -= earlier.unused_evicted;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
 use async_trait::async_trait;
@@ -58,8 +58,14 @@ struct Inner {
     stores: Vec<Store>,
     state: Mutex<State>,
     keys: RwLock<Keys>,
-    /// The rank's order, for the clairvoyant policy.
-    sampler: Option<Sampler>,
+    /// The order of each rank sharing the cache (one for a rank's cache, every local rank's
+    /// for a node cache), for the clairvoyant policy.
+    samplers: Vec<Sampler>,
+    /// The epoch each of those ranks is in (`None` before its first).
+    epochs: Mutex<Vec<Option<u64>>>,
+    /// Reads of readers in flight at the slow tier (the prefetcher uses what they leave of
+    /// `prefetch_depth`).
+    demand: AtomicUsize,
     notify: Arc<Notify>,
     prefetcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
     metrics: Metrics,
@@ -109,7 +115,7 @@ impl CachedTier {
                  (or LoaderConfig::with_cache)",
             ));
         }
-        Self::build(backing, cfg, Keys::default(), None)
+        Self::build(backing, cfg, Keys::default(), Vec::new())
     }
 
     /// A cache over `dataset`'s tier for the rank `sampler` reads for: it knows every sample's
@@ -117,16 +123,29 @@ impl CachedTier {
     /// shared seed), with no coordination with other ranks. Call [`CachedTier::begin_epoch`]
     /// when an epoch starts (the loader does).
     pub fn for_dataset(dataset: &Dataset, sampler: Sampler, cfg: CacheConfig) -> Result<Self> {
+        Self::for_node(dataset, vec![sampler], cfg)
+    }
+
+    /// One cache over `dataset`'s tier for the ranks of a node (NoPFS's node-local cache): one
+    /// copy of a sample per node, whichever rank reads it. `samplers` are the node's ranks'
+    /// (the same dataset, seed and world; each rank's loader reads through this cache). The
+    /// clairvoyant policy computes the future of all of them from the seed and places by
+    /// Belady on their union. Each rank calls [`CachedTier::begin_rank_epoch`] with its index
+    /// in `samplers` when it starts an epoch.
+    pub fn for_node(dataset: &Dataset, samplers: Vec<Sampler>, cfg: CacheConfig) -> Result<Self> {
+        if samplers.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidInput, "a node cache needs the sampler of at least one rank"));
+        }
         let mut keys = Keys::default();
         for (i, s) in dataset.samples().iter().enumerate() {
             keys.ids.entry(s.key.clone()).or_insert(i as u32);
             keys.names.push(s.key.clone());
             keys.sizes.push(s.size);
         }
-        Self::build(Arc::clone(dataset.tier()), cfg, keys, Some(sampler))
+        Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers)
     }
 
-    fn build(backing: Arc<dyn Tier>, cfg: CacheConfig, keys: Keys, sampler: Option<Sampler>) -> Result<Self> {
+    fn build(backing: Arc<dyn Tier>, cfg: CacheConfig, keys: Keys, samplers: Vec<Sampler>) -> Result<Self> {
         cfg.validate()?;
         let levels = if cfg.policy == CachePolicy::None { Vec::new() } else { cfg.levels.clone() };
         let mut stores = Vec::with_capacity(levels.len());
@@ -164,7 +183,9 @@ impl CachedTier {
                 stores,
                 state: Mutex::new(state),
                 keys: RwLock::new(keys),
-                sampler,
+                epochs: Mutex::new(vec![None; samplers.len()]),
+                samplers,
+                demand: AtomicUsize::new(0),
                 notify: Arc::new(Notify::new()),
                 prefetcher: Mutex::new(None),
                 metrics,
@@ -183,40 +204,70 @@ impl CachedTier {
         &self.inner.cfg
     }
 
-    /// Tells the cache that the reader starts `epoch` at `position`: the clairvoyant policy
-    /// recomputes its placement over the lookahead window from here, drops copies no longer
-    /// placed, and (re)starts prefetching in access order. Must be called inside a tokio
-    /// runtime. Without a sampler (a cache from [`CachedTier::new`]) it does nothing.
+    /// Tells the cache that the reader starts `epoch` at `position` (a cache with one sampler:
+    /// [`CachedTier::for_dataset`]); see [`CachedTier::begin_rank_epoch`].
     pub fn begin_epoch(&self, epoch: u64, position: usize) -> Result<()> {
-        let Some(sampler) = &self.inner.sampler else { return Ok(()) };
-        if self.inner.cfg.policy != CachePolicy::Clairvoyant {
+        self.begin_rank_epoch(0, epoch, position)
+    }
+
+    /// Tells the cache that rank `local` (its index among the samplers the cache was made
+    /// with) starts `epoch` at `position`: the clairvoyant policy moves its window to the
+    /// epochs from the earliest any sharing rank is in to `lookahead_epochs` past the latest,
+    /// renews every copy's next read, and (re)starts prefetching. Must be called inside a
+    /// tokio runtime. Without samplers (a cache from [`CachedTier::new`]) it does nothing.
+    pub fn begin_rank_epoch(&self, local: usize, epoch: u64, position: usize) -> Result<()> {
+        let inner = &self.inner;
+        if inner.samplers.is_empty() || inner.cfg.policy != CachePolicy::Clairvoyant {
             return Ok(());
         }
+        let Some(sampler) = inner.samplers.get(local) else {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("rank index {local} is not one of the cache's {} ranks", inner.samplers.len()),
+            ));
+        };
         let rt = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::new(
                 ErrorKind::InvalidInput,
                 "the clairvoyant cache prefetches in the background: start epochs inside a tokio runtime",
             )
         })?;
-        let current = sampler.epoch_from(epoch, position)?;
-        let epoch_len = current.len();
-        let mut seq = current;
-        for e in 1..self.inner.cfg.lookahead_epochs {
-            seq.extend(sampler.epoch(epoch + e));
+        let all = sampler.epoch(epoch);
+        if position > all.len() {
+            sampler.epoch_from(epoch, position)?; // the sampler's own out-of-range error
         }
-        let victims = {
-            let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
-            let mut st = self.inner.lock();
-            st.set_future(seq, epoch_len, keys.sizes.len(), &keys.sizes)
+        let skipped = all[..position.min(all.len())].to_vec();
+        let (first, count) = {
+            let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+            epochs[local] = Some(epoch);
+            let begun = epochs.iter().flatten();
+            let first = begun.clone().copied().min().unwrap_or(epoch);
+            let last = begun.copied().max().unwrap_or(epoch);
+            (first, (last - first + inner.cfg.lookahead_epochs.max(1)) as usize)
         };
-        self.inner.report();
-        self.inner.drop_files(victims);
-        let mut task = self.inner.prefetcher.lock().unwrap_or_else(|p| p.into_inner());
+        let ids = inner.keys.read().unwrap_or_else(|p| p.into_inner()).sizes.len();
+        let moved = inner.lock().window.range() != (first, count);
+        if moved {
+            // Computed without the lock (a shuffle of the dataset per rank and epoch).
+            let orders: Vec<Vec<Vec<u32>>> =
+                (first..first + count as u64).map(|e| inner.samplers.iter().map(|s| s.epoch(e)).collect()).collect();
+            let victims = {
+                let mut st = inner.lock();
+                let v = st.set_window(first, orders, ids);
+                st.window.mark_read(epoch, &skipped);
+                v
+            };
+            inner.drop_files(victims);
+        } else if !skipped.is_empty() {
+            inner.lock().window.mark_read(epoch, &skipped);
+        }
+        inner.report();
+        let mut task = inner.prefetcher.lock().unwrap_or_else(|p| p.into_inner());
         if task.as_ref().is_none_or(|t| t.is_finished()) {
-            *task = Some(rt.spawn(prefetcher(Arc::downgrade(&self.inner), Arc::clone(&self.inner.notify))));
+            *task = Some(rt.spawn(prefetcher(Arc::downgrade(inner), Arc::clone(&inner.notify))));
         }
         drop(task);
-        self.inner.notify.notify_waiters();
+        inner.notify.notify_waiters();
         Ok(())
     }
 
@@ -245,6 +296,7 @@ impl CachedTier {
             late_prefetches: c.late,
             hit_bytes: c.hit_bytes,
             miss_bytes: c.miss_bytes,
+            fetched_bytes: c.fetched_bytes,
             prefetched: c.prefetched,
             prefetched_bytes: c.prefetched_bytes,
             unused_evicted: c.unused_evicted,
@@ -270,6 +322,27 @@ impl CachedTier {
                 return;
             }
         }
+    }
+}
+
+/// Counts readers' reads in flight at the slow tier while it lives (also when a read's future
+/// is dropped), and wakes the prefetcher when they end.
+pub(super) struct DemandGuard<'a> {
+    inner: &'a Inner,
+    n: usize,
+}
+
+impl<'a> DemandGuard<'a> {
+    fn new(inner: &'a Inner, n: usize) -> Self {
+        inner.demand.fetch_add(n, Ordering::AcqRel);
+        DemandGuard { inner, n }
+    }
+}
+
+impl Drop for DemandGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.demand.fetch_sub(self.n, Ordering::AcqRel);
+        self.inner.notify.notify_waiters();
     }
 }
 
@@ -478,6 +551,8 @@ impl Inner {
                 }
             }
         }
+        let fetched: u64 = out.iter().flatten().map(|d| d.len() as u64).sum();
+        self.lock().counters.fetched_bytes += fetched;
         out.into_iter().map(|r| r.map(Arc::from)).collect()
     }
 

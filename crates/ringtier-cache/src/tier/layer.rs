@@ -46,7 +46,9 @@ impl Tier for CachedTier {
             Ok(done) => return done,
             Err(buf) => buf,
         };
+        let demand = DemandGuard::new(&self.inner, 1);
         let (res, buf) = self.inner.backing.read_at(key, offset, len, buf).await;
+        drop(demand);
         if res.is_ok() {
             let (id, _) = self.inner.id_of(key);
             self.inner.after_miss(key, id, offset, len, Some(buf.as_slice())).await;
@@ -81,7 +83,9 @@ impl Tier for CachedTier {
         if missed.is_empty() {
             return batch;
         }
+        let demand = DemandGuard::new(&self.inner, misses.len());
         let mut misses = self.inner.backing.read_batch(misses).await;
+        drop(demand);
         let mut done = Vec::with_capacity(missed.len());
         for (key, offset, res, buf) in misses.drain() {
             done.push((key.to_string(), offset, res, buf));

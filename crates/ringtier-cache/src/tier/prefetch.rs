@@ -1,19 +1,26 @@
-//! The clairvoyant prefetcher: the objects the rank will read next, fetched ahead in batches
-//! within the prefetch budget.
+//! The clairvoyant prefetcher: the objects the ranks sharing the cache will read next, fetched
+//! ahead in batches into free room (or the staged budget), with only the read budget that the
+//! readers' own reads leave.
 
 use super::*;
 
 /// Objects one prefetch request batch holds at most.
 const PREFETCH_GROUP: usize = 16;
 
-/// The clairvoyant prefetcher: takes the next objects in access order that may come in, fetches
-/// them in batches of up to [`PREFETCH_GROUP`] (at most `prefetch_depth` objects in flight), and
-/// waits for room when the budget is full.
+/// The clairvoyant prefetcher: takes the next objects in the node's time order that may come in,
+/// fetches them in batches of up to [`PREFETCH_GROUP`], and waits for room when there is none.
+/// Its reads and the readers' reads at the slow tier together stay within `prefetch_depth`:
+/// demand reads come first, the prefetcher spends only the bandwidth they leave.
 pub(super) async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
     let mut tasks = tokio::task::JoinSet::new();
-    let permits = {
-        let Some(inner) = weak.upgrade() else { return };
-        Arc::new(Semaphore::new(inner.cfg.prefetch_depth))
+    let depth = match weak.upgrade() {
+        Some(inner) => inner.cfg.prefetch_depth,
+        None => return,
+    };
+    let permits = Arc::new(Semaphore::new(depth));
+    // Objects in flight, prefetched and demanded, after taking one more.
+    let busy = |inner: &Inner, permits: &Semaphore| {
+        depth - permits.available_permits() + inner.demand.load(std::sync::atomic::Ordering::Acquire)
     };
     loop {
         let Ok(mut permit) = Arc::clone(&permits).acquire_owned().await else { return };
@@ -21,15 +28,15 @@ pub(super) async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
         tokio::pin!(notified);
         notified.as_mut().enable();
         let Some(inner) = weak.upgrade() else { return };
-        let group: Vec<(u32, String, u64)> = {
+        let (group, dropped): (Vec<(u32, String, u64)>, _) = {
             let keys = inner.keys.read().unwrap_or_else(|p| p.into_inner());
             let mut st = inner.lock();
             let mut group = Vec::new();
-            while group.len() < PREFETCH_GROUP {
+            while group.len() < PREFETCH_GROUP && busy(&inner, &permits) <= depth {
                 if !group.is_empty() {
                     match Arc::clone(&permits).try_acquire_owned() {
-                        Ok(p) => permit.merge(p),
-                        Err(_) => break,
+                        Ok(p) if busy(&inner, &permits) <= depth => permit.merge(p),
+                        _ => break,
                     }
                 }
                 let Some((id, size)) = st.next_prefetch(&keys.sizes) else { break };
@@ -41,8 +48,9 @@ pub(super) async fn prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
                     }
                 }
             }
-            group
+            (group, std::mem::take(&mut st.dropped))
         };
+        inner.drop_files(dropped);
         if group.is_empty() {
             drop(permit);
             drop(inner);

@@ -1,32 +1,46 @@
 //! `ringtier bench cache`: cache policies (none, LRU, static, clairvoyant) in front of a slow
-//! tier that is the bottleneck, one rank and several ranks (processes, each with its own cache
-//! and shard, the same seed), cache sizes as fractions of the dataset; epoch time, stall share
-//! of step time and hit ratio per policy, with the bound c (one reader) beside the hit ratios.
+//! tier, with one read budget for all of them, 1 rank and the ranks of a node (loaders in one
+//! process, sharing one node cache or each with its own), cache sizes as fractions of the
+//! dataset; per policy: epoch time, the slow tier's bytes per epoch (read through the cache),
+//! stall share and hit ratios, and ratios against the other policies pair by pair.
+//!
+//! The slow tier is the throttled layer (token-bucket bandwidth shared by the node's ranks,
+//! latency per request batch) over ext4 files that stay in the page cache: it emulates a
+//! parallel file system or object store; the page cache only makes the layer below it free.
+
+mod node;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
-use ringtier_core::layers::{Throttle, Throttled};
-use ringtier_core::{PosixConfig, PosixTier, Tier};
-use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CacheStats, Dataset, Loader, LoaderConfig};
+use clap::{Args, ValueEnum};
+use ringtier_loader::CachePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::harness::report::utc_now;
-use crate::harness::{filesystem, write_json, Machine, Rng, Summary};
+use crate::harness::{filesystem, interleaved, write_json, Machine, Meter, Rng, Summary, Table};
+
+/// Which ranks share a cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum CacheScope {
+    /// One cache for the node's ranks (one copy of a sample per node), of fraction c.
+    Node,
+    /// One cache per rank, each of c divided by the ranks (the same memory per node).
+    Rank,
+}
 
 /// Arguments of `ringtier bench cache`.
 #[derive(Args, Debug, Clone)]
 pub struct CacheBenchArgs {
     /// Work directory: the dataset is generated in DIR/cache-dataset (kept and reused when it
-    /// matches), cache directory levels go to DIR/cache-levels. Default: a new temp directory.
+    /// matches), cache directory levels go to DIR/cache-levels. Default: a new temp directory,
+    /// removed at the end.
     #[arg(long)]
     pub(crate) dir: Option<PathBuf>,
     /// Samples in the dataset.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 2_000)]
     pub(crate) samples: usize,
     /// Bytes per sample.
     #[arg(long, default_value_t = 100_000)]
@@ -34,45 +48,53 @@ pub struct CacheBenchArgs {
     /// Samples per batch.
     #[arg(long, default_value_t = 32)]
     pub(crate) batch: usize,
-    /// Batches the loader reads ahead (its own prefetch, the same for every policy).
-    #[arg(long, default_value_t = 2)]
-    pub(crate) loader_prefetch: usize,
+    /// The read budget, the same for every policy: samples each rank's loader keeps in flight
+    /// (it reads IN_FLIGHT / BATCH batches at once), and the clairvoyant prefetcher's depth
+    /// (ranks x IN_FLIGHT, of which the prefetcher only uses what the demand reads leave).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) in_flight: usize,
     /// Emulated training step per batch, milliseconds.
     #[arg(long, default_value_t = 8.0)]
     pub(crate) step_ms: f64,
-    /// Slow tier: latency added to every request (one per batch of requests), milliseconds.
-    #[arg(long, default_value_t = 50.0)]
+    /// Slow tier: latency added to every request batch, milliseconds.
+    #[arg(long, default_value_t = 5.0)]
     pub(crate) latency_ms: f64,
-    /// Slow tier: read bandwidth in MB/s, shared by the ranks (each process gets its share).
-    #[arg(long, default_value_t = 400.0)]
+    /// Slow tier: read bandwidth in MB/s, one token bucket shared by the node's ranks.
+    #[arg(long, default_value_t = 100.0)]
     pub(crate) bandwidth_mbs: f64,
-    /// Cache sizes, as fractions of the dataset.
+    /// Cache sizes, as fractions of the dataset (per node).
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.25")]
     pub(crate) fractions: Vec<f64>,
-    /// Rank counts (each rank a process with its own cache and shard).
+    /// Ranks per node (each a loader; all in one process).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub(crate) ranks: Vec<usize>,
+    /// Nodes in the job: the world is NODES x RANKS ranks, and the benchmark runs the first
+    /// node's ranks (the other nodes read their own shards from their own share of the slow
+    /// tier; BANDWIDTH_MBS is this node's share).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) nodes: usize,
+    /// Which ranks share a cache: node (one cache per node) or rank (one per rank, c / ranks each).
+    #[arg(long, value_enum, default_value_t = CacheScope::Node)]
+    pub(crate) scope: CacheScope,
     /// Policies: none, lru, static, clairvoyant.
     #[arg(long, value_delimiter = ',', default_value = "none,lru,static,clairvoyant")]
     pub(crate) policies: Vec<String>,
-    /// Epochs per run.
+    /// Epochs per run (epoch 0 starts cold; the later ones are the warm epochs).
     #[arg(long, default_value_t = 3)]
     pub(crate) epochs: u64,
-    /// Repeats (policies interleaved within each repeat).
+    /// Repeats (every side once per repeat, the order rotated).
     #[arg(long, default_value_t = 3)]
     pub(crate) repeats: usize,
     /// Seed of the shuffle (the same for every policy and rank).
     #[arg(long, default_value_t = 7)]
     pub(crate) seed: u64,
-    /// Clairvoyant: epochs of lookahead for the placement.
+    /// Clairvoyant: epochs of the future the placement looks at.
     #[arg(long, default_value_t = 3)]
     pub(crate) lookahead: u64,
-    /// Clairvoyant: share of the cache the prefetcher may fill with samples it does not place.
-    #[arg(long, default_value_t = 0.5)]
+    /// Clairvoyant: share of the cache kept for prefetched samples that the placement would not
+    /// keep (each dropped once read). 0: the prefetcher only fills free room.
+    #[arg(long, default_value_t = 0.0)]
     pub(crate) prefetch_frac: f64,
-    /// Clairvoyant: samples in flight from the slow tier.
-    #[arg(long, default_value_t = 256)]
-    pub(crate) prefetch_depth: usize,
     /// Cache in a directory level (files under --dir) instead of memory.
     #[arg(long)]
     pub(crate) cache_in_dir: bool,
@@ -82,78 +104,80 @@ pub struct CacheBenchArgs {
     /// Write the report as Markdown here.
     #[arg(long)]
     pub(crate) md: Option<PathBuf>,
-    /// Internal: run one rank ("policy,fraction,rank,world") and print its result as JSON.
+    /// Internal: run one side ("policy,fraction,ranks") and print its result as JSON.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,
 }
 
-/// One epoch of one rank.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct EpochResult {
-    epoch: u64,
-    seconds: f64,
-    stall_seconds: f64,
-    accesses: u64,
-    hits: u64,
-    reuse_hits: u64,
-    prefetch_hits: u64,
-    misses: u64,
-    late_prefetches: u64,
-    prefetched_bytes: u64,
-    prefetched_unused_bytes: u64,
-    mean_prefetch_lead_seconds: f64,
+impl CacheBenchArgs {
+    /// Batches each loader reads ahead so that IN_FLIGHT samples are in flight (the loader
+    /// keeps its prefetch plus one batches in flight).
+    pub(crate) fn loader_prefetch(&self) -> usize {
+        (self.in_flight / self.batch.max(1)).max(2) - 1
+    }
 }
 
-/// One rank's run.
+/// One epoch of one side (all its ranks).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct RankResult {
-    policy: String,
-    fraction: f64,
-    rank: usize,
-    world: usize,
-    capacity_bytes: u64,
-    max_used_bytes: u64,
-    epochs: Vec<EpochResult>,
+pub(crate) struct EpochResult {
+    pub(crate) epoch: u64,
+    /// The slowest rank's time (ranks start each epoch together, as a job's ranks do).
+    pub(crate) seconds: f64,
+    /// Stall over epoch time, mean over ranks.
+    pub(crate) stall_share: f64,
+    /// Bytes read from the slow tier during the epoch through the cache(s): readers' misses,
+    /// the caches' own fetches and prefetches.
+    pub(crate) slow_bytes: u64,
+    pub(crate) accesses: u64,
+    pub(crate) hits: u64,
+    pub(crate) reuse_hits: u64,
+    pub(crate) late_prefetches: u64,
+    pub(crate) prefetched_bytes: u64,
+    pub(crate) prefetched_unused_bytes: u64,
 }
 
-/// One (policy, fraction, world) run of all its ranks, one repeat.
+/// One side's run: a policy, a cache size and a rank count, every epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SideResult {
+    pub(crate) policy: String,
+    pub(crate) fraction: f64,
+    pub(crate) ranks: usize,
+    pub(crate) capacity_bytes: u64,
+    /// Most bytes the cache(s) held at once (checked against the capacity after every batch).
+    pub(crate) max_used_bytes: u64,
+    pub(crate) peak_rss_bytes: u64,
+    pub(crate) epochs: Vec<EpochResult>,
+}
+
+/// A side's run with its cost and repeat.
 #[derive(Debug, Clone, Serialize)]
-struct PolicyRun {
+struct Run {
     repeat: usize,
-    policy: String,
-    fraction: f64,
-    world: usize,
-    /// Per epoch: the slowest rank's time (ranks of a job wait for each other at the step).
-    epoch_seconds: Vec<f64>,
-    /// Per epoch: stall over epoch time, mean over ranks.
-    stall_share: Vec<f64>,
-    /// Per epoch: hits over accesses, all ranks together.
-    hit_ratio: Vec<f64>,
-    /// Per epoch: reuse hits (no prefetch) over accesses.
-    reuse_hit_ratio: Vec<f64>,
-    prefetched_unused_bytes: u64,
-    mean_prefetch_lead_seconds: f64,
-    ranks: Vec<RankResult>,
+    cpu_seconds: f64,
+    wall_seconds: f64,
+    result: SideResult,
 }
 
-/// Summary of one (policy, fraction, world) over repeats, warm epochs (1 and later).
+/// Summary of one (fraction, ranks, policy) over repeats, warm epochs (1 and later).
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     policy: String,
     fraction: f64,
-    world: usize,
-    bound_c: f64,
+    ranks: usize,
     warm_epoch_seconds: Summary,
     first_epoch_seconds: Summary,
+    warm_slow_mb: Summary,
     warm_stall_share: Summary,
     warm_hit_ratio: Summary,
     warm_reuse_hit_ratio: Summary,
-    /// LRU's warm epoch time over this one's, pair by pair (same repeat).
-    speedup_vs_lru: Summary,
-    /// Static's warm epoch time over this one's.
-    speedup_vs_static: Summary,
-    /// This one's warm hit ratio over static's.
-    hit_ratio_vs_static: Summary,
+    /// This side's warm epoch time over the best of none, LRU and static in the same repeat.
+    time_vs_best_baseline: Summary,
+    /// This side's warm epoch time over static's, pair by pair.
+    time_vs_static: Summary,
+    /// This side's slow-tier bytes per warm epoch over static's, pair by pair.
+    slow_bytes_vs_static: Summary,
+    cpu_seconds_per_gib: Summary,
+    peak_rss_mib: Summary,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,20 +185,27 @@ struct Report {
     schema: &'static str,
     date: String,
     machine: Machine,
+    load_average: String,
     storage: String,
     config: String,
     command: String,
     rows: Vec<Row>,
-    runs: Vec<PolicyRun>,
+    runs: Vec<Run>,
 }
 
-fn policy_of(s: &str) -> Result<CachePolicy> {
+pub(crate) fn policy_of(s: &str) -> Result<CachePolicy> {
     s.parse::<CachePolicy>().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     if let Some(w) = &a.worker {
-        return worker(&a, w);
+        return node::worker(&a, w);
     }
     for p in &a.policies {
         policy_of(p)?;
@@ -182,8 +213,14 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     if a.fractions.iter().any(|&f| !(f > 0.0 && f <= 1.0)) {
         bail!("cache fractions must be in (0, 1]: {:?}", a.fractions);
     }
-    if a.ranks.contains(&0) || a.repeats == 0 || a.epochs == 0 || a.samples == 0 || a.batch == 0 {
-        bail!("ranks, repeats, epochs, samples and batch must be at least 1");
+    if a.ranks.contains(&0) || a.repeats == 0 || a.epochs == 0 || a.samples == 0 || a.batch == 0 || a.nodes == 0 {
+        bail!("ranks, nodes, repeats, epochs, samples and batch must be at least 1");
+    }
+    if a.in_flight < a.batch {
+        bail!("--in-flight ({}) must be at least one batch ({})", a.in_flight, a.batch);
+    }
+    if !(0.0..1.0).contains(&a.prefetch_frac) {
+        bail!("--prefetch-frac must be in [0, 1)");
     }
     let tmp;
     let dir = match &a.dir {
@@ -196,71 +233,70 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     generate(&dir.join("cache-dataset"), a.samples, a.sample_bytes)?;
     let exe = std::env::current_exe()?;
     let config = format!(
-        "{} samples x {} bytes ({:.0} MB), batch {}, loader prefetch {}, step {} ms, {} epochs, seed {}; slow tier: \
-         throttled layer over ext4 files (page cache warm), {} ms per request batch, {} MB/s shared by the ranks; \
-         cache in {}; clairvoyant: lookahead {} epochs, prefetch budget {:.0}% of the cache, {} samples in flight",
+        "{} samples x {} bytes ({:.0} MB), batch {}, step {} ms, {} epochs, seed {}; job of {} node(s), this node's \
+         ranks run as loaders in one process; cache scope: {:?}; read budget: {} samples in flight per rank for every \
+         policy (loader prefetch {} batches + 1; clairvoyant prefetcher depth ranks x {}, only what demand reads leave); \
+         cache in {}; clairvoyant: lookahead {} epochs, staged prefetch budget {:.0}% of the cache",
         a.samples,
         a.sample_bytes,
         (a.samples * a.sample_bytes) as f64 / 1e6,
         a.batch,
-        a.loader_prefetch,
         a.step_ms,
         a.epochs,
         a.seed,
-        a.latency_ms,
-        a.bandwidth_mbs,
+        a.nodes,
+        a.scope,
+        a.in_flight,
+        a.loader_prefetch(),
+        a.in_flight,
         if a.cache_in_dir { "a directory (files)" } else { "memory" },
         a.lookahead,
         a.prefetch_frac * 100.0,
-        a.prefetch_depth
     );
     eprintln!("{config}");
-    let mut runs = Vec::new();
-    for repeat in 0..a.repeats {
-        for &fraction in &a.fractions {
-            for &world in &a.ranks {
-                for policy in &a.policies {
-                    let mut children = Vec::new();
-                    for rank in 0..world {
-                        let mut c = Command::new(&exe);
-                        c.args(["bench", "cache"])
-                            .args(forwarded(&a, &dir))
-                            .arg("--worker")
-                            .arg(format!("{policy},{fraction},{rank},{world}"));
-                        c.stdout(std::process::Stdio::piped());
-                        children.push(c.spawn().context("starting a rank")?);
-                    }
-                    let mut ranks = Vec::new();
-                    for child in children {
-                        let out = child.wait_with_output()?;
-                        if !out.status.success() {
-                            bail!("a rank of {policy} at {fraction} x {world} failed ({})", out.status);
-                        }
-                        ranks.push(serde_json::from_slice::<RankResult>(&out.stdout).context("a rank's result")?);
-                    }
-                    let run = combine(repeat, policy, fraction, world, ranks, a.epochs as usize);
-                    eprintln!(
-                        "repeat {repeat} c={fraction} ranks={world} {policy:>11}: epochs {:?} s, stall {:?}, hit ratio {:?}",
-                        run.epoch_seconds.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
-                        run.stall_share.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
-                        run.hit_ratio.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>()
-                    );
-                    runs.push(run);
-                }
+    let mut sides = Vec::new();
+    for &fraction in &a.fractions {
+        for &ranks in &a.ranks {
+            for policy in &a.policies {
+                sides.push((policy.clone(), fraction, ranks));
             }
         }
     }
+    let results = interleaved(a.repeats, &sides, true, |repeat, (policy, fraction, ranks)| {
+        let mut c = Command::new(&exe);
+        c.args(["bench", "cache"])
+            .args(forwarded(&a, &dir))
+            .arg("--worker")
+            .arg(format!("{policy},{fraction},{ranks}"))
+            .stdout(Stdio::piped());
+        let meter = Meter::start();
+        let out = c.spawn().context("starting a side")?.wait_with_output()?;
+        let usage = meter.stop();
+        if !out.status.success() {
+            bail!("{policy} at c={fraction} x {ranks} ranks failed ({})", out.status);
+        }
+        let result: SideResult = serde_json::from_slice(&out.stdout).context("a side's result")?;
+        eprintln!(
+            "repeat {repeat} c={fraction} ranks={ranks} {policy:>11}: epochs {:?} s, slow MB {:?}, reuse hits {:?}",
+            result.epochs.iter().map(|e| (e.seconds * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            result.epochs.iter().map(|e| (e.slow_bytes as f64 / 1e5).round() / 10.0).collect::<Vec<_>>(),
+            result.epochs.iter().map(|e| e.reuse_hits).collect::<Vec<_>>(),
+        );
+        Ok(Run { repeat, cpu_seconds: usage.children_cpu_seconds, wall_seconds: usage.wall_seconds, result })
+    })?;
+    let runs: Vec<Run> = results.into_iter().flatten().collect();
     let rows = summarize(&a, &runs);
     let report = Report {
-        schema: "ringtier.bench.cache/1",
+        schema: "ringtier.bench.cache/2",
         date: utc_now(),
         machine: Machine::probe(),
+        load_average: load_average(),
         storage: format!(
-            "dataset files on {} (read through the page cache), behind the throttled layer ({} ms per request batch, {} \
-             MB/s shared)",
+            "dataset files on {} (in the page cache) behind the throttled layer: {} MB/s shared by the node's ranks, \
+             {} ms per request batch",
             filesystem(&dir),
-            a.latency_ms,
-            a.bandwidth_mbs
+            a.bandwidth_mbs,
+            a.latency_ms
         ),
         config,
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -277,29 +313,30 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The arguments a rank process needs.
+/// The arguments a side's process needs.
 fn forwarded(a: &CacheBenchArgs, dir: &Path) -> Vec<String> {
     vec![
         format!("--dir={}", dir.display()),
         format!("--samples={}", a.samples),
         format!("--sample-bytes={}", a.sample_bytes),
         format!("--batch={}", a.batch),
-        format!("--loader-prefetch={}", a.loader_prefetch),
+        format!("--in-flight={}", a.in_flight),
         format!("--step-ms={}", a.step_ms),
         format!("--latency-ms={}", a.latency_ms),
         format!("--bandwidth-mbs={}", a.bandwidth_mbs),
+        format!("--nodes={}", a.nodes),
+        format!("--scope={}", if a.scope == CacheScope::Node { "node" } else { "rank" }),
         format!("--epochs={}", a.epochs),
         format!("--seed={}", a.seed),
         format!("--lookahead={}", a.lookahead),
         format!("--prefetch-frac={}", a.prefetch_frac),
-        format!("--prefetch-depth={}", a.prefetch_depth),
     ]
     .into_iter()
     .chain(a.cache_in_dir.then(|| "--cache-in-dir".to_string()))
     .collect()
 }
 
-fn sample_key(i: usize) -> String {
+pub(crate) fn sample_key(i: usize) -> String {
     format!("s{i:06}.bin")
 }
 
@@ -319,176 +356,67 @@ fn generate(root: &Path, samples: usize, bytes: usize) -> Result<()> {
     Ok(())
 }
 
-/// One rank: its own slow-tier share, cache and shard; prints its result as JSON.
-fn worker(a: &CacheBenchArgs, spec: &str) -> Result<()> {
-    let parts: Vec<&str> = spec.split(',').collect();
-    let [policy, fraction, rank, world] = parts[..] else { bail!("bad --worker {spec}") };
-    let policy = policy_of(policy)?;
-    let fraction: f64 = fraction.parse()?;
-    let (rank, world): (usize, usize) = (rank.parse()?, world.parse()?);
-    let dir = a.dir.clone().context("--worker needs --dir")?;
-    let rt = crate::runtime(2)?;
-    let result = rt.block_on(async {
-        let files: Arc<dyn Tier> = Arc::new(PosixTier::new(PosixConfig::new(dir.join("cache-dataset")))?);
-        let share = a.bandwidth_mbs * 1e6 / world as f64;
-        let throttle = Throttle {
-            read_bytes_per_sec: Some(share as u64),
-            write_bytes_per_sec: None,
-            latency: Duration::from_secs_f64(a.latency_ms / 1000.0),
-            burst_bytes: None,
-        };
-        let slow: Arc<dyn Tier> = Arc::new(Throttled::new(Arc::clone(&files), throttle));
-        // Sizes from the files directly (not through the throttle), then read through it.
-        let ds = Dataset::from_keys(files, (0..a.samples).map(sample_key)).await?.with_tier(slow);
-        let total = (a.samples * a.sample_bytes) as u64;
-        let capacity = ((total as f64 * fraction) as u64).max(1);
-        let level = if a.cache_in_dir {
-            CacheLevel::dir(dir.join("cache-levels"), capacity)
-        } else {
-            CacheLevel::memory(capacity)
-        };
-        let cache = CacheConfig::new(policy, vec![level])
-            .with_lookahead_epochs(a.lookahead)
-            .with_prefetch_bytes(((capacity as f64 * a.prefetch_frac) as u64).min(capacity.saturating_sub(1)))
-            .with_prefetch_depth(a.prefetch_depth);
-        let cfg = LoaderConfig::default()
-            .with_batch_size(a.batch)
-            .with_prefetch(a.loader_prefetch)
-            .with_seed(a.seed)
-            .with_rank(rank)
-            .with_world(world)
-            .with_cache(cache);
-        let loader = Loader::new(ds, cfg)?;
-        let cached = loader.cache().context("the loader has its cache")?.clone();
-        let step = Duration::from_secs_f64(a.step_ms / 1000.0);
-        let mut epochs = Vec::new();
-        let mut max_used = 0u64;
-        for e in 0..a.epochs {
-            let before = cached.stats();
-            let t = Instant::now();
-            let mut epoch = loader.epoch(e, 0)?;
-            while let Some(batch) = epoch.next().await {
-                let batch = batch?;
-                if !batch.skipped.is_empty() {
-                    bail!("samples skipped: {:?}", batch.skipped);
-                }
-                max_used = max_used.max(cached.stats().levels.iter().map(|l| l.used_bytes).sum());
-                drop(batch);
-                tokio::time::sleep(step).await; // the training step
-            }
-            let seconds = t.elapsed().as_secs_f64();
-            let d: CacheStats = cached.stats().since(&before);
-            epochs.push(EpochResult {
-                epoch: e,
-                seconds,
-                stall_seconds: epoch.stats().stall_seconds,
-                accesses: d.accesses(),
-                hits: d.hits(),
-                reuse_hits: d.reuse_hits(),
-                prefetch_hits: d.hits() - d.reuse_hits(),
-                misses: d.misses,
-                late_prefetches: d.late_prefetches,
-                prefetched_bytes: d.prefetched_bytes,
-                prefetched_unused_bytes: d.unused_evicted_bytes,
-                mean_prefetch_lead_seconds: d.mean_prefetch_lead_seconds(),
-            });
-        }
-        let capacity_bytes = if policy == CachePolicy::None { 0 } else { capacity };
-        if max_used > capacity_bytes {
-            bail!("the cache held {max_used} bytes, over its capacity of {capacity_bytes}");
-        }
-        Ok(RankResult {
-            policy: policy.to_string(),
-            fraction,
-            rank,
-            world,
-            capacity_bytes,
-            max_used_bytes: max_used,
-            epochs,
-        })
-    })?;
-    println!("{}", serde_json::to_string(&result)?);
-    Ok(())
+/// Mean over the warm epochs (1 and later; epoch 0 when there is only one).
+fn warm(r: &SideResult, f: impl Fn(&EpochResult) -> f64) -> f64 {
+    let e = if r.epochs.len() > 1 { &r.epochs[1..] } else { &r.epochs[..] };
+    if e.is_empty() {
+        return f64::NAN;
+    }
+    e.iter().map(f).sum::<f64>() / e.len() as f64
 }
 
-fn combine(
-    repeat: usize,
-    policy: &str,
-    fraction: f64,
-    world: usize,
-    ranks: Vec<RankResult>,
-    epochs: usize,
-) -> PolicyRun {
-    let per = |f: &dyn Fn(&EpochResult) -> f64| -> Vec<Vec<f64>> {
-        (0..epochs).map(|e| ranks.iter().map(|r| f(&r.epochs[e])).collect()).collect()
-    };
-    let sum = |v: &[f64]| v.iter().sum::<f64>();
-    let epoch_seconds = per(&|e| e.seconds).iter().map(|v| v.iter().copied().fold(0.0, f64::max)).collect();
-    let stall_share = per(&|e| e.stall_seconds / e.seconds.max(1e-9)).iter().map(|v| sum(v) / v.len() as f64).collect();
-    let hits = per(&|e| e.hits as f64);
-    let reuse = per(&|e| e.reuse_hits as f64);
-    let acc = per(&|e| e.accesses as f64);
-    let hit_ratio = hits.iter().zip(&acc).map(|(h, a)| sum(h) / sum(a).max(1.0)).collect();
-    let reuse_hit_ratio = reuse.iter().zip(&acc).map(|(h, a)| sum(h) / sum(a).max(1.0)).collect();
-    let prefetched_unused_bytes = ranks.iter().flat_map(|r| &r.epochs).map(|e| e.prefetched_unused_bytes).sum();
-    let leads: Vec<f64> = ranks
-        .iter()
-        .flat_map(|r| &r.epochs)
-        .filter(|e| e.prefetch_hits > 0)
-        .map(|e| e.mean_prefetch_lead_seconds)
-        .collect();
-    let mean_prefetch_lead_seconds = if leads.is_empty() { 0.0 } else { sum(&leads) / leads.len() as f64 };
-    PolicyRun {
-        repeat,
-        policy: policy.to_string(),
-        fraction,
-        world,
-        epoch_seconds,
-        stall_share,
-        hit_ratio,
-        reuse_hit_ratio,
-        prefetched_unused_bytes,
-        mean_prefetch_lead_seconds,
-        ranks,
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
     }
 }
 
-fn warm(v: &[f64]) -> f64 {
-    if v.len() <= 1 {
-        return v.first().copied().unwrap_or(f64::NAN);
-    }
-    v[1..].iter().sum::<f64>() / (v.len() - 1) as f64
-}
-
-fn summarize(a: &CacheBenchArgs, runs: &[PolicyRun]) -> Vec<Row> {
+fn summarize(a: &CacheBenchArgs, runs: &[Run]) -> Vec<Row> {
     let mut rows = Vec::new();
+    let data_gib = (a.samples * a.sample_bytes) as f64 * a.epochs as f64 / crate::harness::GIB;
     for &fraction in &a.fractions {
-        for &world in &a.ranks {
+        for &ranks in &a.ranks {
+            let side = |p: &str, repeat: usize| {
+                runs.iter().find(|r| {
+                    r.repeat == repeat
+                        && r.result.fraction == fraction
+                        && r.result.ranks == ranks
+                        && r.result.policy == p
+                })
+            };
             for policy in &a.policies {
-                let mine: Vec<&PolicyRun> =
-                    runs.iter().filter(|r| r.fraction == fraction && r.world == world && &r.policy == policy).collect();
-                let other = |p: &str, repeat: usize| {
-                    runs.iter()
-                        .find(|r| r.fraction == fraction && r.world == world && r.policy == p && r.repeat == repeat)
-                };
-                let pair = |p: &str, f: &dyn Fn(&PolicyRun, &PolicyRun) -> f64| -> Summary {
-                    Summary::of(&mine.iter().filter_map(|r| other(p, r.repeat).map(|o| f(r, o))).collect::<Vec<_>>())
+                let mine: Vec<&Run> = (0..a.repeats).filter_map(|k| side(policy, k)).collect();
+                let time = |r: &Run| warm(&r.result, |e| e.seconds);
+                let bytes = |r: &Run| warm(&r.result, |e| e.slow_bytes as f64);
+                let vs = |f: &dyn Fn(&Run) -> f64, base: &[&str]| -> Summary {
+                    Summary::of(
+                        &mine
+                            .iter()
+                            .filter_map(|r| {
+                                let best =
+                                    base.iter().filter_map(|p| side(p, r.repeat).map(f)).fold(f64::INFINITY, f64::min);
+                                best.is_finite().then(|| f(r) / best)
+                            })
+                            .collect::<Vec<_>>(),
+                    )
                 };
                 rows.push(Row {
                     policy: policy.clone(),
                     fraction,
-                    world,
-                    bound_c: fraction,
-                    warm_epoch_seconds: Summary::of(&mine.iter().map(|r| warm(&r.epoch_seconds)).collect::<Vec<_>>()),
-                    first_epoch_seconds: Summary::of(&mine.iter().map(|r| r.epoch_seconds[0]).collect::<Vec<_>>()),
-                    warm_stall_share: Summary::of(&mine.iter().map(|r| warm(&r.stall_share)).collect::<Vec<_>>()),
-                    warm_hit_ratio: Summary::of(&mine.iter().map(|r| warm(&r.hit_ratio)).collect::<Vec<_>>()),
-                    warm_reuse_hit_ratio: Summary::of(
-                        &mine.iter().map(|r| warm(&r.reuse_hit_ratio)).collect::<Vec<_>>(),
-                    ),
-                    speedup_vs_lru: pair("lru", &|r, o| warm(&o.epoch_seconds) / warm(&r.epoch_seconds)),
-                    speedup_vs_static: pair("static", &|r, o| warm(&o.epoch_seconds) / warm(&r.epoch_seconds)),
-                    hit_ratio_vs_static: pair("static", &|r, o| warm(&r.hit_ratio) / warm(&o.hit_ratio)),
+                    ranks,
+                    warm_epoch_seconds: Summary::by(&mine, |r| time(r)),
+                    first_epoch_seconds: Summary::by(&mine, |r| r.result.epochs[0].seconds),
+                    warm_slow_mb: Summary::by(&mine, |r| bytes(r) / 1e6),
+                    warm_stall_share: Summary::by(&mine, |r| warm(&r.result, |e| e.stall_share)),
+                    warm_hit_ratio: Summary::by(&mine, |r| warm(&r.result, |e| ratio(e.hits, e.accesses))),
+                    warm_reuse_hit_ratio: Summary::by(&mine, |r| warm(&r.result, |e| ratio(e.reuse_hits, e.accesses))),
+                    time_vs_best_baseline: vs(&time, &["none", "lru", "static"]),
+                    time_vs_static: vs(&time, &["static"]),
+                    slow_bytes_vs_static: vs(&bytes, &["static"]),
+                    cpu_seconds_per_gib: Summary::by(&mine, |r| r.cpu_seconds / data_gib),
+                    peak_rss_mib: Summary::by(&mine, |r| r.result.peak_rss_bytes as f64 / (1 << 20) as f64),
                 });
             }
         }
@@ -496,45 +424,57 @@ fn summarize(a: &CacheBenchArgs, runs: &[PolicyRun]) -> Vec<Row> {
     rows
 }
 
-fn fmt_s(s: &Summary, digits: usize) -> String {
-    format!("{:.d$} ({:.d$}-{:.d$})", s.median, s.min, s.max, d = digits)
-}
-
 fn markdown(r: &Report) -> String {
-    let mut s = format!(
-        "# ringtier bench cache\n\n{}\n\nMachine: {} CPUs, {:.1} GiB, kernel {}. Storage: {}.\n\nConfiguration: {}.\n\n\
-         Command: `{}`\n\n\
-         Warm = epochs 1 and later (epoch 0 starts with an empty cache). Each cell: median (min-max) over repeats; \
-         ratios are taken pair by pair within a repeat (policies interleaved). Epoch time is the slowest rank's. \
-         Hit ratio counts every access served from the cache; the reuse hit ratio leaves out first reads of \
-         prefetched copies (the hits a cache without prefetch can have, which no policy can raise above c for one \
-         reader). A read that waited for a prefetch still in flight counts as a miss.\n\n\
-         | c | ranks | policy | warm epoch s | epoch 0 s | warm stall share | warm hit ratio | reuse hit ratio | bound c | \
-         vs LRU (time) | vs static (time) | hit ratio vs static |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    let mut t = Table::new([
+        "c",
+        "ranks",
+        "policy",
+        "warm epoch s",
+        "epoch 0 s",
+        "slow-tier MB / warm epoch",
+        "time / best of none,LRU,static",
+        "time / static",
+        "slow bytes / static",
+        "reuse hit ratio",
+        "hit ratio",
+        "stall share",
+        "CPU s / GiB",
+        "peak RSS MiB",
+    ]);
+    for row in &r.rows {
+        t.row([
+            format!("{:.2}", row.fraction),
+            row.ranks.to_string(),
+            row.policy.clone(),
+            row.warm_epoch_seconds.text(3),
+            row.first_epoch_seconds.text(3),
+            row.warm_slow_mb.text(1),
+            row.time_vs_best_baseline.text(3),
+            row.time_vs_static.text(3),
+            row.slow_bytes_vs_static.text(3),
+            row.warm_reuse_hit_ratio.text(3),
+            row.warm_hit_ratio.text(3),
+            row.warm_stall_share.text(3),
+            row.cpu_seconds_per_gib.text(2),
+            row.peak_rss_mib.text(0),
+        ]);
+    }
+    format!(
+        "# ringtier bench cache\n\n{}\n\nMachine: {} CPUs, {:.1} GiB, kernel {}; load average at the end {}. \
+         Storage: {}.\n\nConfiguration: {}.\n\nCommand: `{}`\n\n\
+         Warm = epochs 1 and later (epoch 0 starts with an empty cache). Each cell: median (min..max) over repeats; \
+         ratios are taken pair by pair within a repeat (sides interleaved, order rotated). Epoch time is the slowest \
+         rank's. Slow-tier bytes are every byte read from the slow tier through the cache (readers' misses, the cache's own fetches and prefetches; policy none is the same layer keeping nothing). \
+         The reuse hit ratio counts reads served by a copy that was kept, not prefetched for that read. CPU is the \
+         side's process (all its ranks) per GiB the loaders delivered.\n\n{}",
         r.date,
         r.machine.cpus,
         r.machine.memory_bytes as f64 / (1u64 << 30) as f64,
         r.machine.kernel,
+        r.load_average,
         r.storage,
         r.config,
-        r.command
-    );
-    for row in &r.rows {
-        s.push_str(&format!(
-            "| {:.2} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |\n",
-            row.fraction,
-            row.world,
-            row.policy,
-            fmt_s(&row.warm_epoch_seconds, 3),
-            fmt_s(&row.first_epoch_seconds, 3),
-            fmt_s(&row.warm_stall_share, 3),
-            fmt_s(&row.warm_hit_ratio, 3),
-            fmt_s(&row.warm_reuse_hit_ratio, 3),
-            row.bound_c,
-            fmt_s(&row.speedup_vs_lru, 2),
-            fmt_s(&row.speedup_vs_static, 2),
-            fmt_s(&row.hit_ratio_vs_static, 2),
-        ));
-    }
-    s
+        r.command,
+        t.markdown()
+    )
 }

@@ -172,6 +172,7 @@ def main() -> None:
                       "cpu_s_per_gib_median": statistics.median(p["cpu_seconds"] / gib for p in ps)}
 
     def pair(a: str, b: str, key: str) -> Dict[str, float]:
+        """b / a, repeat by repeat."""
         ra = {r["repeat"]: r for r in results if r["config"] == a}
         rb = {r["repeat"]: r for r in results if r["config"] == b}
         xs = sorted(rb[k][key] / ra[k][key] for k in ra if k in rb)
@@ -180,12 +181,12 @@ def main() -> None:
     ratios = {
         "save speed: s3torchconnector seconds / ringtier seconds": pair(
             "ringtier dcp.save (s3:// tier)", "s3torchconnector S3StorageWriter", "seconds"),
-        "save CPU: ringtier / s3torchconnector": {k: 1 / v for k, v in pair(
-            "ringtier dcp.save (s3:// tier)", "s3torchconnector S3StorageWriter", "cpu_seconds").items()},
+        "save CPU: ringtier / s3torchconnector": pair(
+            "s3torchconnector S3StorageWriter", "ringtier dcp.save (s3:// tier)", "cpu_seconds"),
         "load speed: s3torchconnector seconds / ringtier seconds": pair(
             "ringtier dcp.load (s3:// tier)", "s3torchconnector S3StorageReader", "seconds"),
-        "load CPU: ringtier / s3torchconnector": {k: 1 / v for k, v in pair(
-            "ringtier dcp.load (s3:// tier)", "s3torchconnector S3StorageReader", "cpu_seconds").items()},
+        "load CPU: ringtier / s3torchconnector": pair(
+            "s3torchconnector S3StorageReader", "ringtier dcp.load (s3:// tier)", "cpu_seconds"),
     }
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "machine": f"{socket.gethostname()}, {os.cpu_count()} cores, kernel {platform.release()}, torch {torch.__version__}",

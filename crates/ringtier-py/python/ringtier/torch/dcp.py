@@ -225,10 +225,13 @@ class StorageWriter(_DcpWriter):
         tiers: directories (or other tier URLs the store takes), fastest first.
         prefix: the key prefix of this writer's stores on every tier.
         part_bytes: items are packed into parts of at most this many bytes (an item larger is a
-            part of its own); parts are written ``save_parallelism`` at a time.
+            part of its own), and of at most a ``save_parallelism``-th of the rank's bytes, so
+            that ``save_parallelism`` parts are written at once.
         **store_options: passed to each :class:`ringtier.CheckpointStore` (``chunk_bytes``,
             ``keep_last``, ``save_parallelism``, ``engine``, ``drain_bytes_per_sec``, ...);
-            ``create`` defaults to True here.
+            defaults here: ``create=True``, ``save_parallelism=4``, ``chunk_bytes=8 MiB``
+            (four parts in flight, each with one 8 MiB write while its next chunk is copied:
+            64 MiB of buffers).
     """
 
     def __init__(
@@ -236,7 +239,7 @@ class StorageWriter(_DcpWriter):
         tiers: Sequence[PathLike],
         *,
         prefix: str = "dcp",
-        part_bytes: int = 256 << 20,
+        part_bytes: int = 64 << 20,
         **store_options: Any,
     ) -> None:
         super().__init__()
@@ -247,7 +250,7 @@ class StorageWriter(_DcpWriter):
         self.tiers = _tiers_list(tiers)
         self.prefix = _check_prefix(prefix)
         self.part_bytes = part_bytes
-        self.store_options = {"create": True, **store_options}
+        self.store_options = {"create": True, "save_parallelism": 4, "chunk_bytes": 8 << 20, **store_options}
         self._pinned: Optional[int] = None
         self._rank: Optional[int] = None
         self._is_coordinator = False
@@ -367,6 +370,10 @@ class StorageWriter(_DcpWriter):
         bufs: List[Any] = []
         off = 0
         total = 0
+        items = list(items)
+        planned = sum(_planned_bytes(i) for i in items)
+        parallel = max(1, int(self.store_options.get("save_parallelism", 1)))
+        limit = min(self.part_bytes, max(1 << 20, -(-planned // parallel)))
 
         def close_part() -> None:
             nonlocal bufs, off
@@ -377,7 +384,7 @@ class StorageWriter(_DcpWriter):
         for item in items:
             data, n = _item_bytes(item, planner)
             pad = (-off) % _ALIGN
-            if bufs and off + pad + n > self.part_bytes:
+            if bufs and off + pad + n > limit:
                 close_part()
                 pad = 0
             if pad:
@@ -461,6 +468,19 @@ class StorageWriter(_DcpWriter):
 
     def __repr__(self) -> str:
         return f"ringtier.torch.dcp.StorageWriter({self.tiers!r}, prefix={self.prefix!r})"
+
+
+def _planned_bytes(item: WriteItem) -> int:
+    """The bytes the plan says ``item`` holds (0 where it does not say)."""
+    if item.type == WriteItemType.BYTE_IO:
+        return item.bytes_io_data.nbytes if item.bytes_io_data is not None else 0
+    td = item.tensor_data
+    if td is None:
+        return 0
+    n = torch._utils._element_size(td.properties.dtype)
+    for d in td.chunk.sizes:  # this rank's chunk, not the whole tensor
+        n *= d
+    return n
 
 
 def _item_bytes(item: WriteItem, planner: SavePlanner) -> Tuple[Any, int]:

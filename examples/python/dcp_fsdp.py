@@ -108,7 +108,7 @@ def main() -> None:
     writer.close(drain=True)  # every checkpoint on the slowest tier before the job ends
     if rank == 0:
         print(json.dumps({
-            "ranks": world, "steps": train.step - start, "resumed_from": resumed, "loss": round(float(loss), 4),
+            "ranks": world, "steps": train.step - start, "resumed_from": resumed, "loss": round(loss.item(), 4),
             "last_checkpoint": last_ckpt,
         }))
     dist.barrier()

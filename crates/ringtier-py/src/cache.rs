@@ -32,12 +32,12 @@ pub(crate) struct Cache {
 #[pymethods]
 impl Cache {
     #[new]
-    #[pyo3(signature = (capacity=None, *, policy="lru", medium=PathBuf::from(MEMORY), levels=None,
+    #[pyo3(signature = (capacity=None, *, policy=None, medium=PathBuf::from(MEMORY), levels=None,
         lookahead_epochs=3, prefetch_bytes=None, prefetch_depth=128, range_bytes=8 << 20))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: Option<u64>,
-        policy: &str,
+        policy: Option<&str>,
         medium: PathBuf,
         levels: Option<Vec<(PathBuf, u64)>>,
         lookahead_epochs: u64,
@@ -45,12 +45,14 @@ impl Cache {
         prefetch_depth: usize,
         range_bytes: usize,
     ) -> PyResult<Self> {
-        let policy: CachePolicy = policy.parse().py_err()?;
+        // The Rust default policy (static) when none is given.
+        let policy: CachePolicy = match policy {
+            Some(p) => p.parse().py_err()?,
+            None => CacheConfig::default().policy,
+        };
         let levels = match (capacity, levels) {
             (Some(_), Some(_)) => {
-                return Err(errors::invalid(
-                    "give the cache either capacity (with medium) or levels, not both".into(),
-                ))
+                return Err(errors::invalid("give the cache either capacity (with medium) or levels, not both".into()))
             }
             (Some(c), None) => vec![level(&medium, c)],
             (None, Some(ls)) => ls.iter().map(|(m, c)| level(m, *c)).collect(),

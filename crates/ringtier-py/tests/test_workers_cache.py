@@ -190,6 +190,52 @@ def test_pin_memory_keeps_the_batch_packed(dataset):
     assert got == files
 
 
+# ---- record datasets ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batched_tfrecords_cross_workers_packed(tmp_path, workers):
+    from test_records import write_tfrecords
+
+    where = write_tfrecords(tmp_path / "tf", shards=4, per_shard=30)
+    ds = rt.RecordDataset(tmp_path / "tf", format="tfrecord", batched=True, batch_size=16, with_keys=True,
+                          rank=0, world_size=1)
+    got = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+        assert isinstance(batch, PackedBatch if workers else list)
+        assert 0 < len(batch) <= 16
+        for key, t in batch:
+            data = bytes(t.numpy())
+            shard, offset = where[data]
+            assert key == f"{shard}:{offset}"
+            got.append(data)
+    assert sorted(got) == sorted(where)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batched_wds_fields_are_columns(tmp_path, workers):
+    from test_records import write_wds
+
+    samples = write_wds(tmp_path / "wds", shards=3, per_shard=20)
+    ds = rt.RecordDataset(tmp_path / "wds", format="wds", batched=True, batch_size=8, rank=0, world_size=1)
+    got = {}
+    for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+        assert set(batch) == {"jpg", "cls", "__key__"}
+        for i, key in enumerate(batch["__key__"]):
+            got[key] = {"jpg": bytes(batch["jpg"][i].numpy()), "cls": bytes(batch["cls"][i].numpy())}
+    assert got == samples
+
+
+def test_batched_records_bad_arguments(tmp_path):
+    from test_records import write_tfrecords
+
+    write_tfrecords(tmp_path / "tf", shards=1, per_shard=2)
+    with pytest.raises(ValueError, match="positive int"):
+        rt.RecordDataset(tmp_path / "tf", batched=True, batch_size=0)
+    with pytest.raises(ValueError, match="raw records"):
+        rt.RecordDataset(tmp_path / "tf", batched=True, transform=object())
+
+
 # ---- cache ----------------------------------------------------------------------------------
 
 
@@ -213,6 +259,7 @@ def test_cache_settings_are_checked_when_made(tmp_path):
     with pytest.raises(TypeError):
         ringtier.Cache("a lot")
     assert ringtier.Cache(policy="none").levels == []
+    assert ringtier.Cache(1 << 20).policy == "static", "the Rust default policy"
 
 
 @pytest.mark.parametrize("policy", ["lru", "static", "clairvoyant"])

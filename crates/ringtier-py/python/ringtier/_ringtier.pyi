@@ -137,10 +137,10 @@ class Cache:
 
     ``capacity`` bytes in ``medium`` (``"memory"``, or a directory, created when missing and
     written by this cache only), or ``levels``, fastest first (``[("memory", BYTES), (DIR,
-    BYTES)]``). ``policy``: ``"lru"``, ``"static"`` (filled once, never evicted),
+    BYTES)]``). ``policy``: ``"static"`` (the default: filled once, never evicted), ``"lru"``,
     ``"clairvoyant"`` (placement by this rank's reads over the next ``lookahead_epochs`` epochs,
     from the seed, plus a prefetcher of ``prefetch_depth`` samples in flight into
-    ``prefetch_bytes`` of the first level, default a quarter), or ``"none"``. Objects larger
+    ``prefetch_bytes`` of the first level), or ``"none"``. Objects larger
     than the read that missed are fetched in ranges of ``range_bytes``. Bad settings raise
     :class:`ringtier.InvalidInputError`."""
 
@@ -148,7 +148,7 @@ class Cache:
         self,
         capacity: Optional[int] = None,
         *,
-        policy: str = "lru",
+        policy: Optional[str] = None,
         medium: Union[str, "os.PathLike[str]"] = "memory",
         levels: Optional[Sequence[Tuple[Union[str, "os.PathLike[str]"], int]]] = None,
         lookahead_epochs: int = 3,

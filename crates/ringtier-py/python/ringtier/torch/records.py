@@ -4,7 +4,7 @@ and ``torchrun`` ranks (see :class:`ringtier.RecordLoader`)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import IterableDataset as _TorchIterable
@@ -13,6 +13,7 @@ from torch.utils.data import get_worker_info
 from .._ringtier import RecordLoader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
+from ._packed import PackedBatch, SlotRing, WarnOnce
 from ._world import rank_world
 
 
@@ -51,6 +52,15 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     labels)``, labels int64 (``label_field=None``: images only). A TFRecord's bytes are the
     image (images only). ``with_keys=True`` puts the keys first: ``(keys, images[, labels])``.
     A record's random crop and flip depend on (seed, epoch, ``shard << 40 | offset``).
+
+    ``batched=True`` (without ``transform``): batches of ``batch_size`` records, for
+    ``DataLoader(ds, batch_size=None, num_workers=N)``. In a worker a batch crosses to the main
+    process packed: a TFRecord batch is one :class:`PackedBatch` (``batch[i]`` a record's
+    tensor), a WebDataset batch a dict of field name to :class:`PackedBatch` (a record without
+    that field gives an empty tensor) plus ``"__key__"``, the sample keys; without workers the
+    same shapes hold lists of tensors sharing the records' memory. Records one at a time
+    (the default) cross the worker boundary one shared-memory tensor each; ``num_workers=0``
+    is the fast setting either way (the loader has its own threads; warned once).
     """
 
     def __init__(
@@ -68,9 +78,14 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         image_field: Optional[str] = None,
         label_field: Optional[str] = "cls",
         pin_memory: Optional[bool] = None,
+        batched: bool = False,
         **options: Any,
     ) -> None:
         super().__init__()
+        if batched and transform is not None:
+            raise ValueError("batched=True is for raw records: transform= already yields batches")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
         self.transform, self.batch_size, self.pin_memory = transform, batch_size, pin_memory
         self.image_field, self.label_field = image_field, label_field
@@ -91,6 +106,9 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         self.epoch = 0
         self.position = 0
         self._loader: Optional[Tuple[int, Tuple[int, int, int, int], RecordLoader]] = None
+        self.batched = batched
+        self._workers_warning = WarnOnce()
+        self._ring = SlotRing()
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this reader on."""
@@ -133,7 +151,46 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         names = self.fields if self.fields is not None else record.names()
         return {n: _field_tensor(record[n]) for n in names}
 
+    def _batch(self, records: List[Any], worker: Optional[int]) -> Any:
+        """``records`` as one batch: packed in a worker (``worker`` its id), lists without."""
+        keys = [r.key or f"{r.shard_key}:{r.offset}" for r in records]
+
+        def column(tensors: List[torch.Tensor], with_keys: bool) -> Any:
+            if worker is None:
+                return list(zip(keys, tensors)) if with_keys else tensors
+            return PackedBatch.pack(tensors, keys if with_keys else None, ring=self._ring, worker=worker)
+
+        if self.format == "tfrecord":
+            return column([_field_tensor(r) for r in records], self.with_keys)
+        names: List[str] = list(self.fields) if self.fields is not None else []
+        if self.fields is None:
+            for r in records:
+                names += [n for n in r.names() if n not in names]
+        empty = torch.empty(0, dtype=torch.uint8)
+        out: Dict[str, Any] = {
+            n: column([_field_tensor(r[n]) if n in r else empty for r in records], False) for n in names
+        }
+        out["__key__"] = keys
+        return out
+
+    def _batches(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker = info.id if info is not None else None
+        pending: List[Any] = []
+        for record in self.loader().epoch(self.epoch, self.position):
+            pending.append(record)
+            if len(pending) == self.batch_size:
+                yield self._batch(pending, worker)
+                pending = []
+        if pending:
+            yield self._batch(pending, worker)
+
     def __iter__(self) -> Iterator[Any]:
+        if get_worker_info() is not None:
+            self._workers_warning.warn()
+        if self.batched:
+            yield from self._batches()
+            return
         if self.transform is not None:
             from .images import iterate_records
 

@@ -17,7 +17,12 @@ The modules, one concept each (every name is also importable from ``ringtier.tor
   :class:`DistributedSaveFuture`: each rank its own store (prefix ``PREFIX/rankNNNNN``) on the
   same tiers; a step commits when rank 0 writes the global manifest (``PREFIX/global``) after
   every rank reported its shard durable, the "metadata last" rule of
-  ``torch.distributed.checkpoint``.
+  ``torch.distributed.checkpoint``;
+* :mod:`ringtier.torch.dcp`: ``StorageWriter`` and ``StorageReader`` for
+  ``torch.distributed.checkpoint`` itself (``dcp.save``, ``dcp.async_save``, ``dcp.load``,
+  resharding) over the same stores (import it as a module: it is not re-exported here);
+* :mod:`ringtier.torch.lightning`: ``RingtierCheckpointIO``, Lightning's ``CheckpointIO`` over
+  the store (needs ``lightning``; import it as a module).
 
 The datasets create their loaders inside ``__iter__``, in the process that iterates (a
 DataLoader worker after ``fork()``), never inherited. No module of the package imports

@@ -13,6 +13,7 @@ pub mod layers;
 pub mod memory;
 pub mod ops;
 pub mod posix;
+pub mod rng;
 #[allow(unsafe_code)]
 mod sys;
 pub mod tier;

@@ -2,41 +2,36 @@
 //! random-resized crop parameters and its resize-then-center-crop box.
 
 use ringtier_core::error::{Error, ErrorKind, Result};
+use ringtier_core::rng::SplitMix64;
 
 use crate::config::{Crop, DecodeConfig};
 
 /// The generator behind the random transforms: SplitMix64 seeded from (seed, epoch, sample
 /// index), so each sample's crop and flip depend on nothing else.
 #[derive(Debug, Clone)]
-pub struct SampleRng(u64);
+pub struct SampleRng(SplitMix64);
 
 impl SampleRng {
     /// The generator of sample `index` in `epoch` under `seed`.
     pub fn new(seed: u64, epoch: u64, index: u64) -> Self {
-        let mut r = SampleRng(seed ^ 0x5851_F42D_4C95_7F2D);
-        let a = r.next_u64() ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut r = SampleRng(a);
-        let b = r.next_u64() ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        SampleRng(b)
+        let a = SplitMix64::new(seed ^ 0x5851_F42D_4C95_7F2D).next_u64() ^ epoch.wrapping_mul(SplitMix64::GAMMA);
+        let b = SplitMix64::new(a).next_u64() ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        SampleRng(SplitMix64::new(b))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.0.uniform()
     }
 
     /// Uniform integer in [0, n) (n > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+        self.0.below(n)
     }
 }
 

@@ -44,7 +44,8 @@ fn center_crop_larger_than_the_image_is_an_error_not_a_silent_resize() {
     let mut dec = JpegDecoder::new().expect("decoder");
     let cfg = DecodeConfig::default().with_size(64).with_crop(Crop::CenterCrop).with_threads(1);
     let mut out = vec![0u8; cfg.output_bytes()];
-    let err = dec.transform_rgb(&ramp(50, 90), 50, 90, &cfg, &mut SampleRng::new(0, 0, 0), &mut out).unwrap_err();
+    let err =
+        dec.transform_rgb(&ramp(50, 90), 50, 90, &cfg, &mut SampleRng::new(0, 0, 0), &mut out).expect_err("too small");
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("larger than the image"), "{err}");
 }
@@ -68,7 +69,7 @@ fn flip_probability_one_always_flips_zero_never_and_out_of_range_is_refused() {
     let flipped = (0..400).filter(|&i| run(&mut dec, &half, i)).count();
     assert!((140..260).contains(&flipped), "p=0.5 flipped {flipped} of 400");
     for p in [1.5, -0.1, f64::NAN] {
-        let err = base.with_flip(true).with_flip_probability(p).validate().unwrap_err();
+        let err = base.with_flip(true).with_flip_probability(p).validate().expect_err("bad probability");
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "p={p}");
     }
 }

@@ -2,19 +2,7 @@
 //! and delivered through the seeded shuffle buffer, skipping what a resumed epoch already had.
 
 use super::*;
-
-/// A small seeded generator (splitmix64) for the shuffle buffer.
-pub(super) struct Mix(u64);
-
-impl Mix {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
+use ringtier_core::rng::SplitMix64;
 
 /// Delivers records through the shuffle buffer, dropping the first `skip` of them. Returns
 /// false when the consumer went away.
@@ -28,7 +16,7 @@ pub(super) struct Out<'a> {
     pub(super) cap: usize,
     /// Byte bound of the buffer (`usize::MAX`: none).
     pub(super) cap_bytes: usize,
-    pub(super) rng: Mix,
+    pub(super) rng: SplitMix64,
     pub(super) skip: u64,
 }
 
@@ -38,7 +26,16 @@ impl<'a> Out<'a> {
         let cap_bytes = if cfg.shuffle_bytes == 0 { usize::MAX } else { cfg.shuffle_bytes };
         // Room for what the byte bound lets in, not a large count of large records up front.
         let room = if cap <= 1 { 0 } else { cap.min(1024) };
-        Out { q, collect: None, buffer: Vec::with_capacity(room), bytes: 0, cap, cap_bytes, rng: Mix(seed), skip }
+        Out {
+            q,
+            collect: None,
+            buffer: Vec::with_capacity(room),
+            bytes: 0,
+            cap,
+            cap_bytes,
+            rng: SplitMix64::new(seed),
+            skip,
+        }
     }
 
     pub(super) async fn deliver(&mut self, r: Record) -> bool {
@@ -65,7 +62,7 @@ impl<'a> Out<'a> {
         // classic shuffle buffer). Otherwise random records leave until it fits (a record
         // larger than the byte bound passes through an emptied buffer).
         if self.buffer.len() >= self.cap {
-            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let i = (self.rng.next_u64() % self.buffer.len() as u64) as usize;
             let gone = self.buffer[i].bytes() as usize;
             if self.bytes - gone + n <= self.cap_bytes {
                 let out = std::mem::replace(&mut self.buffer[i], r);
@@ -79,7 +76,7 @@ impl<'a> Out<'a> {
             }
         }
         while !self.buffer.is_empty() && self.bytes + n > self.cap_bytes {
-            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let i = (self.rng.next_u64() % self.buffer.len() as u64) as usize;
             let out = self.buffer.swap_remove(i);
             self.bytes -= out.bytes() as usize;
             if !self.deliver(out).await {
@@ -93,7 +90,7 @@ impl<'a> Out<'a> {
 
     pub(super) async fn drain(&mut self) -> bool {
         while !self.buffer.is_empty() {
-            let i = (self.rng.next() % self.buffer.len() as u64) as usize;
+            let i = (self.rng.next_u64() % self.buffer.len() as u64) as usize;
             let r = self.buffer.swap_remove(i);
             self.bytes -= r.bytes() as usize;
             if !self.deliver(r).await {

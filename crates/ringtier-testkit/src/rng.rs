@@ -2,6 +2,8 @@
 //! small generator whose one seed always replays the same schedule (which future to drop,
 //! where to cut the power, which crash state to build).
 
+use ringtier_core::rng::SplitMix64;
+
 /// Deterministic test bytes: `len` bytes from `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -18,21 +20,17 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 /// splitmix64: a small seeded generator for test schedules (which future to drop, where to
 /// cut the power). One seed always gives the same sequence, so a failing seed replays.
 #[derive(Debug, Clone)]
-pub struct SeededRng(u64);
+pub struct SeededRng(SplitMix64);
 
 impl SeededRng {
     /// A generator started from `seed`.
     pub fn new(seed: u64) -> Self {
-        SeededRng(seed)
+        SeededRng(SplitMix64::new(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A number in `0..n` (0 when `n` is 0).

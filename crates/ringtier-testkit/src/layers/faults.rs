@@ -1,3 +1,4 @@
+use ringtier_core::rng::SplitMix64;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -91,20 +92,13 @@ struct RuleState {
 struct Shared {
     name: String,
     rules: Vec<RuleState>,
-    rng: Mutex<u64>,
+    rng: Mutex<SplitMix64>,
     injected: AtomicU64,
 }
 
 impl Shared {
     fn next_f64(&self) -> f64 {
-        // splitmix64: small, seedable, good enough to pick faults reproducibly.
-        let mut s = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        self.rng.lock().unwrap_or_else(|p| p.into_inner()).uniform()
     }
 
     /// The fault to inject for this operation, if any. Every matching rule counts the op.
@@ -154,7 +148,7 @@ impl FaultInjecting {
         let shared = Shared {
             name: inner.name().to_string(),
             rules: rules.into_iter().map(|rule| RuleState { rule, seen: AtomicU64::new(0) }).collect(),
-            rng: Mutex::new(seed),
+            rng: Mutex::new(SplitMix64::new(seed)),
             injected: AtomicU64::new(0),
         };
         FaultInjecting { inner, shared: Arc::new(shared) }

@@ -40,6 +40,7 @@
 //! data is lost whole), reordering below the [`Tier`] API, and a wrapped tier that keeps
 //! changing an object after the future that asked for it was dropped.
 
+use ringtier_core::rng::SplitMix64;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -112,7 +113,7 @@ struct State {
     down: bool,
     /// Mutating operations left before the cut; the one that takes it to zero is cut.
     countdown: Option<u64>,
-    rng: u64,
+    rng: SplitMix64,
     in_flight: usize,
     disks: Vec<Disk>,
     stats: PowerCutStats,
@@ -122,12 +123,8 @@ struct State {
 
 impl State {
     fn next_u64(&mut self) -> u64 {
-        // splitmix64: small and seedable; every choice of a schedule comes from here.
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        // Every choice of a schedule comes from here.
+        self.rng.next_u64()
     }
 
     fn cut(&mut self) {
@@ -196,7 +193,7 @@ impl PowerCut {
             boot: 0,
             down: false,
             countdown: None,
-            rng: seed,
+            rng: SplitMix64::new(seed),
             in_flight: 0,
             disks: Vec::new(),
             stats: PowerCutStats::default(),

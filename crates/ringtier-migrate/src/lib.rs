@@ -6,7 +6,7 @@ mod store;
 
 pub use manifest::{CheckpointManifest, PartMeta, FORMAT, MAX_MANIFEST_BYTES, VERSION};
 pub use store::{
-    is_bad_copy, BufferSink, CheckpointInfo, CheckpointStore, DrainStats, FnSink, OnFull, Part, PartData, PartInfo,
-    QuarantinedCopy, RestoreEvent, RestoreOptions, RestoreReport, RestoreSink, Restored, SaveReport, SeekRead,
-    StoreConfig, TierSink, QUARANTINE_FILE,
+    is_bad_copy, BufferSink, CheckpointInfo, CheckpointStore, DirectRestored, DrainStats, FnSink, OnFull, Part,
+    PartData, PartInfo, QuarantinedCopy, ReadTargets, RestoreEvent, RestoreOptions, RestoreReport, RestoreSink,
+    Restored, SaveReport, SeekRead, StoreConfig, TierSink, QUARANTINE_FILE,
 };

@@ -2,6 +2,7 @@
 
 mod buffer;
 mod cache;
+mod direct;
 mod engine;
 mod errors;
 mod loader;

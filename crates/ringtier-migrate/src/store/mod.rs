@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
 mod config;
+mod direct;
 mod drain;
 mod evict;
 mod heal;
@@ -35,6 +36,8 @@ mod restore;
 mod save;
 
 pub use config::{OnFull, StoreConfig};
+use direct::DIRECT_DECLINED;
+pub use direct::{DirectRestored, ReadTargets};
 use drain::drain_loop;
 pub use drain::DrainStats;
 use evict::Evict;

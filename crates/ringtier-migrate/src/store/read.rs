@@ -65,6 +65,8 @@ pub(super) struct ChunkReads {
     chunk: usize,
     align: usize,
     depth: usize,
+    /// Where a direct restore reads each chunk instead of a pool buffer (see `direct.rs`).
+    targets: Option<Arc<dyn ReadTargets>>,
 }
 
 impl ChunkReads {
@@ -84,7 +86,18 @@ impl ChunkReads {
             chunk,
             align,
             depth: depth.max(1),
+            targets: None,
         }
+    }
+
+    /// Alignment of every read (the largest of the tiers', at least 4096).
+    pub(super) fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Reads each chunk straight into the window of `targets` it belongs to, not a pool buffer.
+    pub(super) fn set_targets(&mut self, targets: Arc<dyn ReadTargets>) {
+        self.targets = Some(targets);
     }
 
     /// Bytes per read.
@@ -99,6 +112,11 @@ impl ChunkReads {
 
     /// Hands a buffer back for later reads.
     pub(super) fn recycle(&mut self, mut buf: AlignedBuf) {
+        if self.targets.is_some() {
+            // A window of the destination: dropping it hands it back to its owner.
+            drop(buf);
+            return;
+        }
         if buf.capacity() >= self.chunk + self.align && buf.align() >= self.align {
             buf.clear();
             self.free.push(buf);
@@ -142,9 +160,15 @@ impl ChunkReads {
                 self.cursor = (i + 1, self.spans.get(i + 1).map_or(0, |s| s.start));
                 continue;
             }
-            let Some(buf) = self.buffer()? else { break };
-            let span = &self.spans[i];
             let len = (self.chunk as u64).min(span_end - off) as usize;
+            let buf = match &self.targets {
+                Some(t) => t.window(i, off - self.spans[i].start, len, self.align)?,
+                None => match self.buffer()? {
+                    Some(b) => b,
+                    None => break,
+                },
+            };
+            let span = &self.spans[i];
             let task = tokio::spawn(read_chunk(
                 Arc::clone(&span.tier),
                 span.key.clone(),
@@ -179,6 +203,13 @@ impl ChunkReads {
             return Some(Chunk { span: f.span, offset: f.offset, result: Ok(0), buf: None });
         };
         let (result, buf) = match task.await {
+            Ok((Ok(n), mut buf)) if self.targets.is_some() && buf.head() != 0 => {
+                // A tier that read a wider span left the bytes past the window's start: move
+                // them where they belong in the destination.
+                let head = buf.head();
+                buf.capacity_mut().copy_within(head..head + n, 0);
+                (buf.set_window(0, n).map(|()| n), Some(buf))
+            }
             Ok((res, buf)) => (res, Some(buf)),
             Err(e) => {
                 self.buffers -= 1;

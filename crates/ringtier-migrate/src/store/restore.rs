@@ -162,7 +162,7 @@ impl CheckpointStore {
         let len = dst.len() as u64;
         let mut sink = BufferSink::new(vec![(name.to_string(), dst)]);
         let opts = RestoreOptions::default().with_parts(Some(vec![name.to_string()]));
-        self.inner.restore_plan(step, &opts, Some((offset, len)), None, &mut sink).await
+        self.inner.restore_plan(step, &opts, Some((offset, len)), None, &mut sink, None).await
     }
 
     /// Streams checkpoint `step` (or the parts [`RestoreOptions::parts`] names) into `sink`:
@@ -178,7 +178,7 @@ impl CheckpointStore {
         sink: &mut S,
         opts: &RestoreOptions,
     ) -> Result<RestoreReport> {
-        self.inner.restore_plan(step, opts, None, None, sink).await
+        self.inner.restore_plan(step, opts, None, None, sink, None).await
     }
 
     /// Verifies every committed copy of `step`, each on its own (no fallback between them):
@@ -191,7 +191,8 @@ impl CheckpointStore {
             match inner.is_committed(t, step).await {
                 Ok(true) => {
                     let mut sink = DiscardSink;
-                    let res = inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink).await;
+                    let res =
+                        inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink, None).await;
                     out.push((inner.tiers[t].name().to_string(), res.map(|_| ())));
                 }
                 Ok(false) => {}
@@ -558,6 +559,7 @@ impl Inner {
         range: Option<(u64, u64)>,
         only: Option<usize>,
         sink: &mut S,
+        direct: Option<Arc<dyn ReadTargets>>,
     ) -> Result<RestoreReport> {
         let started = Instant::now();
         // The tiers that may hold a copy, fastest first. Slower ones are asked only when a
@@ -655,6 +657,20 @@ impl Inner {
             })
             .collect();
         let mut reads = ChunkReads::new(spans, opts.chunk_bytes, opts.depth);
+        if let Some(targets) = direct {
+            // Each part's destination is allocated for the size its copy on this tier has
+            // (stat), never more than what the manifest claims: a manifest that lies about a
+            // size never allocates it.
+            let mut sizes = Vec::with_capacity(selected.len());
+            for p in &selected {
+                let meta = self.tiers[first].stat(&self.part_key(step, &p.name)).await?;
+                sizes.push(meta.size);
+            }
+            if !targets.prepare(&selected, &sizes, reads.align())? {
+                return Err(Error::new(ErrorKind::Unsupported, DIRECT_DECLINED));
+            }
+            reads.set_targets(targets);
+        }
         // Per selected part: position in `held` of the copy being read.
         let mut source = vec![0usize; selected.len()];
         let mut current: Option<usize> = None;

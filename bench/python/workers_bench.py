@@ -53,20 +53,24 @@ def epoch_pass(dl: DataLoader, per_sample: bool) -> Tuple[int, int]:
 
 
 def one_pass(root: str, keys: List[str], workers: int, batch: int, per_sample: bool, epoch: int,
-             steady: bool) -> Dict[str, float]:
+             steady: bool, records: bool = False, n_expected: int = 0) -> Dict[str, float]:
     """The first epoch, timed from before the dataset and DataLoader are made; with `steady`,
     a second cold epoch through the same DataLoader (workers persistent), timed alone."""
     c0, t0 = cpu_seconds(), time.perf_counter()
-    if per_sample:
+    if records:  # TFRecord shards: RecordDataset, one record at a time or batched
+        ds = rt.RecordDataset(root, format="tfrecord", batched=not per_sample, batch_size=batch, seed=1, rank=0,
+                              world_size=1)
+    elif per_sample:
         ds = rt.IterableDataset(root, read_batch=batch, seed=1, rank=0, world_size=1)
     else:
         ds = rt.IterableDataset(root, batch_size=batch, seed=1, rank=0, world_size=1)
+    want = n_expected or len(keys)
     ds.set_epoch(2 * epoch)
     dl = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=steady and workers > 0)
     n, nbytes = epoch_pass(dl, per_sample)
     wall = time.perf_counter() - t0
     cpu = cpu_seconds() - c0
-    assert n == len(keys), (n, len(keys))
+    assert n == want, (n, want)
     first = {"first_mb_s": nbytes / wall / 1e6, "first_cpu_s_per_gib": cpu / (nbytes / 2**30)}
     if steady:
         drop_caches(root, keys)
@@ -75,7 +79,7 @@ def one_pass(root: str, keys: List[str], workers: int, batch: int, per_sample: b
         n, nbytes = epoch_pass(dl, per_sample)
         wall = time.perf_counter() - t0
         cpu = cpu_seconds() - c0
-        assert n == len(keys), (n, len(keys))
+        assert n == want, (n, want)
     del dl
     return {
         **first,
@@ -102,10 +106,16 @@ def main() -> None:
     ap.add_argument("--first-epoch-only", action="store_true",
                     help="time only the first epoch (set-up and worker start included); by default a second, "
                          "steady epoch through the same DataLoader (persistent workers) is the headline")
+    ap.add_argument("--records", type=int, default=0,
+                    help="DIR holds TFRecord shards of this many records (ringtier gen --format tfrecord): "
+                         "RecordDataset(batched=True) against one record at a time")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
-    keys = manifest_keys(a.dir)
+    if a.records:
+        keys = sorted(f for f in os.listdir(a.dir) if f.endswith((".tfrecord", ".tfrecords")))
+    else:
+        keys = manifest_keys(a.dir)
     configs = [(f"packed/{w}" if int(w) else "0 workers", int(w), False) for w in a.workers.split(",")]
     configs += [(f"per-sample/{w}", int(w), True) for w in a.per_sample.split(",") if w]
     raw: Dict[str, List[Dict[str, float]]] = {c[0]: [] for c in configs}
@@ -113,7 +123,8 @@ def main() -> None:
     for rep in range(a.repeats):
         for name, w, per_sample in configs:
             evict = drop_caches(a.dir, keys)
-            r = one_pass(a.dir, keys, w, a.batch, per_sample, rep, steady=not a.first_epoch_only)
+            r = one_pass(a.dir, keys, w, a.batch, per_sample, rep, steady=not a.first_epoch_only,
+                         records=bool(a.records), n_expected=a.records)
             raw[name].append(r)
             print(f"rep {rep} {name:14s}: {r['mb_s']:7.1f} MB/s {r['cpu_s_per_gib']:5.2f} CPU s/GiB (first epoch "
                   f"{r['first_mb_s']:7.1f} MB/s)", flush=True)
@@ -143,10 +154,11 @@ def main() -> None:
         "loadavg_end": os.getloadavg(),
     }
     lines = [
-        "# ringtier.torch.IterableDataset under DataLoader workers",
+        "# ringtier.torch." + ("RecordDataset (TFRecord shards)" if a.records else "IterableDataset")
+        + " under DataLoader workers",
         "",
         f"{machine['date']}; {machine['nproc']} cores, {machine['mem_gib']:.0f} GiB, kernel {machine['kernel']}, torch "
-        f"{machine['torch']}; {machine['files']} files, {machine['bytes'] / 1e9:.2f} GB in {machine['dir']} "
+        f"{machine['torch']}; {machine['files']} {'TFRecord shards, ' + str(a.records) + ' records' if a.records else 'files'}, {machine['bytes'] / 1e9:.2f} GB in {machine['dir']} "
         f"({machine['fs']}); cold ({machine['evict']} before every pass); batch {a.batch}; {a.repeats} interleaved "
         f"repeats; " + ("a pass is one epoch from before the DataLoader is made (worker start included)"
                       if a.first_epoch_only else

@@ -1,7 +1,7 @@
 //! The loader's settings: batch size, prefetch, shuffle, decode, verification, the cache and
 //! the materialised split point.
 
-use ringtier_cache::CacheConfig;
+use ringtier_cache::{CacheConfig, CachedTier};
 use ringtier_dataset::OnBadSample;
 use ringtier_decode::DecodeConfig;
 
@@ -45,6 +45,11 @@ pub struct LoaderConfig {
     /// static, clairvoyant), levels (memory, a local directory) with their capacities, the
     /// clairvoyant lookahead and prefetch budget. Default none.
     pub cache: Option<CacheConfig>,
+    /// A cache shared by the loaders of a node's ranks in this process
+    /// ([`CachedTier::for_node`], one copy of a sample per node) and this loader's index among
+    /// the samplers it was made with (their ranks must be this loader's rank, seed and
+    /// world). Instead of `cache`. Default none.
+    pub node_cache: Option<(CachedTier, usize)>,
 }
 
 impl LoaderConfig {
@@ -125,6 +130,13 @@ impl LoaderConfig {
         self.cache = cache.into();
         self
     }
+
+    /// Sets [`LoaderConfig::node_cache`]: read through `cache`, shared with the node's other
+    /// ranks, as its sampler number `index`.
+    pub fn with_node_cache(mut self, cache: CachedTier, index: usize) -> Self {
+        self.node_cache = Some((cache, index));
+        self
+    }
 }
 
 impl Default for LoaderConfig {
@@ -143,6 +155,7 @@ impl Default for LoaderConfig {
             read_size: 0,
             materialize: None,
             cache: None,
+            node_cache: None,
         }
     }
 }

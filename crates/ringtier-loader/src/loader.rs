@@ -92,7 +92,8 @@ struct Shared {
     /// The materialized copy's settings and key prefix.
     materialized: Option<(Materialize, String)>,
     /// The cache the dataset's tier is wrapped in.
-    cache: Option<CachedTier>,
+    /// And this rank's index among its samplers (0 for its own).
+    cache: Option<(CachedTier, usize)>,
     stall: metrics::Histogram,
     batches: metrics::Counter,
     skipped: metrics::Counter,
@@ -137,12 +138,18 @@ impl Loader {
         }
         let sampler = Sampler::new(dataset.len(), cfg.seed, cfg.rank, cfg.world, cfg.shuffle)?;
         // Reads go through the cache, which knows this rank's order from the sampler.
-        let (dataset, cache) = match &cfg.cache {
-            Some(c) => {
-                let cached = CachedTier::for_dataset(&dataset, sampler, c.clone())?;
-                (dataset.with_tier(Arc::new(cached.clone())), Some(cached))
+        let (dataset, cache) = match (&cfg.cache, &cfg.node_cache) {
+            (Some(_), Some(_)) => {
+                return Err(Error::new(ErrorKind::InvalidInput, "a loader takes a cache or a node cache, not both"))
             }
-            None => (dataset, None),
+            (Some(c), None) => {
+                let cached = CachedTier::for_dataset(&dataset, sampler, c.clone())?;
+                (dataset.with_tier(Arc::new(cached.clone())), Some((cached, 0)))
+            }
+            (None, Some((cached, index))) => {
+                (dataset.with_tier(Arc::new(cached.clone())), Some((cached.clone(), *index)))
+            }
+            (None, None) => (dataset, None),
         };
         if sampler.len() < cfg.batch_size && cfg.drop_last {
             return Err(Error::new(
@@ -215,7 +222,7 @@ impl Loader {
     /// The cache in front of the dataset's tier, when [`LoaderConfig::cache`] is set: its
     /// [`CachedTier::stats`] give hits, misses and prefetches.
     pub fn cache(&self) -> Option<&CachedTier> {
-        self.shared.cache.as_ref()
+        self.shared.cache.as_ref().map(|(c, _)| c)
     }
 
     /// Samples this rank reads per epoch.
@@ -245,8 +252,8 @@ impl Loader {
     /// called inside a tokio runtime.
     pub fn epoch(&self, epoch: u64, position: usize) -> Result<Epoch> {
         let order = self.sampler.epoch_from(epoch, position)?;
-        if let Some(c) = &self.shared.cache {
-            c.begin_epoch(epoch, position)?;
+        if let Some((c, index)) = &self.shared.cache {
+            c.begin_rank_epoch(*index, epoch, position)?;
         }
         let b = self.shared.cfg.batch_size;
         let mut chunks: Vec<Vec<u32>> = order.chunks(b).map(<[u32]>::to_vec).collect();

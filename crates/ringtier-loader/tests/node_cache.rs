@@ -49,8 +49,13 @@ async fn run_node(
     let cache = CachedTier::for_node(&ds, samplers, cfg).expect("node cache");
     let loaders: Vec<Arc<Loader>> = (0..local)
         .map(|r| {
-            let cfg = LoaderConfig::default().with_batch_size(8).with_seed(9).with_rank(r).with_world(world);
-            Arc::new(Loader::new(ds.clone().with_tier(Arc::new(cache.clone())), cfg).expect("loader"))
+            let cfg = LoaderConfig::default()
+                .with_batch_size(8)
+                .with_seed(9)
+                .with_rank(r)
+                .with_world(world)
+                .with_node_cache(cache.clone(), r);
+            Arc::new(Loader::new(ds.clone(), cfg).expect("loader"))
         })
         .collect();
     let objects: Arc<Vec<Vec<u8>>> = Arc::new(objects.iter().map(|(_, d)| d.clone()).collect());
@@ -61,7 +66,6 @@ async fn run_node(
         for (r, loader) in loaders.iter().enumerate() {
             let (loader, cache, objects) = (Arc::clone(loader), cache.clone(), Arc::clone(&objects));
             ranks.spawn(async move {
-                cache.begin_rank_epoch(r, e, 0).expect("begin");
                 let mut epoch = loader.epoch(e, 0).expect("epoch");
                 let mut n = 0;
                 while let Some(batch) = epoch.next().await {
@@ -166,4 +170,13 @@ async fn a_node_cache_checks_its_ranks() {
     let e = cache.begin_rank_epoch(1, 0, 5).expect_err("past the shard");
     assert!(e.to_string().contains("past the end"), "{e}");
     cache.begin_rank_epoch(1, 0, 2).expect("resume mid-epoch");
+    // A loader takes a cache or a node cache.
+    let cfg = LoaderConfig::default()
+        .with_batch_size(2)
+        .with_world(2)
+        .with_seed(1)
+        .with_cache(CacheConfig::new(CachePolicy::Static, vec![CacheLevel::memory(400)]))
+        .with_node_cache(cache.clone(), 0);
+    let e = Loader::new(ds.clone(), cfg).expect_err("both");
+    assert!(e.to_string().contains("not both"), "{e}");
 }

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ringtier_core::fs::trace::FsOp;
 
@@ -21,11 +22,12 @@ pub enum Persist {
     ZeroTail(u64),
 }
 
-/// Files by id, names (relative paths) pointing at them, directories.
+/// Files by id, names (relative paths) pointing at them, directories. Contents are shared
+/// between clones until one of them writes (so a clone costs the maps, not the bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Image {
     /// File contents by id.
-    pub files: BTreeMap<u64, Vec<u8>>,
+    pub files: BTreeMap<u64, Arc<Vec<u8>>>,
     /// Name -> file id.
     pub names: BTreeMap<PathBuf, u64>,
     /// Directories (relative paths).
@@ -45,7 +47,7 @@ impl Image {
             img.dirs.insert(PathBuf::from(r));
         }
         img.dirs.insert(PathBuf::from("outside"));
-        img.files.insert(OUTSIDE_FILE, outside_data.to_vec());
+        img.files.insert(OUTSIDE_FILE, Arc::new(outside_data.to_vec()));
         img.names.insert(PathBuf::from("outside/keep"), OUTSIDE_FILE);
         img
     }
@@ -73,6 +75,7 @@ impl Image {
             }
             FsOp::Write { file, offset, data, .. } => {
                 let Some(content) = self.files.get_mut(file) else { return false };
+                let content = Arc::make_mut(content);
                 let (keep, zeros) = match persist {
                     Persist::Whole => (data.len(), 0),
                     Persist::Lost => return false,
@@ -93,7 +96,7 @@ impl Image {
             }
             FsOp::SetLen { file, len } => match self.files.get_mut(file) {
                 Some(c) => {
-                    c.resize(*len as usize, 0);
+                    Arc::make_mut(c).resize(*len as usize, 0);
                     true
                 }
                 None => false,
@@ -126,7 +129,7 @@ impl Image {
         self.names
             .iter()
             .filter(|(p, _)| p.starts_with(prefix))
-            .map(|(p, id)| (p.clone(), self.files.get(id).cloned().unwrap_or_default()))
+            .map(|(p, id)| (p.clone(), self.files.get(id).map(|c| c.to_vec()).unwrap_or_default()))
             .collect()
     }
 
@@ -147,7 +150,7 @@ impl Image {
                 p = parent(&p);
             }
             if ok {
-                std::fs::write(dir.join(name), self.files.get(id).map(Vec::as_slice).unwrap_or_default())?;
+                std::fs::write(dir.join(name), self.files.get(id).map(|c| c.as_slice()).unwrap_or_default())?;
             }
         }
         Ok(())

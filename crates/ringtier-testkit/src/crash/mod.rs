@@ -16,6 +16,6 @@ pub mod image;
 pub mod model;
 pub mod workload;
 
-pub use explore::{explore, Exploration, ExploreConfig, Failure};
+pub use explore::{explore, explore_with, Exploration, ExploreConfig, Failure, SeenStates};
 pub use model::{Choice, Model, State};
 pub use workload::{Engine, Trace, Workload};

@@ -23,8 +23,9 @@
 //! the staging directory (which nothing reads), and a later rename of it that persists brings
 //! it along.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::path::Path;
 
 use crate::SeededRng;
 use ringtier_core::fs::trace::FsOp;
@@ -124,10 +125,6 @@ impl fmt::Display for State {
     }
 }
 
-fn parent(p: &std::path::Path) -> std::path::PathBuf {
-    p.parent().map(std::path::Path::to_path_buf).unwrap_or_default()
-}
-
 /// Whether an operation changes the image (not an fsync or a marker) and may be dropped (a
 /// create never is).
 fn droppable(op: &FsOp) -> bool {
@@ -138,23 +135,61 @@ fn droppable(op: &FsOp) -> bool {
 }
 
 /// For each operation of `ops[..=point]`: whether a later fsync in the prefix made it durable.
+/// One backward pass, remembering the files and directories fsynced further on.
 pub fn durable(ops: &[FsOp], point: usize) -> Vec<bool> {
     let prefix = &ops[..=point];
     let mut out = vec![false; prefix.len()];
-    for (i, op) in prefix.iter().enumerate() {
-        let later = &prefix[i + 1..];
-        let dir_synced =
-            |d: std::path::PathBuf| later.iter().any(|o| matches!(o, FsOp::FsyncDir { path } if *path == d));
+    let mut files_synced: HashSet<u64> = HashSet::new();
+    let mut dirs_synced: HashSet<&Path> = HashSet::new();
+    for (i, op) in prefix.iter().enumerate().rev() {
         out[i] = match op {
-            FsOp::Write { file, .. } | FsOp::SetLen { file, .. } => {
-                later.iter().any(|o| matches!(o, FsOp::Fsync { file: f } if f == file))
-            }
-            FsOp::Mkdir { path } | FsOp::Unlink { path } => dir_synced(parent(path)),
-            FsOp::Rename { to, .. } => dir_synced(parent(to)),
+            FsOp::Write { file, .. } | FsOp::SetLen { file, .. } => files_synced.contains(file),
+            FsOp::Mkdir { path } | FsOp::Unlink { path } => dirs_synced.contains(parent_of(path)),
+            FsOp::Rename { to, .. } => dirs_synced.contains(parent_of(to)),
             _ => true,
         };
+        match op {
+            FsOp::Fsync { file } => {
+                files_synced.insert(*file);
+            }
+            FsOp::FsyncDir { path } => {
+                dirs_synced.insert(path.as_path());
+            }
+            _ => {}
+        }
     }
     out
+}
+
+fn parent_of(p: &Path) -> &Path {
+    p.parent().unwrap_or(Path::new(""))
+}
+
+/// The operations of `ops[..=point]` that [`Model::WeakPosix`] may drop or tear: those that
+/// change the image, are not creates, and no later fsync of the prefix made durable.
+pub fn optional(ops: &[FsOp], point: usize) -> Vec<usize> {
+    let synced = durable(ops, point);
+    (0..=point).filter(|&j| droppable(&ops[j]) && !synced[j]).collect()
+}
+
+/// One random [`Model::WeakPosix`] state at `point`: each of `optional` (from [`optional`])
+/// kept whole with probability 1/2, dropped with 1/4, torn or zero-tailed with 1/4.
+pub fn random_state(ops: &[FsOp], point: usize, optional: &[usize], rng: &mut SeededRng) -> State {
+    let mut choices = BTreeMap::new();
+    for &j in optional {
+        match rng.below(4) {
+            0 | 1 => {}
+            2 => {
+                choices.insert(j, Persist::Lost);
+            }
+            _ => {
+                let t = tears(&ops[j]);
+                let choice = if t.is_empty() { Persist::Lost } else { t[rng.below(t.len() as u64) as usize] };
+                choices.insert(j, choice);
+            }
+        }
+    }
+    State { model: Model::WeakPosix, point, choices }
 }
 
 /// 4 KiB boundaries inside a write of `len` bytes at `offset`, as lengths kept: at most three
@@ -236,8 +271,7 @@ pub fn states(model: Model, ops: &[FsOp], point: usize, randoms: usize, rng: &mu
             }
         }
         Model::WeakPosix => {
-            let synced = durable(ops, point);
-            let optional: Vec<usize> = (0..=point).filter(|&j| droppable(&ops[j]) && !synced[j]).collect();
+            let optional = optional(ops, point);
             let all_lost: BTreeMap<usize, Choice> = optional.iter().map(|&j| (j, Persist::Lost)).collect();
             out.push(mk(BTreeMap::new()));
             if optional.is_empty() {
@@ -254,22 +288,7 @@ pub fn states(model: Model, ops: &[FsOp], point: usize, randoms: usize, rng: &mu
                 }
             }
             for _ in 0..randoms {
-                let mut c = BTreeMap::new();
-                for &j in &optional {
-                    match rng.below(4) {
-                        0 | 1 => {}
-                        2 => {
-                            c.insert(j, Persist::Lost);
-                        }
-                        _ => {
-                            let t = tears(&ops[j]);
-                            let choice =
-                                if t.is_empty() { Persist::Lost } else { t[rng.below(t.len() as u64) as usize] };
-                            c.insert(j, choice);
-                        }
-                    }
-                }
-                out.push(mk(c));
+                out.push(random_state(ops, point, &optional, rng));
             }
         }
     }

@@ -23,19 +23,23 @@ pub enum Engine {
 pub struct Workload {
     /// The fast tier's engine.
     pub engine: Engine,
-    /// Steps saved (each drained at once, `keep_last` 1 evicting the one before).
+    /// Steps saved (drained every `drain_every` saves and after the last, `keep_last` 1
+    /// evicting the fast copies of the older ones).
     pub steps: u64,
+    /// Saves between drains (1: each step drained at once; more: one drain copies several
+    /// steps and evicts several fast copies).
+    pub drain_every: u64,
     /// A protocol bug to inject, for the mutation check.
     pub mutation: Option<Mutation>,
-    /// Multiplies the parts' sizes (1: about 13 KB and 5 KB; larger parts are more writes,
-    /// and more crash states between them).
+    /// Multiplies the larger parts' sizes (1: about 13 KB, 5 KB and 4 KiB; larger parts are
+    /// more writes, and more crash states between them; see [`parts_of`]).
     pub part_scale: usize,
 }
 
 impl Workload {
     /// `steps` steps on `engine`, no mutation.
     pub fn new(engine: Engine, steps: u64) -> Self {
-        Workload { engine, steps, mutation: None, part_scale: 1 }
+        Workload { engine, steps, drain_every: 1, mutation: None, part_scale: 1 }
     }
 }
 
@@ -58,17 +62,26 @@ pub struct Trace {
 /// Contents of `outside/keep`.
 pub const OUTSIDE_DATA: &[u8] = b"a file next to the tiers that no crash state may change";
 
-/// The parts of `step` at `scale`: sizes that span several 4 KiB pages and end mid-page.
+/// The parts of `step` at `scale`: two whose sizes span several 4 KiB pages and end mid-page
+/// (about 13 KB and 5 KB times `scale`, a little more each step), one of exactly `scale` pages,
+/// and one smaller than a page.
 pub fn parts_of(step: u64, scale: usize) -> Vec<(String, Vec<u8>)> {
-    [("model", 13_000 * scale.max(1) + step as usize * 517), ("optim", 5_000 * scale.max(1) + step as usize * 77)]
-        .iter()
-        .enumerate()
-        .map(|(i, (name, size))| {
-            let tag = (step as u8).wrapping_mul(29) ^ (i as u8).wrapping_mul(101);
-            let data = (0..*size as u64).map(|j| ((j.wrapping_mul(2_654_435_761) >> 11) as u8) ^ tag).collect();
-            (name.to_string(), data)
-        })
-        .collect()
+    let scale = scale.max(1);
+    let step_len = step as usize;
+    [
+        ("model", 13_000 * scale + step_len * 517),
+        ("optim", 5_000 * scale + step_len * 77),
+        ("pages", 4096 * scale),
+        ("rng", 100 + step_len * 13),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (name, size))| {
+        let tag = (step as u8).wrapping_mul(29) ^ (i as u8).wrapping_mul(101);
+        let data = (0..*size as u64).map(|j| ((j.wrapping_mul(2_654_435_761) >> 11) as u8) ^ tag).collect();
+        (name.to_string(), data)
+    })
+    .collect()
 }
 
 /// The store configuration of the workload and of the checks.
@@ -134,8 +147,10 @@ pub fn record(w: &Workload, parent: &Path) -> std::io::Result<Trace> {
             let data = parts_of(step, w.part_scale);
             store.save(step, data.iter().map(|(n, d)| Part::bytes(n.clone(), d)).collect()).await?;
             trace.mark(format!("ack {step}"));
-            store.drain().await?;
-            trace.mark(format!("drained {step}"));
+            if step % w.drain_every.max(1) == 0 || step == w.steps {
+                store.drain().await?;
+                trace.mark(format!("drained {step}"));
+            }
         }
         drop(store);
         // The store's background tasks end with it; a moment for them to let go of the locks.

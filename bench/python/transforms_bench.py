@@ -191,7 +191,7 @@ def child(config: str, root: str) -> None:
     """One pass in this (fresh) process; prints its JSON line."""
     import torch  # noqa: F401  (imported before the timer: both sides pay it)
 
-    if config == "ringtier":
+    if config.startswith("ringtier"):
         import ringtier.torch  # noqa: F401
     elif config == "dali":
         import nvidia.dali  # noqa: F401
@@ -200,7 +200,7 @@ def child(config: str, root: str) -> None:
     mem = PeakMemory()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    if config == "ringtier":
+    if config.startswith("ringtier"):
         n = pass_ringtier(root)
     elif config == "dali":
         n = pass_dali(root)
@@ -210,7 +210,12 @@ def child(config: str, root: str) -> None:
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     rc = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + rc.ru_utime + rc.ru_stime
-    print(json.dumps({"images": n, "seconds": secs, "cpu_seconds": cpu, "peak_mib": mem.stop()}))
+    out = {"images": n, "seconds": secs, "cpu_seconds": cpu, "peak_mib": mem.stop()}
+    if config.startswith("ringtier"):
+        import ringtier
+
+        out["decoder"] = ringtier._ringtier.JPEG_DECODER
+    print(json.dumps(out))
 
 
 def summary(xs: List[float]) -> Dict[str, float]:
@@ -222,7 +227,13 @@ def main() -> None:
     if not files:
         sys.exit(f"no JPEGs under {ARGS.dir}")
     total_bytes = sum(os.path.getsize(p) for p in files)
-    configs = [f"torchvision-w{w}" for w in ARGS.workers] + ["ringtier"] + (["dali"] if ARGS.dali else [])
+    alts = dict(a.split("=", 1) for a in ARGS.ringtier_alt)
+    configs = (
+        [f"torchvision-w{w}" for w in ARGS.workers]
+        + ["ringtier"]
+        + [f"ringtier-{name}" for name in alts]
+        + (["dali"] if ARGS.dali else [])
+    )
     runs: Dict[str, List[Dict[str, float]]] = {c: [] for c in configs}
     errors: Dict[str, str] = {}
     how = ""
@@ -233,8 +244,9 @@ def main() -> None:
             how = drop_caches(files)
             cmd = [sys.executable, __file__, "--child", c, "--dir", ARGS.dir, "--batch", str(ARGS.batch), "--size", str(ARGS.size)]
             env = dict(os.environ)
-            if c == "dali" and ARGS.dali_path:
-                env["PYTHONPATH"] = os.pathsep.join(x for x in (ARGS.dali_path, env.get("PYTHONPATH")) if x)
+            extra = ARGS.dali_path if c == "dali" else alts.get(c[len("ringtier-") :]) if c.startswith("ringtier-") else None
+            if extra:
+                env["PYTHONPATH"] = os.pathsep.join(x for x in (extra, env.get("PYTHONPATH")) if x)
             p = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if p.returncode != 0:
                 errors[c] = (p.stderr or p.stdout).strip()[-2000:]
@@ -258,12 +270,13 @@ def main() -> None:
                 "cpu_s_per_1000": summary([x["cpu_s_per_1000"] for x in rs]),
                 "peak_mib": summary([x["peak_mib"] for x in rs]),
                 "passes": len(rs),
+                "decoder": rs[0].get("decoder", ""),
             }
     tv = [c for c in table if c.startswith("torchvision")]
     best = max(tv, key=lambda c: table[c]["images_per_s"]["median"]) if tv else None
     ratios: Dict[str, Any] = {}
     if best:
-        for c in [x for x in ("ringtier", "dali") if x in table]:
+        for c in [x for x in table if x.startswith("ringtier") or x == "dali"]:
             pairs = list(zip(runs[c], runs[best]))
             speed = [a["images_per_s"] / b["images_per_s"] for a, b in pairs]
             cpu = [a["cpu_s_per_1000"] / b["cpu_s_per_1000"] for a, b in pairs]
@@ -325,8 +338,9 @@ def markdown(rep: Dict[str, Any]) -> str:
     ]
     for c, t in rep["configs"].items():
         s = t["images_per_s"]
+        name = f"{c} ({t['decoder']})" if t.get("decoder") else c
         lines.append(
-            f"| {c} | {s['min']:.0f} / {s['median']:.0f} / {s['max']:.0f} | {t['cpu_s_per_1000']['median']:.2f} | "
+            f"| {name} | {s['min']:.0f} / {s['median']:.0f} / {s['max']:.0f} | {t['cpu_s_per_1000']['median']:.2f} | "
             f"{t['peak_mib']['median']:.0f} | {t['passes']} |"
         )
     lines.append("")
@@ -351,6 +365,13 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--dali", action="store_true", help="also NVIDIA DALI's CPU pipeline")
     ap.add_argument("--dali-path", help="a directory holding DALI (pip install --target), put on the DALI pass's PYTHONPATH")
+    ap.add_argument(
+        "--ringtier-alt",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another ringtier build (pip install --target DIR), run as configuration ringtier-NAME",
+    )
     ap.add_argument("--storage", default="ext4 on the virtual disk (/tmp)")
     ap.add_argument("--json")
     ap.add_argument("--md")

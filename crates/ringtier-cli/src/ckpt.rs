@@ -174,10 +174,24 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             }
         }
         CkptAction::Drain => {
-            let backlog = store.drain_backlog_bytes();
+            // What reached a tier it was not on before: a step quarantined on the way is not
+            // counted as drained.
+            let before: std::collections::BTreeMap<u64, Vec<String>> =
+                store.list().await?.into_iter().map(|c| (c.step, c.tiers)).collect();
             store.drain().await?;
             report_quarantined(&store);
-            println!("drained {:.1} MB to the slowest tier", backlog as f64 / 1e6);
+            let (mut steps, mut bytes) = (0, 0);
+            for c in store.list().await? {
+                if before.get(&c.step).is_none_or(|t| c.tiers.iter().any(|n| !t.contains(n))) {
+                    steps += 1;
+                    bytes += c.bytes;
+                }
+            }
+            println!(
+                "drained {steps} checkpoint{} ({:.1} MB) to the slowest tier",
+                if steps == 1 { "" } else { "s" },
+                bytes as f64 / 1e6
+            );
         }
         CkptAction::Rm { step } => {
             store.delete(step).await.with_context(|| format!("removing checkpoint {step}"))?;

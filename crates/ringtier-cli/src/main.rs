@@ -28,8 +28,16 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run_cli() -> Result<()> {
+    // Warnings and errors of the libraries, on stderr, coloured only on a terminal. The CLI
+    // reports quarantined checkpoints itself (with what to do about them), so the store's own
+    // quarantine event is off unless RINGTIER_LOG asks for it.
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RINGTIER_LOG")
+                .unwrap_or_else(|_| format!("warn,{}=off", ringtier_migrate::QUARANTINE_LOG_TARGET).into()),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

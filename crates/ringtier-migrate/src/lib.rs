@@ -8,5 +8,5 @@ pub use manifest::{CheckpointManifest, PartMeta, FORMAT, MAX_MANIFEST_BYTES, VER
 pub use store::{
     is_bad_copy, BufferSink, CheckpointInfo, CheckpointStore, DirectRestored, DrainStats, FnSink, OnFull, Part,
     PartData, PartInfo, QuarantinedCopy, ReadTargets, RestoreEvent, RestoreOptions, RestoreReport, RestoreSink,
-    Restored, SaveReport, SeekRead, StoreConfig, TierSink, QUARANTINE_FILE,
+    Restored, SaveReport, SeekRead, StoreConfig, TierSink, QUARANTINE_FILE, QUARANTINE_LOG_TARGET,
 };

@@ -139,7 +139,7 @@ impl Inner {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        tracing::error!(step, tier = tier.name(), "checkpoint copy quarantined: {why}");
+        tracing::error!(target: QUARANTINE_LOG_TARGET, step, tier = tier.name(), "checkpoint copy quarantined: {why}");
         self.m.quarantined[t].increment(1);
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.quarantined.insert(step, format!("on tier {:?}: {why}", tier.name()));

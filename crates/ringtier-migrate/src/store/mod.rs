@@ -140,6 +140,11 @@ impl fmt::Debug for CheckpointStore {
     }
 }
 
+/// The `tracing` target of the event logged when a copy is quarantined (level error), so that a
+/// program that reports quarantines itself (the CLI does, from
+/// [`CheckpointStore::quarantined_since_open`]) can turn this one event off.
+pub const QUARANTINE_LOG_TARGET: &str = "ringtier_migrate::quarantine";
+
 /// Name of the marker that sets a step's copy aside (quarantine), next to its manifest.
 pub const QUARANTINE_FILE: &str = "QUARANTINE.json";
 

@@ -212,7 +212,9 @@ impl ChunkReads {
             }
             Ok((res, buf)) => (res, Some(buf)),
             Err(e) => {
-                self.buffers -= 1;
+                // The task (and its buffer) is gone. Saturating: a buffer a sink kept, or a
+                // window of a direct restore's destination, was never counted here.
+                self.buffers = self.buffers.saturating_sub(1);
                 (Err(Error::new(ErrorKind::Shutdown, format!("a read task ended without its result: {e}"))), None)
             }
         };
@@ -241,7 +243,7 @@ impl ChunkReads {
             if let Some(task) = f.task {
                 match task.await {
                     Ok((_, buf)) => self.recycle(buf),
-                    Err(_) => self.buffers -= 1,
+                    Err(_) => self.buffers = self.buffers.saturating_sub(1),
                 }
             }
         }

@@ -119,6 +119,9 @@ struct TuneReport {
     points: Vec<report::PointReport>,
     pareto_front: Vec<String>,
     defaults_on_front: bool,
+    /// The best point's slowest pass was faster than the defaults' fastest (otherwise the
+    /// difference is within the run-to-run spread and the defaults stand).
+    best_beats_defaults_beyond_spread: bool,
     best: Option<Best>,
     trace: Vec<(String, trace::Breakdown)>,
     fio: Vec<FioComparison>,
@@ -352,6 +355,10 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
     }
     let best_i = report::best(&points, &front);
     let defaults_on_front = points.first().map(|p| p.on_pareto_front).unwrap_or(false);
+    let beyond_spread = match (best_i, points.first()) {
+        (Some(b), Some(d)) => b != 0 && points[b].mb_per_sec.min > d.mb_per_sec.max,
+        _ => false,
+    };
     let queue_dir = settings.as_ref().map(|s| s.device.queue_dir.clone());
     let best = best_i.map(|i| Best {
         label: points[i].label.clone(),
@@ -435,6 +442,7 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
         seconds: t0.elapsed().as_secs_f64(),
         pareto_front: front.iter().map(|&i| points[i].label.clone()).collect(),
         defaults_on_front,
+        best_beats_defaults_beyond_spread: beyond_spread,
         points,
         best,
         trace: traces,
@@ -628,9 +636,10 @@ fn markdown(r: &TuneReport) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "Trace of `{label}` ({} of {} reads paired): submit->device {}; device {}; device done->CQE {}; submit->CQE {}.{}",
+                    "Trace of `{label}` ({} of {} reads paired, {} handed to io-wq): submit->device {}; device {}; device done->CQE {}; submit->CQE {}.{}",
                     t.paired_reads,
                     t.traced_reads,
+                    t.reads_punted_to_io_wq,
                     st(&t.submission),
                     st(&t.device),
                     st(&t.completion_to_cqe),

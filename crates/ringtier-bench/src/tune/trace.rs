@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
-const EVENTS: [&str; 5] = [
+const EVENTS: [&str; 6] = [
     "io_uring/io_uring_submit_req",
+    "io_uring/io_uring_queue_async_work",
     "block/block_bio_queue",
     "block/block_rq_issue",
     "block/block_rq_complete",
@@ -61,6 +62,9 @@ pub(crate) struct Breakdown {
     /// Reads paired with their block requests, of all traced reads.
     pub(crate) paired_reads: usize,
     pub(crate) traced_reads: usize,
+    /// Reads the kernel could not issue inline without blocking and handed to io-wq worker
+    /// threads (`io_uring_queue_async_work`): their bios are queued by the workers.
+    pub(crate) reads_punted_to_io_wq: usize,
     /// Lost events (the trace buffer overflowed), or other caveats.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) notes: Vec<String>,
@@ -69,10 +73,13 @@ pub(crate) struct Breakdown {
     pub(crate) unavailable: Option<String>,
 }
 
-/// A running trace: an instance of tracefs with our events on.
+/// A running trace: two tracefs instances, one for this process's io_uring and bio events
+/// (filtered by pid), one for the device's block requests (completions run in interrupt
+/// context, on whatever task was running: a pid filter would drop them).
 #[derive(Debug)]
 pub(crate) struct Tracer {
     dir: PathBuf,
+    device_dir: PathBuf,
 }
 
 fn write(path: &Path, v: &str) -> Result<(), String> {
@@ -91,20 +98,29 @@ impl Tracer {
         if !missing.is_empty() {
             return Err(format!("this kernel has no tracepoint(s) {}", missing.join(", ")));
         }
-        let dir = root.join(format!("instances/ringtier-tune-{}", std::process::id()));
-        if !dir.is_dir() {
-            std::fs::create_dir(&dir).map_err(|e| format!("creating {} (needs root): {e}", dir.display()))?;
-        }
-        let t = Tracer { dir };
+        let mk = |name: String| -> Result<PathBuf, String> {
+            let dir = root.join(name);
+            if !dir.is_dir() {
+                std::fs::create_dir(&dir).map_err(|e| format!("creating {} (needs root): {e}", dir.display()))?;
+            }
+            Ok(dir)
+        };
+        let pid = std::process::id();
+        let t = Tracer {
+            dir: mk(format!("instances/ringtier-tune-{pid}"))?,
+            device_dir: mk(format!("instances/ringtier-tune-{pid}-dev"))?,
+        };
         t.setup(dev)?;
         Ok(t)
     }
 
     fn setup(&self, dev: Option<(u64, u64)>) -> Result<(), String> {
+        for d in [&self.dir, &self.device_dir] {
+            write(&d.join("tracing_on"), "0")?;
+            write(&d.join("buffer_size_kb"), BUFFER_KB)?;
+            write(&d.join("trace"), "")?;
+        }
         let d = &self.dir;
-        write(&d.join("tracing_on"), "0")?;
-        write(&d.join("buffer_size_kb"), BUFFER_KB)?;
-        write(&d.join("trace"), "")?;
         let _ = write(&d.join("options/event-fork"), "1");
         let tids: Vec<String> = std::fs::read_dir("/proc/self/task")
             .map_err(|e| format!("/proc/self/task: {e}"))?
@@ -113,7 +129,9 @@ impl Tracer {
             .collect();
         write(&d.join("set_event_pid"), &tids.join(" "))?;
         for e in EVENTS {
-            let ev = d.join("events").join(e);
+            // Requests issued and completed: the device instance, any task; the rest: ours.
+            let on_device = matches!(e, "block/block_rq_issue" | "block/block_rq_complete");
+            let ev = if on_device { self.device_dir.join("events").join(e) } else { d.join("events").join(e) };
             if e.starts_with("block/") {
                 if let Some((ma, mi)) = dev {
                     write(&ev.join("filter"), &format!("dev == {}", (ma << 20) | mi))?;
@@ -121,6 +139,7 @@ impl Tracer {
             }
             write(&ev.join("enable"), "1")?;
         }
+        write(&self.device_dir.join("tracing_on"), "1")?;
         write(&d.join("tracing_on"), "1")
     }
 
@@ -138,8 +157,13 @@ impl Tracer {
     /// Stops, reads and parses the trace.
     pub(crate) fn finish(self) -> Breakdown {
         let _ = write(&self.dir.join("tracing_on"), "0");
-        let text = read_bounded(&self.dir.join("trace"));
-        let mut b = parse(&text);
+        let _ = write(&self.device_dir.join("tracing_on"), "0");
+        // Both instances' lines in time order (the same trace clock).
+        let text = read_bounded(&self.dir.join("trace")) + &read_bounded(&self.device_dir.join("trace"));
+        let mut lines: Vec<(f64, &str)> = text.lines().filter_map(|l| Some((line(l)?.1, l))).collect();
+        lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let merged: String = lines.iter().flat_map(|(_, l)| [*l, "\n"]).collect();
+        let mut b = parse(&merged);
         if text.contains("LOST") {
             b.notes.push("the trace buffer overflowed: some events were lost".into());
         }
@@ -149,11 +173,13 @@ impl Tracer {
 
 impl Drop for Tracer {
     fn drop(&mut self) {
-        let _ = write(&self.dir.join("tracing_on"), "0");
-        for e in EVENTS {
-            let _ = write(&self.dir.join("events").join(e).join("enable"), "0");
+        for d in [&self.dir, &self.device_dir] {
+            let _ = write(&d.join("tracing_on"), "0");
+            for e in EVENTS {
+                let _ = write(&d.join("events").join(e).join("enable"), "0");
+            }
+            let _ = std::fs::remove_dir(d);
         }
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -216,6 +242,7 @@ pub(crate) fn parse(text: &str) -> Breakdown {
     // (submitted, CQE posted, its bios' (device, sector))
     let mut finished: Vec<(f64, f64, Sectors)> = Vec::new();
     let mut device = Vec::new();
+    let mut punted = 0usize;
     for l in text.lines() {
         let Some((pid, ts, event, fields)) = line(l) else { continue };
         match event {
@@ -227,6 +254,13 @@ pub(crate) fn parse(text: &str) -> Breakdown {
                         last_by_pid.insert(pid, req.to_string());
                     }
                 } else {
+                    last_by_pid.remove(&pid);
+                }
+            }
+            "io_uring_queue_async_work" => {
+                if field(fields, "opcode").unwrap_or("").starts_with("READ") {
+                    punted += 1;
+                    // The worker, not this thread, queues its bios.
                     last_by_pid.remove(&pid);
                 }
             }
@@ -289,11 +323,13 @@ pub(crate) fn parse(text: &str) -> Breakdown {
     }
     let mut notes = Vec::new();
     if !finished.is_empty() && paired * 2 < finished.len() {
-        notes.push(
-            "most reads were not paired with block requests: buffered reads (served from the page cache or \
-             read ahead by other threads) do not queue their own bios"
-                .into(),
-        );
+        notes.push(format!(
+            "most reads were not paired with their block requests: {punted} of {} were handed to io-wq workers \
+             (their bios are queued by a worker, which runs several requests), and buffered reads served from \
+             the page cache or its read-ahead queue no bios of their own; the device and submit->CQE figures \
+             cover every request",
+            finished.len()
+        ));
     }
     Breakdown {
         in_kernel: Stage::of(total),
@@ -302,6 +338,7 @@ pub(crate) fn parse(text: &str) -> Breakdown {
         completion_to_cqe: Stage::of(comp),
         paired_reads: paired,
         traced_reads: finished.len(),
+        reads_punted_to_io_wq: punted,
         notes,
         unavailable: None,
     }

@@ -257,12 +257,10 @@ pub(crate) fn parse(text: &str) -> Breakdown {
                     last_by_pid.remove(&pid);
                 }
             }
-            "io_uring_queue_async_work" => {
-                if field(fields, "opcode").unwrap_or("").starts_with("READ") {
-                    punted += 1;
-                    // The worker, not this thread, queues its bios.
-                    last_by_pid.remove(&pid);
-                }
+            "io_uring_queue_async_work" if field(fields, "opcode").unwrap_or("").starts_with("READ") => {
+                punted += 1;
+                // The worker, not this thread, queues its bios.
+                last_by_pid.remove(&pid);
             }
             "block_bio_queue" => {
                 if let (Some(req), Some((dev, sector, _))) = (last_by_pid.get(&pid), block_key(fields)) {

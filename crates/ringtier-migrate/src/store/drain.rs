@@ -76,7 +76,7 @@ impl Inner {
     /// Why the copy of `step` on tier `from` is bad (verified on its own, no fallback), or
     /// `None` when it verifies or cannot be asked now.
     pub(super) async fn source_is_bad(&self, step: u64, from: usize) -> Option<String> {
-        let mut sink = super::restore::DiscardSink;
+        let mut sink = super::sinks::DiscardSink;
         match self.restore_plan(step, &RestoreOptions::default(), None, Some(from), &mut sink, None).await {
             Ok(_) => None,
             Err(e) if is_bad_copy(&e) => Some(e.to_string()),

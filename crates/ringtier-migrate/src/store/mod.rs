@@ -34,6 +34,7 @@ mod part;
 mod read;
 mod restore;
 mod save;
+mod sinks;
 
 pub use config::{OnFull, StoreConfig};
 use direct::DIRECT_DECLINED;
@@ -46,11 +47,10 @@ use part::*;
 pub use part::{Part, PartData, SeekRead};
 use read::{ChunkReads, Span};
 pub use read::{PartInfo, RestoreSink};
-pub use restore::{
-    is_bad_copy, BufferSink, CheckpointInfo, FnSink, RestoreEvent, RestoreOptions, RestoreReport, Restored, TierSink,
-};
+pub use restore::{is_bad_copy, CheckpointInfo, RestoreOptions, RestoreReport, Restored};
 pub use save::SaveReport;
 use save::*;
+pub use sinks::{BufferSink, FnSink, RestoreEvent, TierSink};
 
 #[derive(Debug, Default)]
 struct State {

@@ -71,6 +71,21 @@ pub(crate) fn line_plot(path: &Path, axes: &Axes<'_>, series: &[Series]) -> Resu
                 .map_err(|x| e(&x))?;
         }
     }
+    finish(&mut chart, &root, path)
+}
+
+/// The legend (lower right, on a white panel) and the file written: how every plot ends.
+pub(crate) fn finish<'a, DB, CT>(
+    chart: &mut plotters::chart::ChartContext<'a, DB, CT>,
+    root: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    path: &Path,
+) -> Result<()>
+where
+    DB: plotters::prelude::DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))

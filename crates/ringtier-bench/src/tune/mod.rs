@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, DatasetSpec, Preset as DataPreset};
 use crate::harness::report::utc_now;
-use crate::harness::{write_json, Cold, Machine, Storage, Summary};
+use crate::harness::{interleaved, write_json, Cold, Machine, Storage, Summary};
 use crate::read::pass::{order_of, Engine, Knobs, Order, PassResult, Reader};
 use space::{Config, Space, Sweep};
 
@@ -284,7 +284,6 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
     let cold = Cold::new();
     let mut cold_method = String::new();
     let mut held = false;
-    let mut runs: Vec<Vec<PassResult>> = configs.iter().map(|_| Vec::new()).collect();
     let run_pass = |c: &Config, seed: u64, tracer: Option<&trace::Tracer>| -> Result<PassResult> {
         let engine =
             if c.get("io") == Some("buffered") || !direct_ok { Engine::UringBuffered } else { Engine::UringDirect };
@@ -297,33 +296,31 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
         let order = order_of(&ds, Order::Shuffled, seed)?;
         rt.block_on(reader.pass(&ds, &order))
     };
-    for r in 0..repeats {
-        for k in 0..configs.len() {
-            let i = (k + r) % configs.len();
-            let c = &configs[i];
-            block::restore_all_quiet();
-            if let Some(s) = &settings {
-                s.apply(&c.block()).with_context(|| format!("applying {c}"))?;
-                if !held && !c.block().is_empty() && a.hold_after_apply_ms > 0 {
-                    eprintln!("tune: block settings applied, holding {} ms", a.hold_after_apply_ms);
-                    std::thread::sleep(std::time::Duration::from_millis(a.hold_after_apply_ms));
-                    held = true;
-                }
+    // Every configuration once per repeat, the order rotated by the repeat (the harness's
+    // interleaving), each pass cold.
+    let runs: Vec<Vec<PassResult>> = interleaved(repeats, &configs, true, |r, c| {
+        block::restore_all_quiet();
+        if let Some(s) = &settings {
+            s.apply(&c.block()).with_context(|| format!("applying {c}"))?;
+            if !held && !c.block().is_empty() && a.hold_after_apply_ms > 0 {
+                eprintln!("tune: block settings applied, holding {} ms", a.hold_after_apply_ms);
+                std::thread::sleep(std::time::Duration::from_millis(a.hold_after_apply_ms));
+                held = true;
             }
-            cold_method = cold.pass(&files)?.to_string();
-            let res = run_pass(c, 1000 + r as u64, None)?;
-            eprintln!(
-                "  {}/{repeats} {:<40} {:>8.1} MB/s {:>8.0} IOPS {:>6.2} CPU s/GiB p99 {:>6.2} ms",
-                r + 1,
-                c.label(),
-                res.mb_per_sec(),
-                res.iops(),
-                res.cpu_seconds_per_gib(),
-                res.latency_p99_ms
-            );
-            runs[i].push(res);
         }
-    }
+        cold_method = cold.pass(&files)?.to_string();
+        let res = run_pass(c, 1000 + r as u64, None)?;
+        eprintln!(
+            "  {}/{repeats} {:<40} {:>8.1} MB/s {:>8.0} IOPS {:>6.2} CPU s/GiB p99 {:>6.2} ms",
+            r + 1,
+            c.label(),
+            res.mb_per_sec(),
+            res.iops(),
+            res.cpu_seconds_per_gib(),
+            res.latency_p99_ms
+        );
+        Ok(res)
+    })?;
     block::restore_all_quiet();
 
     let mut points: Vec<report::PointReport> = configs
@@ -478,6 +475,42 @@ fn knobs_of(c: &Config) -> Knobs {
     }
 }
 
+/// The two sides of a fio comparison, interleaved (the order rotated by the repeat).
+#[derive(Debug, Clone, Copy)]
+enum FioSide {
+    Ringtier,
+    Fio,
+}
+
+const FIO_SIDES: [FioSide; 2] = [FioSide::Ringtier, FioSide::Fio];
+
+/// One pass of a fio comparison: bandwidth, and for fio its CPU per GiB and completion p99.
+#[derive(Debug, Clone, Copy)]
+struct FioPass {
+    mb_per_sec: f64,
+    cpu_seconds_per_gib: f64,
+    clat_p99_ms: f64,
+}
+
+impl FioPass {
+    fn ours(mb_per_sec: f64) -> Self {
+        FioPass { mb_per_sec, cpu_seconds_per_gib: f64::NAN, clat_p99_ms: f64::NAN }
+    }
+
+    fn fio(f: &fio::FioResult, gib: f64) -> Self {
+        FioPass { mb_per_sec: f.mb_per_sec, cpu_seconds_per_gib: f.cpu_seconds / gib, clat_p99_ms: f.clat_p99_ms }
+    }
+
+    /// ringtier's bandwidths, fio's, fio's CPU per GiB (pass by pass) and fio's last p99.
+    fn split(per_side: &[Vec<FioPass>]) -> (Vec<f64>, Vec<f64>, Vec<f64>, f64) {
+        let ours = per_side[0].iter().map(|p| p.mb_per_sec).collect();
+        let theirs = per_side[1].iter().map(|p| p.mb_per_sec).collect();
+        let cpu = per_side[1].iter().map(|p| p.cpu_seconds_per_gib).collect();
+        let p99 = per_side[1].last().map_or(f64::NAN, |p| p.clat_p99_ms);
+        (ours, theirs, cpu, p99)
+    }
+}
+
 fn fio_comparisons(
     a: &TuneArgs,
     c: &Config,
@@ -515,16 +548,17 @@ fn fio_comparisons(
     crate::randread::prepare_file(&cfg.file, cfg.size)?;
     let job = fio::job(c, &fio::Target::BigFile { path: cfg.file.clone(), runtime_secs });
     let job_path = a.out.join("fio-bigfile.fio");
-    let (mut ours, mut theirs, mut fio_cpu) = (Vec::new(), Vec::new(), Vec::new());
-    let mut p99 = f64::NAN;
-    for r in 0..repeats.max(3) {
-        let mine = crate::randread::run(&RandSeed(&cfg, r as u64).cfg())?;
-        ours.push(mine.median_mb_per_sec());
-        let f = fio::run(&job, &job_path)?;
-        theirs.push(f.mb_per_sec);
-        fio_cpu.push(f.cpu_seconds / (f.mb_per_sec * 1e6 * runtime_secs / crate::harness::GIB));
-        p99 = f.clat_p99_ms;
-    }
+    let per_side = interleaved(repeats.max(3), &FIO_SIDES, true, |r, side| match side {
+        FioSide::Ringtier => {
+            Ok(FioPass::ours(crate::randread::run(&RandSeed(&cfg, r as u64).cfg())?.median_mb_per_sec()))
+        }
+        FioSide::Fio => {
+            let f = fio::run(&job, &job_path)?;
+            let gib = f.mb_per_sec * 1e6 * runtime_secs / crate::harness::GIB;
+            Ok(FioPass::fio(&f, gib))
+        }
+    })?;
+    let (ours, theirs, fio_cpu, p99) = FioPass::split(&per_side);
     out.push(FioComparison {
         target: format!("one {} MiB file, random {} KiB reads", cfg.size >> 20, bs >> 10),
         config: c.label(),
@@ -546,22 +580,28 @@ fn fio_comparisons(
     );
     let job_path = a.out.join("fio-files.fio");
     let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
-    let (mut ours, mut theirs, mut fio_cpu) = (Vec::new(), Vec::new(), Vec::new());
-    let mut p99 = f64::NAN;
     let engine =
         if c.get("io") == Some("buffered") || !direct_ok { Engine::UringBuffered } else { Engine::UringDirect };
-    for r in 0..repeats {
+    let per_side = interleaved(repeats, &FIO_SIDES, true, |r, side| {
         Cold::new().pass(&files)?;
-        let reader =
-            Reader::new(engine, c.num("depth").max(1) as usize, c.num("rings").max(1) as usize, ds, knobs_of(c))?;
-        let order = order_of(ds, Order::Readdir, r as u64)?;
-        ours.push(rt.block_on(reader.pass(ds, &order))?.mb_per_sec());
-        Cold::new().pass(&files)?;
-        let f = fio::run(&job, &job_path)?;
-        theirs.push(f.mb_per_sec);
-        fio_cpu.push(f.cpu_seconds / (ds.total_bytes() as f64 / crate::harness::GIB));
-        p99 = f.clat_p99_ms;
-    }
+        match side {
+            FioSide::Ringtier => {
+                let reader = Reader::new(
+                    engine,
+                    c.num("depth").max(1) as usize,
+                    c.num("rings").max(1) as usize,
+                    ds,
+                    knobs_of(c),
+                )?;
+                let order = order_of(ds, Order::Readdir, r as u64)?;
+                Ok(FioPass::ours(rt.block_on(reader.pass(ds, &order))?.mb_per_sec()))
+            }
+            FioSide::Fio => {
+                Ok(FioPass::fio(&fio::run(&job, &job_path)?, ds.total_bytes() as f64 / crate::harness::GIB))
+            }
+        }
+    })?;
+    let (ours, theirs, fio_cpu, p99) = FioPass::split(&per_side);
     out.push(FioComparison {
         target: format!(
             "{} files (median {} KB), cold; ringtier reads each whole, fio in {} KiB blocks",

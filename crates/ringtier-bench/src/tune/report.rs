@@ -208,15 +208,7 @@ pub(crate) fn cdf_svg(path: &Path, title: &str, points: &[PointReport]) -> Resul
             .label(p.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
+    crate::harness::plot::finish(&mut chart, &root, path)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use ringtier_loader::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, Sample
 use serde::Serialize;
 
 use crate::harness::scripts::Script;
-use crate::harness::{files_under, process_cpu, write_json, Cold, Machine, Summary};
+use crate::harness::{files_under, interleaved, process_cpu, write_json, Cold, Machine, Summary};
 
 /// Arguments of `ringtier bench decode`.
 #[derive(Args, Debug)]
@@ -445,11 +445,22 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
         std::fs::write(&list, text)?;
         eprintln!("{name}: {} JPEGs, {:.1} MB in memory", data.len(), bytes as f64 / 1e6);
         datasets.push(DatasetRow { name: name.clone(), dir: dir.display().to_string(), images: data.len(), bytes });
-        for rep in 0..a.repeats {
-            for (chain, cfg) in &configs {
-                for &t in &threads {
+        // Every chain at every thread count, and Pillow per chain, once per repeat, the order
+        // rotated by the repeat (the harness's interleaving).
+        let sides: Vec<DecodeSide> = (0..configs.len())
+            .flat_map(|ci| {
+                threads
+                    .iter()
+                    .map(move |&t| DecodeSide::Ringtier(ci, t))
+                    .chain(script.is_some().then_some(DecodeSide::Pillow(ci)))
+            })
+            .collect();
+        let per_side = interleaved(a.repeats, &sides, true, |rep, side| {
+            let pass = match *side {
+                DecodeSide::Ringtier(ci, t) => {
+                    let (chain, cfg) = &configs[ci];
                     let (secs, cpu, errors) = ringtier_pass(&data, cfg, t, rep as u64)?;
-                    passes.push(Pass {
+                    Pass {
                         dataset: name.clone(),
                         chain: chain.clone(),
                         engine: "ringtier".into(),
@@ -459,11 +470,13 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
                         errors,
                         seconds: secs,
                         cpu_seconds: cpu,
-                    });
+                    }
                 }
-                if let Some(script) = &script {
+                DecodeSide::Pillow(ci) => {
+                    let chain = &configs[ci].0;
+                    let script = script.as_ref().ok_or_else(|| anyhow::anyhow!("no Pillow script"))?;
                     let (secs, cpu, images) = pillow_pass(&a.python, script, &list, chain, a.size, rep as u64)?;
-                    passes.push(Pass {
+                    Pass {
                         dataset: name.clone(),
                         chain: chain.clone(),
                         engine: "pillow".into(),
@@ -473,11 +486,13 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
                         errors: 0,
                         seconds: secs,
                         cpu_seconds: cpu,
-                    });
+                    }
                 }
-                eprint!(".");
-            }
-        }
+            };
+            eprint!(".");
+            Ok(pass)
+        })?;
+        passes.extend(per_side.into_iter().flatten());
         eprintln!();
     }
     let mut report = summarize(&a, &threads, passes, datasets);
@@ -485,6 +500,14 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
         report.split = Some(run_split(&a)?);
     }
     write_json(a.json.as_deref(), &report)
+}
+
+/// One side of the decode comparison: ringtier's chain (by index) at a thread count, or
+/// Pillow's chain (one process, one thread).
+#[derive(Debug, Clone, Copy)]
+enum DecodeSide {
+    Ringtier(usize, usize),
+    Pillow(usize),
 }
 
 /// A dataset's JPEGs held in memory.

@@ -66,9 +66,10 @@ pub enum BenchCommand {
     /// The S3 tier against boto3 on one S3 server on loopback: checkpoint drain versus
     /// upload_file, small-object reads versus a thread pool, and a latency-throttled file tier.
     S3(S3BenchArgs),
-    /// Cache policies (none, LRU, static, clairvoyant) in front of a slow tier: epoch time,
-    /// stall share and hit ratio per policy, one rank and several (processes, each with its own
-    /// cache and shard, the same seed), caches of 10% and 25% of the dataset.
+    /// Cache policies (none, LRU, static, clairvoyant) in front of a slow tier, each with the
+    /// same in-flight read budget: warm-epoch time, slow-tier bytes per warm epoch, stall share
+    /// and hit ratio per policy, one rank and several (the ranks of a node sharing one node
+    /// cache, or one cache per rank; the same seed), caches of 10% and 25% of the dataset.
     Cache(CacheBenchArgs),
 }
 

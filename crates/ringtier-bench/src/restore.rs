@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::harness::usage::run_child;
 use crate::harness::{
-    peak_rss_bytes, reset_peak_rss, write_json, Cold, ColdMethod, Machine, Meter, Rng, Summary, Table, GIB,
+    interleaved, peak_rss_bytes, reset_peak_rss, write_json, Cold, ColdMethod, Machine, Meter, Rng, Summary, Table, GIB,
 };
 use crate::tiers::{open_store, restore_to_dir};
 
@@ -113,63 +113,63 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             open_store(std::slice::from_ref(&slow), None, BufferedWrites::default(), store_cfg.clone(), true).await?;
         anyhow::Ok((both, slow_only))
     })?;
-    let mut passes: Vec<Pass> = Vec::new();
     let mut how_cold = ColdMethod::Warm;
     let cp_dir = cfg.base.join("cp-out");
-    for repeat in 0..cfg.repeats {
-        for mode in ["cat", "load", "restore_dir", "cp", "restore_nosync", "cp_sync", "cat_slow", "load_slow"] {
-            let _ = std::fs::remove_dir_all(&out);
-            let _ = std::fs::remove_dir_all(&cp_dir);
-            how_cold = Cold::new().pass_dirs(&[&fast, &slow])?;
-            let rss0 = reset_peak_rss();
-            let meter = Meter::start();
-            let (seconds, cpu, rss) = match mode {
-                "cat" | "cat_slow" => {
-                    let dir = if mode == "cat" { &fast_parts } else { &slow_parts };
-                    let files = part_files(dir);
-                    let u =
-                        run_child(Command::new("sh").arg("-c").arg("cat \"$@\" > /dev/null").arg("sh").args(&files))?;
-                    (u.wall_seconds, u.children_cpu_seconds, None)
+    // Every way of reading the checkpoint back once per repeat, in this order (the harness's
+    // interleaving), each pass cold.
+    const MODES: [&str; 8] = ["cat", "load", "restore_dir", "cp", "restore_nosync", "cp_sync", "cat_slow", "load_slow"];
+    let per_mode = interleaved(cfg.repeats, &MODES, false, |repeat, &mode| {
+        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(&cp_dir);
+        how_cold = Cold::new().pass_dirs(&[&fast, &slow])?;
+        let rss0 = reset_peak_rss();
+        let meter = Meter::start();
+        let (seconds, cpu, rss) = match mode {
+            "cat" | "cat_slow" => {
+                let dir = if mode == "cat" { &fast_parts } else { &slow_parts };
+                let files = part_files(dir);
+                let u = run_child(Command::new("sh").arg("-c").arg("cat \"$@\" > /dev/null").arg("sh").args(&files))?;
+                (u.wall_seconds, u.children_cpu_seconds, None)
+            }
+            "cp" | "cp_sync" => {
+                std::fs::create_dir_all(&cp_dir)?;
+                let files = part_files(&fast_parts);
+                let script = if mode == "cp" { "cp \"$@\"" } else { "cp \"$@\" && sync" };
+                let u = run_child(Command::new("sh").arg("-c").arg(script).arg("sh").args(&files).arg(&cp_dir))?;
+                (u.wall_seconds, u.children_cpu_seconds, None)
+            }
+            "load" | "load_slow" => {
+                let store = if mode == "load" { &stores.0 } else { &stores.1 };
+                let buffers = names.iter().cloned().zip(dst.iter_mut().map(|v| v.as_mut_slice())).collect();
+                let mut sink = BufferSink::new(buffers);
+                let r = rt.block_on(store.restore(1, &mut sink, &opts))?;
+                if r.bytes != cfg.size {
+                    bail!("load read {} of {} bytes", r.bytes, cfg.size);
                 }
-                "cp" | "cp_sync" => {
-                    std::fs::create_dir_all(&cp_dir)?;
-                    let files = part_files(&fast_parts);
-                    let script = if mode == "cp" { "cp \"$@\"" } else { "cp \"$@\" && sync" };
-                    let u = run_child(Command::new("sh").arg("-c").arg(script).arg("sh").args(&files).arg(&cp_dir))?;
-                    (u.wall_seconds, u.children_cpu_seconds, None)
+                let u = meter.stop();
+                (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
+            }
+            _ => {
+                let sync = mode == "restore_dir";
+                let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync))?;
+                if r.bytes != cfg.size {
+                    bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
                 }
-                "load" | "load_slow" => {
-                    let store = if mode == "load" { &stores.0 } else { &stores.1 };
-                    let buffers = names.iter().cloned().zip(dst.iter_mut().map(|v| v.as_mut_slice())).collect();
-                    let mut sink = BufferSink::new(buffers);
-                    let r = rt.block_on(store.restore(1, &mut sink, &opts))?;
-                    if r.bytes != cfg.size {
-                        bail!("load read {} of {} bytes", r.bytes, cfg.size);
-                    }
-                    let u = meter.stop();
-                    (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
-                }
-                _ => {
-                    let sync = mode == "restore_dir";
-                    let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync))?;
-                    if r.bytes != cfg.size {
-                        bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
-                    }
-                    let u = meter.stop();
-                    (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
-                }
-            };
-            eprintln!(
-                "  repeat {}/{} {mode:<12} {:>6.3} s {:>7.0} MB/s{}",
-                repeat + 1,
-                cfg.repeats,
-                seconds,
-                cfg.size as f64 / seconds / 1e6,
-                rss.map_or(String::new(), |r| format!(", peak RSS +{:.1} MiB", r as f64 / (1 << 20) as f64))
-            );
-            passes.push(Pass { mode, repeat, seconds, cpu_seconds: cpu, peak_rss_above_bytes: rss });
-        }
-    }
+                let u = meter.stop();
+                (u.wall_seconds, u.cpu_seconds, Some(peak_rss_bytes().saturating_sub(rss0)))
+            }
+        };
+        eprintln!(
+            "  repeat {}/{} {mode:<12} {:>6.3} s {:>7.0} MB/s{}",
+            repeat + 1,
+            cfg.repeats,
+            seconds,
+            cfg.size as f64 / seconds / 1e6,
+            rss.map_or(String::new(), |r| format!(", peak RSS +{:.1} MiB", r as f64 / (1 << 20) as f64))
+        );
+        Ok(Pass { mode, repeat, seconds, cpu_seconds: cpu, peak_rss_above_bytes: rss })
+    })?;
+    let passes: Vec<Pass> = per_mode.into_iter().flatten().collect();
     // The loads must have read the right bytes: check the last one's against the saved stream.
     for (i, (d, &size)) in dst.iter().zip(&part_sizes).enumerate() {
         let mut want = vec![0u8; size as usize];

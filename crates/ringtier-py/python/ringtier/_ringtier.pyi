@@ -138,9 +138,12 @@ class Cache:
     ``capacity`` bytes in ``medium`` (``"memory"``, or a directory, created when missing and
     written by this cache only), or ``levels``, fastest first (``[("memory", BYTES), (DIR,
     BYTES)]``). ``policy``: ``"static"`` (the default: filled once, never evicted), ``"lru"``,
-    ``"clairvoyant"`` (placement by this rank's reads over the next ``lookahead_epochs`` epochs,
-    from the seed, plus a prefetcher of ``prefetch_depth`` samples in flight into
-    ``prefetch_bytes`` of the first level), or ``"none"``. Objects larger
+    ``"clairvoyant"`` (Belady's placement on the future reads, over the next
+    ``lookahead_epochs`` epochs computed from the seed, plus a prefetcher that fills only free
+    room with the reads left after demand, at most ``prefetch_depth`` in flight, into
+    ``prefetch_bytes`` of the first level; it beats static only where the readers of a cache do
+    not read the whole dataset each epoch, e.g. one node of a larger job: docs/CACHE.md), or
+    ``"none"``. Objects larger
     than the read that missed are fetched in ranges of ``range_bytes``. Bad settings raise
     :class:`ringtier.InvalidInputError`."""
 

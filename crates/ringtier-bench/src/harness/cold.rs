@@ -2,7 +2,8 @@
 //! `echo 3 > /proc/sys/vm/drop_caches` (the whole page cache, dentries and inodes); when not
 //! root, or when that write fails (a read-only `/proc/sys` in a container), `sync` and
 //! `posix_fadvise(POSIX_FADV_DONTNEED)` on every file of the set, which works without root.
-//! Every report says which of the two ran ([`ColdMethod`]).
+//! Every report says which of the two ran ([`ColdMethod`]). `RINGTIER_COLD=fadvise` asks for
+//! the eviction alone, also as root.
 
 use std::path::Path;
 
@@ -51,6 +52,13 @@ fn evict(path: &Path) -> std::io::Result<()> {
     posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).map_err(std::io::Error::from)
 }
 
+/// `RINGTIER_COLD=fadvise`: evict only the files of the set, also as root (a shared machine
+/// whose page cache others use, or a comparison with figures taken by eviction). Any other
+/// value, or none, keeps the rule above.
+fn fadvise_only() -> bool {
+    std::env::var_os("RINGTIER_COLD").is_some_and(|v| v == "fadvise")
+}
+
 /// Writes back and drops the whole page cache (root only).
 fn drop_caches() -> std::io::Result<()> {
     nix::unistd::sync();
@@ -81,12 +89,14 @@ impl Cold {
         if self.warm {
             return Ok(ColdMethod::Warm);
         }
-        match drop_caches() {
-            Ok(()) => return Ok(ColdMethod::DropCaches),
-            Err(e) if self.require_drop_caches => {
-                return Err(e).context("dropping the page cache (--drop-caches needs root)")
+        if !fadvise_only() {
+            match drop_caches() {
+                Ok(()) => return Ok(ColdMethod::DropCaches),
+                Err(e) if self.require_drop_caches => {
+                    return Err(e).context("dropping the page cache (--drop-caches needs root)")
+                }
+                Err(_) => {}
             }
-            Err(_) => {}
         }
         for f in files {
             let f = f.as_ref();

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import signal
 from pathlib import Path
 from typing import Dict
 
@@ -75,3 +76,12 @@ def write_manifest(root: Path, files: Dict[str, bytes]) -> Path:
     p = root / ".ringtier-manifest.tsv"
     p.write_text("\n".join(lines) + "\n")
     return p
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt for the test, whatever the process inherited: a shell
+    starts a background job with SIGINT ignored, and Python then leaves it ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

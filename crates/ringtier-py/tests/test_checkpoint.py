@@ -195,7 +195,7 @@ def test_bad_input(tiers, tmp_path):
     created.close()
 
 
-def test_ctrl_c_during_a_long_save_raises_promptly_and_leaves_nothing(tiers):
+def test_ctrl_c_during_a_long_save_raises_promptly_and_leaves_nothing(tiers, sigint_raises):
     big = {"w": torch.ones(768 << 20, dtype=torch.uint8)}  # 768 MiB
     store = ringtier.CheckpointStore(tiers)
     raised_at = []

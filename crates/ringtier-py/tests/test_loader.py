@@ -232,7 +232,7 @@ def test_an_engine_inherited_through_fork_raises(dataset):
     assert len(read_epoch(loader)) == len(files)
 
 
-def test_ctrl_c_while_waiting_for_a_batch(dataset):
+def test_ctrl_c_while_waiting_for_a_batch(dataset, sigint_raises):
     """A wait for a batch runs Python's signal handlers: SIGINT raises KeyboardInterrupt at
     once (here the reader is blocked on a full pool, a wait that would otherwise end in
     PoolExhaustedError after half a second), and the epoch goes on afterwards."""

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use ringtier_core::error::Result as RtResult;
 use ringtier_testkit::SeededRng;
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
@@ -107,49 +106,15 @@ fn record_index() {
 
 #[test]
 fn dataset_manifest() {
-    use ringtier_loader::manifest::Manifest;
-    run("dataset_manifest", |data| {
-        let text = String::from_utf8_lossy(data);
-        if let Ok(m) = Manifest::parse(&text, "fuzz.tsv") {
-            let again: RtResult<Manifest> = Manifest::parse(&m.to_text(), "fuzz.tsv");
-            assert_eq!(again.ok().as_ref(), Some(&m), "the manifest's text parses back to it");
-        }
-    });
+    run("dataset_manifest", ringtier_dataset::fuzzing::manifest);
 }
 
 #[test]
 fn ckpt_manifest() {
-    use ringtier_migrate::CheckpointManifest;
-    run("ckpt_manifest", |data| {
-        let (step, bytes) = match data.split_first() {
-            Some((&s, rest)) => (u64::from(s), rest),
-            None => (0, data),
-        };
-        if let Ok(m) = CheckpointManifest::parse(bytes, step, "fuzz/MANIFEST.json") {
-            let again = CheckpointManifest::parse(&m.to_bytes(), step, "fuzz/MANIFEST.json");
-            assert_eq!(again.ok().as_ref(), Some(&m), "the manifest's bytes parse back to it");
-        }
-    });
+    run("ckpt_manifest", ringtier_migrate::fuzzing::manifest);
 }
 
 #[test]
 fn s3_xml() {
-    use ringtier_s3::fuzzing as f;
-    run("s3_xml", |data| {
-        if let Ok(page) = f::parse_uploads_page(data) {
-            assert!(page.uploads.len() <= 10_000);
-            assert!(page.uploads.iter().all(|(k, id)| k.len() <= 1024 && id.len() <= 1024));
-        }
-        let _ = f::parse_upload_id(data);
-        let _ = f::parse_complete(data);
-        let (code, message) = f::parse_error(data);
-        assert!(code.len() < 1024 && message.len() < 1024);
-        let _ = f::parse_marker(data);
-        if let Some(lease) = f::parse_lease(data) {
-            assert!(lease.timeout.as_secs() <= 24 * 3600);
-        }
-        if let Ok(s) = std::str::from_utf8(data) {
-            let _ = f::parse_http_date(s);
-        }
-    });
+    run("s3_xml", ringtier_s3::fuzzing::xml);
 }

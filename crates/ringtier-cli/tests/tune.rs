@@ -96,76 +96,28 @@ fn a_sweep_restores_settings_records_the_machine_and_runs_a_tiny_preset() {
     let (t, data, sys) = dirs();
     let Some(queue) = fake_sysfs(&data, &sys) else { return };
     let out = t.path().join("out");
-    let run = ringtier()
-        .args([
-            "tune",
-            "--files",
-            "60",
-            "--repeats",
-            "1",
-            "--no-fio",
-            "--knob",
-            "depth=4,16",
-            "--knob",
-            "read_ahead_kb=512",
-        ])
-        .args([
-            "--knob",
-            "defer_taskrun=true",
-            "--preset",
-            "cosmoflow",
-            "--preset-files",
-            "6",
-            "--max-accelerators",
-            "2",
-        ])
-        .arg("--space")
-        .arg(t.path().join("none.toml"))
-        .arg("--dir")
-        .arg(&data)
-        .arg("--sysfs")
-        .arg(&sys)
-        .arg("--out")
-        .arg(&out)
-        .output();
+    let sweep = || {
+        ringtier()
+            .args(["tune", "--files", "60", "--repeats", "1", "--no-fio"])
+            .args(["--knob", "depth=4,16", "--knob", "read_ahead_kb=512", "--knob", "defer_taskrun=true"])
+            .args(["--preset", "cosmoflow", "--preset-files", "6", "--max-accelerators", "2"])
+            .arg("--space")
+            .arg(t.path().join("none.toml"))
+            .arg("--dir")
+            .arg(&data)
+            .arg("--sysfs")
+            .arg(&sys)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("run")
+    };
     // --space names a file that does not exist: a clear error first.
-    let run = run.expect("run");
+    let run = sweep();
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr).contains("none.toml"), "{}", String::from_utf8_lossy(&run.stderr));
     std::fs::write(t.path().join("none.toml"), "sweep = \"one-at-a-time\"\n").expect("write");
-    let run = ringtier()
-        .args([
-            "tune",
-            "--files",
-            "60",
-            "--repeats",
-            "1",
-            "--no-fio",
-            "--knob",
-            "depth=4,16",
-            "--knob",
-            "read_ahead_kb=512",
-        ])
-        .args([
-            "--knob",
-            "defer_taskrun=true",
-            "--preset",
-            "cosmoflow",
-            "--preset-files",
-            "6",
-            "--max-accelerators",
-            "2",
-        ])
-        .arg("--space")
-        .arg(t.path().join("none.toml"))
-        .arg("--dir")
-        .arg(&data)
-        .arg("--sysfs")
-        .arg(&sys)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run");
+    let run = sweep();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert_eq!(read(&queue.join("read_ahead_kb")), "128", "restored at the end");

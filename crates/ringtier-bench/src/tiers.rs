@@ -28,14 +28,27 @@ pub fn dir_tier(
         };
         return Ok(Arc::new(Metered::new(tier)));
     }
+    uring_dir_tier(
+        dir,
+        name,
+        throttle,
+        UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_buffered_writes(buffered_writes),
+    )
+}
+
+/// A tier over a local directory through io_uring set up with `config` (created if missing),
+/// throttled to `throttle` bytes per second if given, metered. `tune --workload ckpt` opens
+/// its store's tier here with each configuration's settings.
+pub(crate) fn uring_dir_tier(
+    dir: &Path,
+    name: &str,
+    throttle: Option<u64>,
+    config: UringConfig,
+) -> Result<Arc<dyn Tier>> {
     let options = UringTierOptions::default().with_name(name.to_string()).with_create_root(true);
     let tier: Arc<dyn Tier> = Arc::new(
-        UringTier::with_options(
-            dir,
-            UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_buffered_writes(buffered_writes),
-            options,
-        )
-        .with_context(|| format!("opening tier {name} at {}", dir.display()))?,
+        UringTier::with_options(dir, config, options)
+            .with_context(|| format!("opening tier {name} at {}", dir.display()))?,
     );
     let tier: Arc<dyn Tier> = match throttle {
         Some(bps) => Arc::new(Throttled::new(tier, Throttle::bandwidth(bps))),

@@ -2,7 +2,7 @@
 //! spends an emulated accelerator compute time; every K steps it saves an AlexNet-sized
 //! checkpoint through the checkpoint store. Prefetch on and off, side by side.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,16 +63,12 @@ pub(crate) struct TrainRun {
     pub(crate) peak_rss_bytes: u64,
 }
 
-async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<TrainRun> {
-    let lcfg = LoaderConfig::default()
-        .with_batch_size(cfg.batch)
-        .with_prefetch(prefetch)
-        .with_seed(rep as u64)
-        .with_decode(cfg.decode.then_some(DecodeConfig::default().with_size(224).with_threads(cfg.decode_threads)))
-        .with_on_bad(OnBadSample::Skip);
-    // With a manifest the largest sample is known before the tier opens: the tier registers a
-    // pool of the loader's shape as fixed buffers and the loader reads into it.
-    let pool = match Manifest::load(&cfg.dir) {
+/// The loader over the dataset in `dir`, read through an io_uring tier with `uring` (metered,
+/// named `dataset`). With a manifest the largest sample is known before the tier opens: the
+/// tier registers a pool of the loader's shape as fixed buffers and the loader reads into it.
+/// `bench train` and `tune --workload loader` open their loaders here.
+pub(crate) async fn open_loader(dir: &Path, uring: UringConfig, lcfg: LoaderConfig) -> Result<Loader> {
+    let pool = match Manifest::load(dir) {
         Ok(m) => {
             let max = m.entries.iter().map(|e| e.size).max().unwrap_or(0);
             Some(BufferPool::new(Loader::pool_config(max, 4096, &lcfg))?)
@@ -82,14 +78,24 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Train
     };
     let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(Arc::new(
         UringTier::with_options(
-            &cfg.dir,
-            UringConfig::default(),
+            dir,
+            uring,
             UringTierOptions::default().with_name("dataset".to_string()).with_pool(pool),
         )
-        .with_context(|| format!("opening {}", cfg.dir.display()))?,
+        .with_context(|| format!("opening {}", dir.display()))?,
     )));
-    let dataset = Dataset::from_dir(tier, &cfg.dir).await?;
-    let loader = Loader::new(dataset, lcfg)?;
+    let dataset = Dataset::from_dir(tier, dir).await?;
+    Ok(Loader::new(dataset, lcfg)?)
+}
+
+async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<TrainRun> {
+    let lcfg = LoaderConfig::default()
+        .with_batch_size(cfg.batch)
+        .with_prefetch(prefetch)
+        .with_seed(rep as u64)
+        .with_decode(cfg.decode.then_some(DecodeConfig::default().with_size(224).with_threads(cfg.decode_threads)))
+        .with_on_bad(OnBadSample::Skip);
+    let loader = open_loader(&cfg.dir, UringConfig::default(), lcfg).await?;
     let store = match &cfg.ckpt_dirs {
         Some((fast, slow)) if cfg.ckpt_every > 0 => {
             let dirs = [fast.join(format!("p{prefetch}-r{rep}")), slow.join(format!("p{prefetch}-r{rep}"))];

@@ -193,14 +193,10 @@ impl PassResult {
     pub(crate) fn cpu_seconds_per_gib(&self) -> f64 {
         self.cpu_seconds / (self.bytes as f64 / (1u64 << 30) as f64)
     }
-
-    pub(crate) fn iops(&self) -> f64 {
-        self.reads as f64 / self.wall_seconds
-    }
 }
 
 /// The `q` quantile (0..=1) of sorted samples.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

@@ -6,6 +6,8 @@
 //! settings, and MLPerf-Storage-style presets (accelerator utilisation). `docs/TUNE.md`.
 //!
 //! * [`space`]: the knobs, TOML and flags, the sweep;
+//! * [`workload`]: what a configuration is measured on: the read micro-benchmark, a loader
+//!   epoch, a checkpoint save and restore;
 //! * [`block`]: the device's queue settings, changed and always restored;
 //! * [`trace`]: where a read's time goes;
 //! * [`fio`]: the equivalent fio job and its run;
@@ -18,6 +20,7 @@ pub(crate) mod presets;
 pub(crate) mod report;
 pub(crate) mod space;
 pub(crate) mod trace;
+pub(crate) mod workload;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -31,6 +34,7 @@ use crate::harness::report::utc_now;
 use crate::harness::{interleaved, write_json, Cold, Machine, Storage, Summary};
 use crate::read::pass::{order_of, Engine, Knobs, Order, PassResult, Reader};
 use space::{Config, Space, Sweep};
+use workload::{CkptWorkload, LoaderShape, Workload, WorkloadPass};
 
 /// Arguments of `ringtier tune`.
 #[derive(Args, Debug)]
@@ -39,6 +43,24 @@ pub struct TuneArgs {
     /// of small files is generated (in `ringtier-tune-data/`, removed afterwards unless --keep).
     #[arg(long)]
     pub(crate) dir: PathBuf,
+    /// What each configuration is measured on: `read` (the paper's read micro-benchmark, a
+    /// cold shuffled pass over the files), `loader` (a cold data-loader epoch of raw samples),
+    /// `ckpt` (a checkpoint save, then a cold restore into memory).
+    #[arg(long, value_enum, default_value = "read")]
+    pub(crate) workload: Workload,
+    /// Samples per batch of the loader workload.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) loader_batch: usize,
+    /// Batches the loader reads ahead (the loader workload).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) loader_prefetch: usize,
+    /// Size of the checkpoint workload's checkpoint (held in memory twice: the model and the
+    /// restore's buffers); default 1G, 256M with --quick.
+    #[arg(long, value_parser = crate::parse_size)]
+    pub(crate) ckpt_size: Option<u64>,
+    /// Parts (files) of the checkpoint workload's checkpoint.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) ckpt_parts: usize,
     /// A short sweep (at most 3 minutes here): fewer knobs and files, 2 repeats.
     #[arg(long)]
     pub(crate) quick: bool,
@@ -110,6 +132,11 @@ struct TuneReport {
     /// Block settings that could not be written, with the reason (then not swept).
     block_read_only: Vec<block::ReadOnly>,
     notes: Vec<String>,
+    /// What each configuration was measured on, and what its latency and IOPS columns mean.
+    workload: Workload,
+    workload_detail: String,
+    latency_is: &'static str,
+    iops_is: &'static str,
     dataset: DatasetFacts,
     repeats: usize,
     cold_method: String,
@@ -119,7 +146,7 @@ struct TuneReport {
     points: Vec<report::PointReport>,
     pareto_front: Vec<String>,
     defaults_on_front: bool,
-    /// The best point's slowest pass was faster than the defaults' fastest (otherwise the
+    /// The best point was faster than the defaults in every repeat's pair (otherwise the
     /// difference is within the run-to-run spread and the defaults stand).
     best_beats_defaults_beyond_spread: bool,
     best: Option<Best>,
@@ -208,29 +235,74 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
 
-    // The data.
+    // The data: a dataset of files (read, loader), or a checkpoint held in memory (ckpt).
     let mut cleanup = Cleanup(None);
-    let (ds, generated) = match Dataset::open(&a.dir) {
-        Ok(ds) => (ds, false),
-        Err(_) => {
-            let root = a.dir.join("ringtier-tune-data");
-            let mut spec = DatasetSpec::preset(DataPreset::Small);
-            spec.files = a.files.unwrap_or(if a.quick { 1200 } else { 4000 });
-            eprintln!(
-                "tune: generating {} files (median {} KB) in {}",
-                spec.files,
-                spec.median_bytes / 1000,
-                root.display()
-            );
-            if !a.keep {
-                cleanup.0 = Some(root.clone());
-            }
-            (crate::dataset::generate(&root, &spec, true, false)?, true)
+    let mut ckpt = None;
+    let (ds, generated) = if a.workload == Workload::Ckpt {
+        let size = a.ckpt_size.unwrap_or(if a.quick { 256 << 20 } else { 1 << 30 });
+        let w = CkptWorkload::new(&a.dir, size, a.ckpt_parts)?;
+        std::fs::create_dir_all(w.dir()).with_context(|| format!("creating {}", w.dir().display()))?;
+        if !a.keep {
+            cleanup.0 = Some(w.dir().to_path_buf());
         }
+        ckpt = Some(w);
+        (None, false)
+    } else {
+        let (ds, generated) = match Dataset::open(&a.dir) {
+            Ok(ds) => (ds, false),
+            Err(_) => {
+                let root = a.dir.join("ringtier-tune-data");
+                let mut spec = DatasetSpec::preset(DataPreset::Small);
+                spec.files = a.files.unwrap_or(if a.quick { 1200 } else { 4000 });
+                eprintln!(
+                    "tune: generating {} files (median {} KB) in {}",
+                    spec.files,
+                    spec.median_bytes / 1000,
+                    root.display()
+                );
+                if !a.keep {
+                    cleanup.0 = Some(root.clone());
+                }
+                (crate::dataset::generate(&root, &spec, true, false)?, true)
+            }
+        };
+        (Some(ds), generated)
+    };
+    let facts = match (&ds, &ckpt) {
+        (Some(ds), _) => DatasetFacts {
+            path: ds.root.display().to_string(),
+            files: ds.len(),
+            bytes: ds.total_bytes(),
+            median_file_bytes: ds.median_size(),
+            generated,
+        },
+        (None, Some(w)) => DatasetFacts {
+            path: w.dir().display().to_string(),
+            files: w.parts(),
+            bytes: w.bytes(),
+            median_file_bytes: w.bytes() / w.parts().max(1) as u64,
+            generated: true,
+        },
+        (None, None) => bail!("no data"),
+    };
+    let data_root = PathBuf::from(&facts.path);
+    let shape = LoaderShape { batch: a.loader_batch, prefetch: a.loader_prefetch };
+    let workload_detail = match a.workload {
+        Workload::Read => "one cold shuffled pass over the files, each read whole (in pieces of read_size)".to_string(),
+        Workload::Loader => format!(
+            "one cold loader epoch of raw samples (batch {}, prefetch {}), no compute",
+            shape.batch, shape.prefetch
+        ),
+        Workload::Ckpt => format!(
+            "a {:.0} MB checkpoint in {} parts saved (committed, fsynced), then restored cold into memory; \
+             MB/s = 2 x size / (save + restore seconds)",
+            facts.bytes as f64 / 1e6,
+            facts.files
+        ),
     };
 
     // The device and which of its settings we may write.
-    let device = crate::harness::blockdev::device_of(&ds.root, &a.sysfs);
+    let device = crate::harness::blockdev::device_of(&data_root, &a.sysfs);
     let mut read_only = Vec::new();
     let settings = match device {
         Ok(d) => Some(block::BlockSettings::new(d)),
@@ -263,42 +335,48 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
             None => configs.push(c),
         }
     }
-    let direct_ok = ringtier_core::fs::dir_supports_direct_io(&ds.root) != Some(false);
+    let direct_ok = ringtier_core::fs::dir_supports_direct_io(&data_root) != Some(false);
     if !direct_ok {
-        notes.push(format!("{} has no direct I/O: io=direct points read buffered", ds.root.display()));
+        notes.push(format!("{} has no direct I/O: io=direct points read buffered", data_root.display()));
+    }
+    if a.workload != Workload::Read && !(a.no_trace && a.no_fio) {
+        notes.push(format!("the tracepoint breakdown and fio run on the read workload only, not on {:?}", a.workload));
     }
     for n in &notes {
         eprintln!("tune: {n}");
     }
     eprintln!(
-        "tune: {} configurations x {repeats} cold passes over {} files ({:.0} MB) in {}",
+        "tune: {} configurations x {repeats} cold passes of the {:?} workload over {} files ({:.0} MB) in {}",
         configs.len(),
-        ds.len(),
-        ds.total_bytes() as f64 / 1e6,
-        ds.root.display()
+        a.workload,
+        facts.files,
+        facts.bytes as f64 / 1e6,
+        data_root.display()
     );
 
     let _guard = settings.as_ref().map(|s| s.guard());
     let rt = crate::runtime(0)?;
-    let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
+    let files: Vec<PathBuf> =
+        ds.iter().flat_map(|ds| ds.manifest.entries.iter().map(|f| ds.root.join(&f.key))).collect();
     let cold = Cold::new();
     let mut cold_method = String::new();
     let mut held = false;
     let run_pass = |c: &Config, seed: u64, tracer: Option<&trace::Tracer>| -> Result<PassResult> {
+        let ds = ds.as_ref().context("the read workload needs a dataset")?;
         let engine =
             if c.get("io") == Some("buffered") || !direct_ok { Engine::UringBuffered } else { Engine::UringDirect };
         let reader =
-            Reader::new(engine, c.num("depth").max(1) as usize, c.num("rings").max(1) as usize, &ds, knobs_of(c))
+            Reader::new(engine, c.num("depth").max(1) as usize, c.num("rings").max(1) as usize, ds, knobs_of(c))
                 .with_context(|| format!("setting up {c}"))?;
         if let Some(t) = tracer {
             t.follow_new_threads();
         }
-        let order = order_of(&ds, Order::Shuffled, seed)?;
-        rt.block_on(reader.pass(&ds, &order))
+        let order = order_of(ds, Order::Shuffled, seed)?;
+        rt.block_on(reader.pass(ds, &order))
     };
     // Every configuration once per repeat, the order rotated by the repeat (the harness's
     // interleaving), each pass cold.
-    let runs: Vec<Vec<PassResult>> = interleaved(repeats, &configs, true, |r, c| {
+    let runs: Vec<Vec<WorkloadPass>> = interleaved(repeats, &configs, true, |r, c| {
         block::restore_all_quiet();
         if let Some(s) = &settings {
             s.apply(&c.block()).with_context(|| format!("applying {c}"))?;
@@ -308,8 +386,22 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
                 held = true;
             }
         }
-        cold_method = cold.pass(&files)?.to_string();
-        let res = run_pass(c, 1000 + r as u64, None)?;
+        let seed = 1000 + r as u64;
+        let res = match (a.workload, ckpt.as_mut()) {
+            (Workload::Ckpt, Some(w)) => {
+                // The store's files are made cold between its save and its restore.
+                cold_method = cold.pass(std::iter::empty::<PathBuf>())?.to_string();
+                w.pass(&rt, c, direct_ok, &cold)?
+            }
+            (Workload::Loader, _) => {
+                cold_method = cold.pass(&files)?.to_string();
+                workload::loader_epoch(&rt, &data_root, c, direct_ok, shape, seed)?
+            }
+            _ => {
+                cold_method = cold.pass(&files)?.to_string();
+                WorkloadPass::from(run_pass(c, seed, None)?)
+            }
+        };
         eprintln!(
             "  {}/{repeats} {:<40} {:>8.1} MB/s {:>8.0} IOPS {:>6.2} CPU s/GiB p99 {:>6.2} ms",
             r + 1,
@@ -327,8 +419,11 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
         .iter()
         .zip(&runs)
         .map(|(c, rs)| {
-            let s = |f: &dyn Fn(&PassResult) -> f64| Summary::by(rs, f);
+            let s = |f: &dyn Fn(&WorkloadPass) -> f64| Summary::by(rs, f);
             let mb = s(&|r| r.mb_per_sec());
+            let mine: Vec<f64> = rs.iter().map(WorkloadPass::mb_per_sec).collect();
+            let theirs: Vec<f64> =
+                runs.first().map(|d| d.iter().map(WorkloadPass::mb_per_sec).collect()).unwrap_or_default();
             let median_run = rs
                 .iter()
                 .min_by(|a, b| (a.mb_per_sec() - mb.median).abs().total_cmp(&(b.mb_per_sec() - mb.median).abs()));
@@ -336,12 +431,24 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
                 label: c.label(),
                 config: c.clone(),
                 mb_per_sec: mb,
+                mb_per_sec_vs_defaults: Summary::ratio(&mine, &theirs),
                 iops: s(&|r| r.iops()),
                 cpu_seconds_per_gib: s(&|r| r.cpu_seconds_per_gib()),
                 latency_p50_ms: s(&|r| r.latency_p50_ms),
                 latency_p99_ms: s(&|r| r.latency_p99_ms),
                 latency_p999_ms: s(&|r| r.latency_p999_ms),
                 latency_cdf_ms: median_run.map(|r| r.latency_cdf_ms.clone()).unwrap_or_default(),
+                extra: rs
+                    .first()
+                    .map(|first| {
+                        (0..first.extra.len())
+                            .map(|i| {
+                                let v = s(&|r| r.extra.get(i).map_or(f64::NAN, |e| e.1));
+                                (first.extra[i].0.to_string(), v)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 on_pareto_front: false,
             }
         })
@@ -353,20 +460,20 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
     let best_i = report::best(&points, &front);
     let defaults_on_front = points.first().map(|p| p.on_pareto_front).unwrap_or(false);
     let beyond_spread = match (best_i, points.first()) {
-        (Some(b), Some(d)) => b != 0 && points[b].mb_per_sec.min > d.mb_per_sec.max,
+        (Some(b), Some(_)) => b != 0 && points[b].mb_per_sec_vs_defaults.min > 1.0,
         _ => false,
     };
     let queue_dir = settings.as_ref().map(|s| s.device.queue_dir.clone());
     let best = best_i.map(|i| Best {
         label: points[i].label.clone(),
         config: points[i].config.clone(),
-        bench_read: report::bench_read_command(&points[i].config, &ds.root),
+        bench_read: report::bench_read_command(&points[i].config, &data_root),
         loader_config: report::loader_config(&points[i].config, queue_dir.as_deref()),
     });
 
     // Where the time goes: one traced pass of the defaults and of the best.
     let mut traces = Vec::new();
-    if !a.no_trace {
+    if !a.no_trace && a.workload == Workload::Read {
         let dev = settings.as_ref().and_then(|s| {
             let (ma, mi) = s.device.dev.split_once(':')?;
             Some((ma.parse().ok()?, mi.parse().ok()?))
@@ -393,11 +500,11 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
 
     // fio at the best settings: one big file (±15% expected) and the dataset's files.
     let mut fio_cmp = Vec::new();
-    if !a.no_fio {
+    if let (false, Some(ds)) = (a.no_fio || a.workload != Workload::Read, &ds) {
         if !fio::available() {
             notes.push("fio is not installed (apt-get install fio): no fio comparison".into());
         } else if let Some(b) = &best {
-            fio_cmp = fio_comparisons(&a, &b.config, &ds, direct_ok, repeats, &rt)?;
+            fio_cmp = fio_comparisons(&a, &b.config, ds, direct_ok, repeats, &rt)?;
         }
     }
 
@@ -421,17 +528,15 @@ pub(crate) fn command(a: TuneArgs) -> Result<()> {
         schema: "ringtier.tune/1",
         date: utc_now(),
         machine: Machine::probe(),
-        storage: Storage::of(&ds.root),
+        storage: Storage::of(&data_root),
         block_settings_before: before,
         block_read_only: read_only,
         notes,
-        dataset: DatasetFacts {
-            path: ds.root.display().to_string(),
-            files: ds.len(),
-            bytes: ds.total_bytes(),
-            median_file_bytes: ds.median_size(),
-            generated,
-        },
+        workload: a.workload,
+        workload_detail,
+        latency_is: a.workload.latency_meaning(),
+        iops_is: a.workload.ops_meaning(),
+        dataset: facts,
         repeats,
         cold_method,
         load_average: load_average(),
@@ -643,6 +748,11 @@ fn markdown(r: &TuneReport) -> String {
     );
     let _ = writeln!(
         md,
+        "Workload `{:?}`: {}. Latency: {}; IOPS: {}.",
+        r.workload, r.workload_detail, r.latency_is, r.iops_is
+    );
+    let _ = writeln!(
+        md,
         "Data: {} files, {:.0} MB (median {} KB). {} cold passes per configuration ({}), interleaved; load average {}. {:.0} s in all.\n",
         r.dataset.files,
         r.dataset.bytes as f64 / 1e6,
@@ -660,7 +770,19 @@ fn markdown(r: &TuneReport) -> String {
     }
     let _ = writeln!(md, "{}", report::table(&r.points).markdown());
     let _ = writeln!(md, "Pareto front (MB/s up, CPU s/GiB down, p99 down): {}.", r.pareto_front.join("; "));
-    let _ = writeln!(md, "The engine's defaults are {}on the front.\n", if r.defaults_on_front { "" } else { "not " });
+    let _ = writeln!(md, "The engine's defaults are {}on the front.", if r.defaults_on_front { "" } else { "not " });
+    let ahead: Vec<String> = r
+        .points
+        .iter()
+        .skip(1)
+        .filter(|p| p.mb_per_sec_vs_defaults.min > 1.0)
+        .map(|p| format!("{} ({})", p.label, p.mb_per_sec_vs_defaults.text(2)))
+        .collect();
+    let _ = writeln!(
+        md,
+        "Faster than the defaults in every repeat's pair (x defaults, min..max): {}.\n",
+        if ahead.is_empty() { "none".to_string() } else { ahead.join("; ") }
+    );
     if let Some(b) = &r.best {
         let _ =
             writeln!(md, "Best: `{}`\n\n```\n{}\n```\n\n```rust\n{}\n```\n", b.label, b.bench_read, b.loader_config);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
-use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::{UringTier, UringTierOptions};
 use serde::Serialize;
 
 use super::space::Config;
@@ -136,15 +136,7 @@ pub(crate) fn run_once(
         4096,
     ))
     .context("allocating the buffer pool")?;
-    let uc = UringConfig::default()
-        .with_queue_depth(depth as u32)
-        .with_rings(config.num("rings").max(1) as usize)
-        .with_sqpoll_idle_ms(config.sqpoll())
-        .with_coop_taskrun(config.flag("coop_taskrun"))
-        .with_defer_taskrun(config.flag("defer_taskrun"))
-        .with_register_buffers(config.flag("register_buffers"))
-        .with_register_files(config.flag("register_files"))
-        .with_direct_io(if config.get("io") == Some("buffered") { DirectIoPolicy::Off } else { DirectIoPolicy::Auto });
+    let uc = super::workload::uring_config(config, true);
     let tier: Arc<dyn Tier> = Arc::new(
         UringTier::with_options(dir, uc, UringTierOptions::default().with_pool(pool.clone()))
             .context("opening the io_uring tier")?,

@@ -18,6 +18,10 @@ pub(crate) struct PointReport {
     pub(crate) label: String,
     pub(crate) config: Config,
     pub(crate) mb_per_sec: Summary,
+    /// This point's bandwidth over the defaults' in the same repeat, pair by pair (passes are
+    /// interleaved, so a pair shares the machine's state): above 1 in every pair is a lead
+    /// beyond the run-to-run spread.
+    pub(crate) mb_per_sec_vs_defaults: Summary,
     pub(crate) iops: Summary,
     pub(crate) cpu_seconds_per_gib: Summary,
     pub(crate) latency_p50_ms: Summary,
@@ -25,13 +29,20 @@ pub(crate) struct PointReport {
     pub(crate) latency_p999_ms: Summary,
     /// Per-read latency quantiles 0, 0.01, ..., 1 of the median-bandwidth pass.
     pub(crate) latency_cdf_ms: Vec<f64>,
+    /// The workload's own figures (the checkpoint's save and restore MB/s), a column each.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub(crate) extra: std::collections::BTreeMap<String, Summary>,
     pub(crate) on_pareto_front: bool,
 }
 
 /// Indices of the points no other point beats on all three of bandwidth (higher), CPU per GiB
-/// and p99 (lower) while being strictly better on one.
+/// and p99 (lower) while being strictly better on one. A workload without a latency
+/// distribution (p99 NaN: the checkpoint) is judged on bandwidth and CPU alone.
 pub(crate) fn pareto_front(points: &[PointReport]) -> Vec<usize> {
-    let key = |p: &PointReport| (p.mb_per_sec.median, p.cpu_seconds_per_gib.median, p.latency_p99_ms.median);
+    let key = |p: &PointReport| {
+        let p99 = p.latency_p99_ms.median;
+        (p.mb_per_sec.median, p.cpu_seconds_per_gib.median, if p99.is_nan() { 0.0 } else { p99 })
+    };
     (0..points.len())
         .filter(|&i| {
             let (b, c, l) = key(&points[i]);
@@ -109,20 +120,32 @@ pub(crate) fn loader_config(config: &Config, queue_dir: Option<&Path>) -> String
     s
 }
 
-/// The table of every point.
+/// The table of every point (latency cells `-` where the workload has none; the workload's
+/// own figures as extra columns before `front`).
 pub(crate) fn table(points: &[PointReport]) -> Table {
-    let mut t = Table::new(["configuration", "MB/s", "IOPS", "CPU s/GiB", "p50 ms", "p99 ms", "p99.9 ms", "front"]);
+    let extra: Vec<String> = points.first().map(|p| p.extra.keys().cloned().collect()).unwrap_or_default();
+    let mut header: Vec<String> =
+        ["configuration", "MB/s", "x defaults", "IOPS", "CPU s/GiB", "p50 ms", "p99 ms", "p99.9 ms"]
+            .map(String::from)
+            .to_vec();
+    header.extend(extra.iter().cloned());
+    header.push("front".into());
+    let mut t = Table::new(header);
+    let ms = |v: f64| if v.is_nan() { "-".to_string() } else { format!("{v:.2}") };
     for p in points {
-        t.row([
+        let mut row = vec![
             p.label.clone(),
             p.mb_per_sec.text(1),
+            p.mb_per_sec_vs_defaults.text(2),
             format!("{:.0}", p.iops.median),
             p.cpu_seconds_per_gib.text(2),
-            format!("{:.2}", p.latency_p50_ms.median),
-            p.latency_p99_ms.text(2),
-            format!("{:.2}", p.latency_p999_ms.median),
-            if p.on_pareto_front { "*".into() } else { String::new() },
-        ]);
+            ms(p.latency_p50_ms.median),
+            if p.latency_p99_ms.median.is_nan() { "-".into() } else { p.latency_p99_ms.text(2) },
+            ms(p.latency_p999_ms.median),
+        ];
+        row.extend(extra.iter().map(|k| p.extra.get(k).map_or_else(|| "-".into(), |s| s.text(1))));
+        row.push(if p.on_pareto_front { "*".into() } else { String::new() });
+        t.row(row);
     }
     t
 }
@@ -221,12 +244,14 @@ mod tests {
             label: label.into(),
             config: Config::default(),
             mb_per_sec: s(mb),
+            mb_per_sec_vs_defaults: s(1.0),
             iops: s(mb * 10.0),
             cpu_seconds_per_gib: s(cpu),
             latency_p50_ms: s(p99 / 2.0),
             latency_p99_ms: s(p99),
             latency_p999_ms: s(p99 * 2.0),
             latency_cdf_ms: (0..=100).map(|i| f64::from(i) * p99 / 99.0 + 0.01).collect(),
+            extra: Default::default(),
             on_pareto_front: false,
         }
     }
@@ -261,5 +286,17 @@ mod tests {
             "ringtier bench read --dir /d --engines uring-direct --depths 64 --rings 1 --sqpoll --sqpoll-idle-ms 50"
         );
         assert!(loader_config(&c, None).contains(".with_sqpoll_idle_ms(Some(50))"));
+    }
+
+    #[test]
+    fn without_latencies_the_front_is_bandwidth_and_cpu_and_extra_columns_show() {
+        let mut pts =
+            vec![point("a", 500.0, 1.0, f64::NAN), point("b", 400.0, 0.5, f64::NAN), point("c", 300.0, 1.2, f64::NAN)];
+        for p in &mut pts {
+            p.extra.insert("save MB/s".into(), p.mb_per_sec);
+        }
+        assert_eq!(pareto_front(&pts), [0, 1]);
+        let text = table(&pts).text();
+        assert!(text.contains("save MB/s") && text.contains(" - "), "{text}");
     }
 }

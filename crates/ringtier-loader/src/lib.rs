@@ -15,7 +15,7 @@ pub use ringtier_records as records;
 
 pub use config::LoaderConfig;
 pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, SampleData};
-pub use materialize::{materialized_prefix, Materialize};
+pub use materialize::{materialized_prefix, materialized_prefix_cropped, Materialize};
 pub use pieces::DEFAULT_MAX_READ;
 pub use ringtier_cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
 pub use ringtier_dataset::Sampler;

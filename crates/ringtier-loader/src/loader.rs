@@ -13,7 +13,7 @@ use ringtier_dataset::OnBadSample;
 use tokio::sync::mpsc;
 
 use crate::config::LoaderConfig;
-use crate::materialize::{materialized_prefix, sample_key, Materialize};
+use crate::materialize::{materialized_prefix_cropped, sample_key, Materialize};
 use ringtier_cache::CachedTier;
 use ringtier_dataset::Dataset;
 use ringtier_dataset::Sampler;
@@ -198,8 +198,8 @@ impl Loader {
                 return Err(Error::new(ErrorKind::InvalidInput, "materialize needs decode: it stores decoded samples"))
             }
             (Some(m), Some(_)) => {
-                DecodeConfig::default().with_size(m.size).validate()?;
-                Some((m.clone(), materialized_prefix(&dataset, m.size)))
+                DecodeConfig::default().with_size(m.size).with_crop(m.crop).validate()?;
+                Some((m.clone(), materialized_prefix_cropped(&dataset, m.size, m.crop)))
             }
         };
         let shared = Shared {
@@ -543,6 +543,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
             let t = Instant::now();
             let seed = shared.cfg.seed;
             let store = shared.materialized.as_ref().map(|(m, prefix)| (m.tier.clone(), m.size, prefix.clone()));
+            let m_crop = shared.materialized.as_ref().map_or(Crop::Resize, |(m, _)| m.crop);
             // Inputs in batch order: a stored sample's pixels, or a JPEG just read.
             let mut raw = raw.into_iter().peekable();
             let mut jobs = Vec::with_capacity(chunk.len());
@@ -571,7 +572,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
                         }
                         (Some(m), false) => {
                             // The deterministic steps once, kept for the store; the rest online.
-                            let mcfg = DecodeConfig::default().with_size(m).with_crop(Crop::Resize).with_threads(1);
+                            let mcfg = DecodeConfig::default().with_size(m).with_crop(m_crop).with_threads(1);
                             let mut stored = vec![0u8; mcfg.output_bytes()];
                             dec.decode_into(input.as_slice(), &mcfg, &mut SampleRng::new(0, 0, 0), &mut stored)?;
                             dec.transform_rgb(&stored, m, m, &d, &mut rng, px.as_mut_slice())?;

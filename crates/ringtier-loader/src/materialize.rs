@@ -20,9 +20,11 @@
 
 use std::sync::Arc;
 
+use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::Tier;
 
 use ringtier_dataset::Dataset;
+use ringtier_decode::Crop;
 
 /// Where and at what size the deterministic steps are stored. Set it with
 /// [`crate::LoaderConfig::with_materialize`].
@@ -33,12 +35,32 @@ pub struct Materialize {
     pub tier: Arc<dyn Tier>,
     /// Stored width and height in pixels. Default 256 (room for a 224 crop).
     pub size: u32,
+    /// How the stored image is cut from the decoded one: [`Crop::Resize`] (the whole image
+    /// squashed to `size` x `size`, the default) or a deterministic crop
+    /// ([`Crop::Center`], [`Crop::CenterCrop`]) when the whole chain up to its crop is
+    /// deterministic (an evaluation chain): the stored pixels are then the crop itself and
+    /// later epochs keep its aspect ratio. A random crop cannot be stored.
+    pub crop: Crop,
 }
 
 impl Materialize {
     /// Materialize into `tier` at the default size.
     pub fn new(tier: Arc<dyn Tier>) -> Self {
-        Materialize { tier, size: 256 }
+        Materialize { tier, size: 256, crop: Crop::Resize }
+    }
+
+    /// Sets [`Materialize::crop`]; a random crop is an error (it would be frozen into the
+    /// store).
+    pub fn with_crop(mut self, crop: Crop) -> Result<Self> {
+        if matches!(crop, Crop::RandomResized { .. }) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "a random crop cannot be materialized (every epoch would see the same one): store the whole image \
+                 (Crop::Resize) and crop online",
+            ));
+        }
+        self.crop = crop;
+        Ok(self)
     }
 
     /// Sets [`Materialize::size`].
@@ -55,13 +77,24 @@ impl Materialize {
 
 impl std::fmt::Debug for Materialize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Materialize").field("tier", &self.tier.name()).field("size", &self.size).finish()
+        f.debug_struct("Materialize")
+            .field("tier", &self.tier.name())
+            .field("size", &self.size)
+            .field("crop", &self.crop)
+            .finish()
     }
 }
 
-/// The key prefix of `dataset` materialized at `size`: changes with any sample's key, size or
-/// checksum, the size, the JPEG decoder, and the format version.
+/// The key prefix of `dataset` materialized at `size` (the whole image resized): changes with
+/// any sample's key, size or checksum, the size, the JPEG decoder, and the format version.
 pub fn materialized_prefix(dataset: &Dataset, size: u32) -> String {
+    materialized_prefix_cropped(dataset, size, Crop::Resize)
+}
+
+/// [`materialized_prefix`] for a store cut with `crop` ([`Materialize::crop`]): a deterministic
+/// crop is part of the key; [`Crop::Resize`] keys are those [`materialized_prefix`] has always
+/// given.
+pub fn materialized_prefix_cropped(dataset: &Dataset, size: u32, crop: Crop) -> String {
     // FNV-1a, 64 bits: stable across builds and platforms (the key is stored on disk).
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -76,6 +109,16 @@ pub fn materialized_prefix(dataset: &Dataset, size: u32) -> String {
     eat(ringtier_decode::JPEG_DECODER.as_bytes());
     eat(b"+fir bilinear dct");
     eat(&size.to_le_bytes());
+    match crop {
+        Crop::Center { resize } => {
+            eat(b" center ");
+            eat(&resize.to_le_bytes());
+        }
+        Crop::CenterCrop => eat(b" center_crop"),
+        // The whole image resized: the keys as they have always been (a random crop is never
+        // stored: `Materialize::with_crop` refuses it).
+        _ => {}
+    }
     for s in dataset.samples() {
         eat(s.key.as_bytes());
         eat(&[0]);

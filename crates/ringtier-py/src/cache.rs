@@ -6,7 +6,12 @@ use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use ringtier_loader::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats};
+use std::sync::Arc;
+
+use ringtier_core::Tier;
+use ringtier_loader::manifest::{Manifest, ManifestEntry};
+use ringtier_loader::records::Shard;
+use ringtier_loader::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier, Dataset, Sampler};
 
 use crate::errors::{self, IntoPy};
 
@@ -165,4 +170,35 @@ pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound
     }
     d.set_item("levels", levels)?;
     Ok(d)
+}
+
+/// The cache in front of a record loader's shards (`RecordLoader(cache=...)`): one object per
+/// shard, admitted whole (fetched in the background in `range_bytes` pieces after a miss).
+/// `reader`/`readers`, `seed` and `shuffle_shards` are the record loader's: the clairvoyant
+/// policy computes this reader's future shard order from them, as the loader does. In a global
+/// order every reader reads from every shard each epoch, where Belady keeps what static keeps:
+/// the clairvoyant policy is refused there, with that advice.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_cache(
+    tier: Arc<dyn Tier>,
+    shards: &[Shard],
+    cfg: CacheConfig,
+    global: bool,
+    seed: u64,
+    reader: usize,
+    readers: usize,
+    shuffle_shards: bool,
+) -> PyResult<CachedTier> {
+    if global && cfg.policy == CachePolicy::Clairvoyant {
+        return Err(errors::invalid(
+            "the clairvoyant cache plans by shard order; in order=\"global\" every reader reads from every shard each \
+             epoch, where it keeps what policy=\"static\" keeps: use static (or order=\"stream\")"
+                .into(),
+        ));
+    }
+    // The shards as a dataset (key and size; the cache reads no checksum).
+    let entries = shards.iter().map(|s| ManifestEntry { key: s.key.clone(), size: s.size, crc32c: 0 }).collect();
+    let dataset = Dataset::from_manifest(tier, &Manifest { entries });
+    let sampler = Sampler::new(shards.len(), seed, reader, readers, shuffle_shards).py_err()?;
+    CachedTier::for_dataset(&dataset, sampler, cfg).py_err()
 }

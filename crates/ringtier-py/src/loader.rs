@@ -133,7 +133,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
         drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="uring", hold=None,
-        keys=None, cache=None, materialize=None, materialize_size=None))]
+        keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -155,6 +155,7 @@ impl Loader {
         cache: Option<&Bound<'_, PyAny>>,
         materialize: Option<PathBuf>,
         materialize_size: Option<u32>,
+        materialize_for: Option<PyRef<'_, crate::transforms::TransformPipeline>>,
     ) -> PyResult<Self> {
         let mut cfg = loader_config(
             batch_size,
@@ -173,9 +174,27 @@ impl Loader {
         if let Some(c) = cache {
             cfg = cfg.with_cache(crate::cache::cache_config(c)?);
         }
-        if let Some(m) = &materialize {
-            let m = crate::materialize::materialize(m, materialize_size, cfg.decode.as_ref(), engine)?;
-            cfg = cfg.with_materialize(m);
+        let mut decode = decode;
+        match (&materialize, materialize_for) {
+            (Some(m), None) => {
+                let m = crate::materialize::materialize(m, materialize_size, cfg.decode.as_ref(), engine)?;
+                cfg = cfg.with_materialize(m);
+            }
+            // The split point of a transform chain: the loader yields the stored pixels, the
+            // pipeline runs the rest on them (src/materialize.rs).
+            (Some(m), Some(pipe)) => {
+                if decode.is_some() {
+                    return Err(errors::invalid(
+                        "materialize_for= decodes to the transform's split point itself: leave decode=None".into(),
+                    ));
+                }
+                let (m, d) =
+                    crate::materialize::materialize_split(m, materialize_size, pipe.config(), decode_threads, engine)?;
+                decode = Some(d.size);
+                cfg = cfg.with_decode(Some(d)).with_materialize(m);
+            }
+            (None, Some(_)) => return Err(errors::invalid("materialize_for= without materialize=DIR".into())),
+            (None, None) => {}
         }
         let dir = dataset_dir(&path)?;
         let eng = crate::engine::engine()?;

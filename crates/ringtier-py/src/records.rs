@@ -15,7 +15,7 @@ use pyo3::types::{PyBytes, PyDict};
 use ringtier_core::error::{Error, ErrorKind};
 use ringtier_core::{PosixConfig, PosixTier, Tier};
 use ringtier_loader::records::{self, RecordConfig, RecordFormat, RecordIndex, Shard};
-use ringtier_loader::OnBadSample;
+use ringtier_loader::{CachedTier, OnBadSample};
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 use crate::buffer::ExportedBytes;
@@ -73,6 +73,8 @@ struct RecordLoaderState {
     /// The per-shard indexes of a global order.
     indexes: Option<Arc<Vec<RecordIndex>>>,
     shards: Arc<Vec<Shard>>,
+    /// The cache in front of the shards (`cache=`).
+    cache: Option<CachedTier>,
 }
 
 /// Reads the records of TFRecord or WebDataset shards (see the stub for the Python
@@ -94,7 +96,7 @@ impl RecordLoader {
     #[new]
     #[pyo3(signature = (path, *, format="tfrecord", order="stream", read_size=4 << 20, depth=8,
         shuffle_buffer=1024, shuffle_bytes=64 << 20, shuffle_shards=true, seed=0, rank=0, world_size=1, worker=0,
-        workers=1, prefetch=256, prefetch_bytes=16 << 20, on_bad="fail", engine="uring", index_dir=None))]
+        workers=1, prefetch=256, prefetch_bytes=16 << 20, on_bad="fail", engine="uring", index_dir=None, cache=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -116,6 +118,7 @@ impl RecordLoader {
         on_bad: &str,
         engine: &str,
         index_dir: Option<PathBuf>,
+        cache: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let format = match format {
             "tfrecord" => RecordFormat::TfRecord,
@@ -160,6 +163,17 @@ impl RecordLoader {
         let _enter = eng.handle().enter();
         let tier = shard_tier(&path, engine, depth)?;
         let shards = wait_plain(py, &eng, records::list_shards(tier.as_ref(), format))?.py_err()?;
+        // The cache in front of the shards (src/cache.rs): the loader reads through it.
+        let (tier, cache) = match cache {
+            Some(c) => {
+                let c = crate::cache::cache_config(c)?;
+                let (reader, readers) = (rank * workers + worker, world_size * workers);
+                let cached =
+                    crate::cache::record_cache(tier, &shards, c, global, seed, reader, readers, shuffle_shards)?;
+                (Arc::new(cached.clone()) as Arc<dyn Tier>, Some(cached))
+            }
+            None => (tier, None),
+        };
         let mut loader = records::RecordLoader::new(Arc::clone(&tier), shards.clone(), format, cfg.clone()).py_err()?;
         let mut indexes = None;
         let mut per_epoch = None;
@@ -188,7 +202,7 @@ impl RecordLoader {
             per_epoch = Some(total / readers + usize::from(me < total % readers));
             indexes = Some(Arc::new(idx));
         }
-        let state = RecordLoaderState { engine: eng.clone(), loader, indexes, shards: Arc::new(shards) };
+        let state = RecordLoaderState { engine: eng.clone(), loader, indexes, shards: Arc::new(shards), cache };
         let cfg = cfg.with_read_size(read);
         Ok(RecordLoader {
             state: ForkGuarded::new("RecordLoader", state),
@@ -205,6 +219,10 @@ impl RecordLoader {
     fn epoch(&self, epoch: u64, position: u64) -> PyResult<RecordEpoch> {
         let st = self.state.get()?;
         let _enter = st.engine.handle().enter();
+        if let (Some(c), None) = (&st.cache, &st.indexes) {
+            // The clairvoyant plan moves to this epoch's shard order (other policies: nothing).
+            c.begin_epoch(epoch, 0).py_err()?;
+        }
         let inner = match &st.indexes {
             Some(idx) => st.loader.global_epoch(Arc::clone(idx), epoch, position).py_err()?,
             None => st.loader.epoch(epoch, position),
@@ -233,6 +251,15 @@ impl RecordLoader {
             return self.shards();
         }
         Ok(st.loader.epoch_shards(epoch).into_iter().map(|i| st.shards[i].key.clone()).collect())
+    }
+
+    /// The cache's totals (hits, misses, prefetches, per level; a shard is one object), or
+    /// None without `cache=`.
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match &self.state.get()?.cache {
+            Some(c) => Ok(Some(crate::cache::stats_dict(py, &c.stats())?)),
+            None => Ok(None),
+        }
     }
 
     /// `"tfrecord"` or `"wds"`.

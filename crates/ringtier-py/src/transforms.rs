@@ -195,6 +195,11 @@ pub(crate) struct TransformPipeline {
 }
 
 impl TransformPipeline {
+    /// The compiled chain.
+    pub(crate) fn config(&self) -> &DecodeConfig {
+        &self.cfg
+    }
+
     fn sample_bytes(&self) -> usize {
         self.cfg.output_bytes()
     }
@@ -298,14 +303,17 @@ impl TransformPipeline {
     /// Starts decoding and transforming `items` (encoded images) into one batch; sample `i`'s
     /// random draws come from (seed, `epoch`, `indices[i]`). `out`: a writable, contiguous
     /// buffer of exactly `len(items) * sample_bytes` bytes to fill instead of the pipeline's
-    /// own (a pinned tensor's `.numpy()`).
-    #[pyo3(signature = (items, indices, epoch=0, out=None))]
+    /// own (a pinned tensor's `.numpy()`). `pixels=SIDE`: the items are stored pixels of the
+    /// split point (`SIDE` x `SIDE` x 3 `uint8`, from a loader with `materialize_for=` this
+    /// pipeline), and only the steps after it run.
+    #[pyo3(signature = (items, indices, epoch=0, out=None, pixels=None))]
     fn submit(
         &self,
         items: &Bound<'_, PyList>,
         indices: Vec<u64>,
         epoch: u64,
         out: Option<&Bound<'_, PyAny>>,
+        pixels: Option<u32>,
     ) -> PyResult<PendingBatch> {
         let workers = self.workers.get()?;
         let n = items.len();
@@ -318,8 +326,24 @@ impl TransformPipeline {
         let stride = self.sample_bytes();
         let mut views = Vec::with_capacity(n);
         for (i, item) in items.iter().enumerate() {
-            views.push(input_view(&item, i)?);
+            let view = input_view(&item, i)?;
+            if let Some(side) = pixels {
+                let want = side as usize * side as usize * 3;
+                if view.len_bytes() != want {
+                    return Err(errors::invalid(format!(
+                        "batch item {i} is {} bytes, not {side}x{side}x3 stored pixels ({want} bytes)",
+                        view.len_bytes()
+                    )));
+                }
+            }
+            views.push(view);
         }
+        // After the split point: the random crop on the stored image, or a copy of a stored crop.
+        let (cfg, side) = match pixels {
+            Some(0) => return Err(errors::invalid("pixels= must be at least 1".into())),
+            Some(side) => (crate::materialize::online_config(&self.cfg), Some(side)),
+            None => (self.cfg, None),
+        };
         let (output, out_span) = match out {
             Some(obj) => {
                 let view = PyUntypedBuffer::get(obj)
@@ -347,7 +371,7 @@ impl TransformPipeline {
             Arc::new(Job { state: Mutex::new(JobState { remaining: n, failed: Vec::new() }), done: Condvar::new() });
         for (i, view) in views.iter().enumerate() {
             let input = RawSpan { ptr: view.buf_ptr().cast::<u8>(), len: view.len_bytes() };
-            let (job, cfg, seed, index) = (Arc::clone(&job), self.cfg, self.seed, indices[i]);
+            let (job, seed, index) = (Arc::clone(&job), self.seed, indices[i]);
             let run = move || {
                 // SAFETY: `input` is a buffer view and `out_span` the batch's output, both held by
                 // the `PendingBatch` until every job of it finished (its `wait` and `Drop` wait for
@@ -357,7 +381,11 @@ impl TransformPipeline {
                 // A panic in a decoder must still count the job, or `wait` would never return.
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     JpegDecoder::with_thread_local(|dec| {
-                        dec.decode_into(src, &cfg, &mut SampleRng::new(seed, epoch, index), dst)
+                        let mut rng = SampleRng::new(seed, epoch, index);
+                        match side {
+                            Some(s) => dec.transform_rgb(src, s, s, &cfg, &mut rng, dst).map(|_| ()),
+                            None => dec.decode_into(src, &cfg, &mut rng, dst).map(|_| ()),
+                        }
                     })
                 }));
                 let failed = match res {

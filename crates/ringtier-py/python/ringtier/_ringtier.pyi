@@ -86,7 +86,11 @@ class Loader:
     ``materialize``: a directory (created when missing) where the first epoch stores each
     decoded, resized image (``materialize_size`` pixels square; default the decoded size, or at
     least 256 when the chain has a random step; never below it) and later epochs read it back,
-    running only the random steps (needs ``decode``).
+    running only the random steps (needs ``decode``). ``materialize_for``: a
+    :class:`TransformPipeline` whose split point is stored instead (``decode`` None): a chain
+    with a random crop stores the whole image resized to ``materialize_size`` (default the
+    larger of 256 and the output size), a deterministic crop stores the crop itself; the loader
+    yields those ``uint8`` pixels, for ``TransformPipeline.submit(..., pixels=side)``.
 
     Raises :class:`ringtier.PoolExhaustedError` (not a hang) when Python holds so many samples
     that no buffer is left for the next batch."""
@@ -112,6 +116,7 @@ class Loader:
         cache: Optional[Union["Cache", Dict[str, Any]]] = None,
         materialize: Optional[Union[str, "os.PathLike[str]"]] = None,
         materialize_size: Optional[int] = None,
+        materialize_for: Optional["TransformPipeline"] = None,
     ) -> None: ...
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,
@@ -263,7 +268,14 @@ class RecordLoader:
 
     ``on_bad``: ``"fail"`` (a truncated record, a CRC mismatch, a corrupt tar header, an index
     that does not match its shard raise :class:`ringtier.CorruptError` naming the shard and
-    byte offset) or ``"skip"`` (counted in :meth:`RecordEpoch.stats`, logged)."""
+    byte offset) or ``"skip"`` (counted in :meth:`RecordEpoch.stats`, logged).
+
+    ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the shards, one
+    object per shard: a shard read for the first time is fetched whole in the background
+    (``range_bytes`` pieces) and admitted by the policy; later reads of a held shard come from
+    the cache's levels. ``clairvoyant`` plans on this reader's shard order of the coming epochs
+    (streaming only: in a global order every reader reads every shard each epoch, where it
+    keeps what ``static`` keeps, and is refused)."""
 
     def __init__(
         self,
@@ -286,11 +298,14 @@ class RecordLoader:
         on_bad: str = "fail",
         engine: str = "uring",
         index_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+        cache: Optional[Union["Cache", Dict[str, Any]]] = None,
     ) -> None: ...
     def epoch(self, epoch: int = 0, position: int = 0) -> RecordEpoch:
         """The records of ``epoch``, from ``position`` (records this reader already got) on.
         Streaming, the skipped records are read and parsed again (not delivered); in a global
         order they are not read."""
+    def cache_stats(self) -> Optional[Dict[str, Any]]:
+        """The cache's totals (``cache=`` only, else None), as :meth:`Loader.cache_stats`."""
     def shards(self) -> List[str]:
         """Shard file names, in the order :attr:`Record.shard` numbers them."""
     def epoch_shards(self, epoch: int = 0) -> List[str]:
@@ -404,10 +419,17 @@ class TransformPipeline:
         dct_scaling: bool = True,
     ) -> None: ...
     def submit(
-        self, items: List[_Buffer], indices: List[int], epoch: int = 0, out: Optional[_Buffer] = None
+        self,
+        items: List[_Buffer],
+        indices: List[int],
+        epoch: int = 0,
+        out: Optional[_Buffer] = None,
+        pixels: Optional[int] = None,
     ) -> PendingBatch:
         """Starts decoding ``items`` (encoded images) into one batch; ``out``: a writable buffer
-        of ``len(items) * sample_bytes`` bytes to fill instead of the pipeline's own."""
+        of ``len(items) * sample_bytes`` bytes to fill instead of the pipeline's own.
+        ``pixels=SIDE``: the items are the stored split point (``SIDE x SIDE x 3`` uint8 from a
+        :class:`Loader` with ``materialize_for=`` this pipeline); only the steps after it run."""
     def apply_rgb(self, rgb: _Buffer, height: int, width: int, index: int = 0, epoch: int = 0) -> TransformedBatch:
         """Transforms one decoded ``height x width x 3`` uint8 image."""
     @property

@@ -59,6 +59,16 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     the decoded, resized pixels under ``DIR`` (``materialize_size`` pixels square; default the
     decoded size, or at least 256 for a random crop), later epochs read them back and run only
     the random steps.
+
+    ``materialize=DIR`` with ``transform``: the store holds the chain's split point, ``uint8``
+    RGB. With a ``RandomResizedCrop`` it is the whole decoded image resized to
+    ``materialize_size`` square (default the larger of 256 and the output size), and the crop
+    is drawn on it each epoch, so augmentations still vary by epoch (its aspect ratio is
+    measured on the squashed image, the usual price of the split). With a deterministic crop
+    (``Resize`` + ``CenterCrop``, ``CenterCrop``, ``Resize((s, s))``) it is the crop itself at
+    the output size. Flip, ``ToDtype`` and ``Normalize`` always run each epoch. Every epoch,
+    the first included, transforms the stored pixels: epoch 1 and 2 give the same images
+    for the same (seed, epoch, index).
     """
 
     def __init__(
@@ -111,8 +121,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         if cache is not None:
             self.options["cache"] = _checked_cache(cache)
         if materialize is not None:
-            if decode is None:
-                raise ValueError("materialize= needs decode=: it stores decoded pixels")
+            if decode is None and transform is None:
+                raise ValueError("materialize= needs decode= or transform=: it stores decoded pixels")
             self.options["materialize"] = os.fspath(materialize)
             self.options["materialize_size"] = materialize_size
         elif materialize_size is not None:
@@ -143,7 +153,13 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         shard = self.shard()
         pid = os.getpid()
         if self._loader is None or self._loader[0] != pid or self._loader[1] != shard:
-            loader = Loader(self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], **self.options)
+            options = dict(self.options)
+            if self.transform is not None and "materialize" in options:
+                # The split point of the transform chain (ringtier.torch.images).
+                from .images import process_pipeline
+
+                options["materialize_for"] = process_pipeline(self)
+            loader = Loader(self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], **options)
             self._loader = (pid, shard, loader)
         return self._loader[2]
 

@@ -59,11 +59,14 @@ def transformed(
     depth: int = 2,
     pin_memory: bool = False,
     on_bad: str = "skip",
+    pixels: bool = False,
 ) -> Iterator[Tuple[torch.Tensor, List[int], Any]]:
     """Decodes and transforms ``batches`` of ``(encoded images, indices, extra)`` with up to
     ``depth`` batches in flight; yields ``(images, kept indices, extra)``, images ``(n, 3, S,
     S)``. A sample that fails to decode is left out (``on_bad="skip"``) or raises
-    :class:`ringtier.CorruptError` (``"fail"``)."""
+    :class:`ringtier.CorruptError` (``"fail"``). ``pixels=True``: the items are a
+    materialized split point's stored pixels (decoded samples, ``(side, side, 3)``), and only
+    the steps after it run."""
     if on_bad not in ("skip", "fail"):
         raise InvalidInputError(f'on_bad must be "skip" or "fail", not {on_bad!r}')
     dtype = torch.float32 if pipeline.dtype == "float32" else torch.uint8
@@ -91,7 +94,10 @@ def transformed(
         out = None
         if pin_memory:
             out = torch.empty((len(items), 3, size, size), dtype=dtype, pin_memory=True)
-        pending = pipeline.submit(items, [int(i) for i in indices], epoch, out.numpy() if out is not None else None)
+        side = int(items[0].shape[0]) if pixels else None
+        pending = pipeline.submit(
+            items, [int(i) for i in indices], epoch, out.numpy() if out is not None else None, pixels=side
+        )
         flight.append((pending, out, extra))
         if len(flight) > depth:
             got = finish()
@@ -112,19 +118,27 @@ def check_transform(transform: Any, decode: Optional[int], batch: int, hold: Opt
     return hold if hold is not None else batch * 3
 
 
-def iterate_files(ds: Any) -> Iterator[Any]:
-    """``ringtier.torch.IterableDataset.__iter__`` with ``transform=``: image batches (with
-    ``with_keys``, ``(keys, images)``)."""
-    loader = ds.loader()
+def process_pipeline(ds: Any) -> TransformPipeline:
+    """The file dataset ``ds``'s pipeline in this process (made here, after any fork)."""
     pid = os.getpid()
     cached = getattr(ds, "_pipeline", None)
     if cached is None or cached[0] != pid:
         cached = (pid, pipeline_for(ds.transform, int(ds.options["seed"]), None))
         ds._pipeline = cached
+    return cached[1]
+
+
+def iterate_files(ds: Any) -> Iterator[Any]:
+    """``ringtier.torch.IterableDataset.__iter__`` with ``transform=``: image batches (with
+    ``with_keys``, ``(keys, images)``). With ``materialize=``, the loader yields the split
+    point's pixels (stored, or decoded and stored now) and the pipeline runs the rest."""
+    pipeline = process_pipeline(ds)
+    loader = ds.loader()
     keys = loader.keys() if ds.with_keys else None
     raw = ((list(b), b.indices, None) for b in loader.epoch(ds.epoch, ds.position))
     pin = resolve_pin(ds.pin_memory)
-    for images, kept, _ in transformed(cached[1], raw, ds.epoch, pin_memory=pin):
+    pixels = "materialize" in ds.options
+    for images, kept, _ in transformed(pipeline, raw, ds.epoch, pin_memory=pin, pixels=pixels):
         yield ([keys[i] for i in kept], images) if keys is not None else images
 
 

@@ -44,6 +44,11 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     :class:`ringtier.RecordLoader`'s (``read_size``, ``depth``, ``shuffle_buffer``, ``seed``,
     ``on_bad``, ``index_dir``, ...).
 
+    ``cache``: a :class:`ringtier.Cache` (or a dict of its arguments) in front of the shards,
+    one object per shard (policy ``lru``, ``static``, ``clairvoyant`` on this reader's shard
+    order, or ``none``; capacity in memory or a directory; docs/CACHE.md); its totals:
+    :meth:`cache_stats`. ``materialize=`` is for the file datasets.
+
     ``transform``: a :class:`ringtier.transforms.Compose` (or torchvision transforms it
     compiles): the dataset yields batches of ``batch_size`` decoded, transformed images, a
     ``(n, 3, S, S)`` tensor (Rust threads, pinned memory when CUDA is available). A WebDataset
@@ -103,6 +108,15 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         self.with_keys = with_keys
         self.rank, self.world_size = rank, world_size
         self.options: Dict[str, Any] = dict(options)
+        if options.get("cache") is not None:
+            from .data import _checked_cache
+
+            self.options["cache"] = _checked_cache(options["cache"])
+        if "materialize" in options or "materialize_size" in options:
+            raise ValueError(
+                "materialize= is for file datasets (ringtier.torch.IterableDataset, ImageFolder): a record "
+                "dataset's samples are records inside shards; give the shards a cache= instead"
+            )
         self.epoch = 0
         self.position = 0
         self._loader: Optional[Tuple[int, Tuple[int, int, int, int], RecordLoader]] = None
@@ -143,7 +157,16 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     def __len__(self) -> int:
         """Records of this rank per epoch, all its workers together (global order only)."""
         rank, world = rank_world(self.rank, self.world_size)
-        return len(RecordLoader(self.path, format=self.format, order=self.order, rank=rank, world_size=world, **self.options))
+        # Counting needs no cache (nor its directory).
+        options = {k: v for k, v in self.options.items() if k != "cache"}
+        return len(RecordLoader(self.path, format=self.format, order=self.order, rank=rank, world_size=world, **options))
+
+    def cache_stats(self) -> Optional[Dict[str, Any]]:
+        """This process's cache totals (hits, misses, prefetches, per level; one object per
+        shard); None without ``cache=`` or before the first iteration in this process."""
+        if self._loader is None or self._loader[0] != os.getpid():
+            return None
+        return self._loader[2].cache_stats()
 
     def _item(self, record: Any) -> Any:
         if self.format == "tfrecord":

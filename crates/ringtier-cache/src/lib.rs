@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod node_dir;
 mod state;
 mod stats;
 mod tier;
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use ringtier_core::error::{Error, ErrorKind, Result};
 
 pub use stats::CacheStats;
-pub use tier::CachedTier;
+pub use tier::{CachedTier, NodeDirStats};
 
 /// Which objects a [`CachedTier`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -17,12 +17,13 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::state::{Admission, Lookup, State, Victim};
 use super::stats::{CacheStats, LevelStats};
-use super::{CacheConfig, CacheMedium, CachePolicy};
+use super::{CacheConfig, CacheLevel, CacheMedium, CachePolicy};
 use ringtier_dataset::Dataset;
 use ringtier_dataset::Sampler;
 
 mod layer;
 mod prefetch;
+mod shared_io;
 
 use prefetch::prefetcher;
 
@@ -71,12 +72,18 @@ struct Inner {
     metrics: Metrics,
     /// What the metrics have been told so far (the state's counters are the truth).
     reported: Mutex<super::state::Counters>,
+    /// A node directory shared with other processes ([`CachedTier::for_node_dir`]): reads go
+    /// by its plan, and `stores` and the placement state are unused.
+    shared: Option<super::node_dir::Shared>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(task) = self.prefetcher.get_mut().ok().and_then(|t| t.take()) {
             task.abort();
+        }
+        if let Some(sh) = self.shared.as_ref().filter(|s| s.local == 0) {
+            sh.dir.remove();
         }
         for s in &self.stores {
             if let Store::Dir { root, .. } = s {
@@ -115,7 +122,7 @@ impl CachedTier {
                  (or LoaderConfig::with_cache)",
             ));
         }
-        Self::build(backing, cfg, Keys::default(), Vec::new())
+        Self::build(backing, cfg, Keys::default(), Vec::new(), None)
     }
 
     /// A cache over `dataset`'s tier for the rank `sampler` reads for: it knows every sample's
@@ -142,14 +149,99 @@ impl CachedTier {
             keys.names.push(s.key.clone());
             keys.sizes.push(s.size);
         }
-        Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers)
+        Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers, None)
     }
 
-    fn build(backing: Arc<dyn Tier>, cfg: CacheConfig, keys: Keys, samplers: Vec<Sampler>) -> Result<Self> {
+    /// Rank `local`'s share of a node cache in a directory that the node's ranks share across
+    /// processes (as `torchrun` starts them): one copy of a sample per node. `samplers` are
+    /// every rank of the node's (the same dataset, seed and world, in local-rank order; each
+    /// process passes all of them and its own index), and `cfg.levels` is one directory level
+    /// whose path every rank gives the same (a directory on tmpfs, such as `/dev/shm/...`, is
+    /// memory). Every rank computes the same placement plan from the seed (the policy's: LRU
+    /// or Belady on the union of the node's reads, or the first copies read for static), so
+    /// placement needs no messages; the directory protocol keeps one copy per run, verifies
+    /// every copy it reads and never holds more than the capacity in copies. Local rank 0
+    /// removes the directory when its cache is dropped. See `docs/CACHE.md`.
+    pub fn for_node_dir(dataset: &Dataset, samplers: Vec<Sampler>, local: usize, cfg: CacheConfig) -> Result<Self> {
         cfg.validate()?;
+        let dir =
+            match cfg.levels.as_slice() {
+                [CacheLevel { medium: CacheMedium::Dir(d), .. }] => d.clone(),
+                _ if cfg.policy == CachePolicy::None => std::env::temp_dir(),
+                _ => return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    "a node cache shared across processes needs exactly one directory level (its path is shared by \
+                     the node's ranks)",
+                )),
+            };
+        let mut keys = Keys::default();
+        for (i, s) in dataset.samples().iter().enumerate() {
+            keys.ids.entry(s.key.clone()).or_insert(i as u32);
+            keys.names.push(s.key.clone());
+            keys.sizes.push(s.size);
+        }
+        let shared = if cfg.policy == CachePolicy::None {
+            None
+        } else {
+            Some(super::node_dir::Shared::open(
+                &dir,
+                cfg.policy,
+                samplers.clone(),
+                local,
+                &keys.sizes,
+                cfg.capacity_bytes(),
+                cfg.lookahead_epochs,
+            )?)
+        };
+        Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers, shared)
+    }
+
+    /// For a node cache shared across processes ([`CachedTier::for_node_dir`]): bytes of copies
+    /// in its directory now and bytes of temporary files being written (a scan of the
+    /// directory). `None` for other caches.
+    pub fn node_dir_usage(&self) -> Option<(u64, u64)> {
+        self.inner.shared.as_ref().map(|s| s.dir.usage())
+    }
+
+    /// For a node cache shared across processes ([`CachedTier::for_node_dir`]): this process's
+    /// totals of the directory protocol and the plan of its current epoch. `None` for other
+    /// caches.
+    pub fn node_dir_stats(&self) -> Option<NodeDirStats> {
+        let sh = self.inner.shared.as_ref()?;
+        let cur = sh.current();
+        let c = &sh.counters;
+        Some(NodeDirStats {
+            slots: sh.slots,
+            copies_placed: c.placed.load(Ordering::Relaxed),
+            copies_skipped: c.skipped.load(Ordering::Relaxed),
+            copies_dropped: c.dropped.load(Ordering::Relaxed),
+            bad_files: c.bad.load(Ordering::Relaxed),
+            epoch: cur.as_ref().map(|c| c.epoch),
+            planned_starts: cur.as_ref().map_or(0, |c| c.plan.starts() as u64),
+            planned_hits: cur.as_ref().map_or(0, |c| c.plan.planned_hits() as u64),
+        })
+    }
+
+    /// For a node cache shared across processes: its directory (a subdirectory of the
+    /// configured one, named by the plan).
+    pub fn node_dir(&self) -> Option<&std::path::Path> {
+        self.inner.shared.as_ref().map(|s| s.dir.root())
+    }
+
+    fn build(
+        backing: Arc<dyn Tier>,
+        cfg: CacheConfig,
+        keys: Keys,
+        samplers: Vec<Sampler>,
+        shared: Option<super::node_dir::Shared>,
+    ) -> Result<Self> {
+        if shared.is_none() {
+            cfg.validate()?;
+        }
         let levels = if cfg.policy == CachePolicy::None { Vec::new() } else { cfg.levels.clone() };
+        let store_levels = if shared.is_some() { &[][..] } else { &levels[..] };
         let mut stores = Vec::with_capacity(levels.len());
-        for level in &levels {
+        for level in store_levels {
             stores.push(match &level.medium {
                 CacheMedium::Memory => Store::Memory,
                 CacheMedium::Dir(dir) => open_dir(dir)?,
@@ -173,6 +265,7 @@ impl CachedTier {
             unused: metrics::counter!(catalog::CACHE_PREFETCH_UNUSED_BYTES_TOTAL),
             lead: metrics::histogram!(catalog::CACHE_PREFETCH_LEAD_SECONDS),
         };
+        // With a shared directory, the state only counts (its one level is never admitted to).
         let caps: Vec<u64> = levels.iter().map(|l| l.capacity_bytes).collect();
         let state = State::new(cfg.policy, caps, cfg.prefetch_budget());
         let reported = Mutex::new(state.counters.clone());
@@ -190,6 +283,7 @@ impl CachedTier {
                 prefetcher: Mutex::new(None),
                 metrics,
                 reported,
+                shared,
             }),
         })
     }
@@ -217,6 +311,9 @@ impl CachedTier {
     /// tokio runtime. Without samplers (a cache from [`CachedTier::new`]) it does nothing.
     pub fn begin_rank_epoch(&self, local: usize, epoch: u64, position: usize) -> Result<()> {
         let inner = &self.inner;
+        if let Some(sh) = &inner.shared {
+            return self.begin_shared_epoch(sh, local, epoch, position);
+        }
         if inner.samplers.is_empty() || inner.cfg.policy != CachePolicy::Clairvoyant {
             return Ok(());
         }
@@ -267,6 +364,40 @@ impl CachedTier {
             *task = Some(rt.spawn(prefetcher(Arc::downgrade(inner), Arc::clone(&inner.notify))));
         }
         drop(task);
+        inner.notify.notify_waiters();
+        Ok(())
+    }
+
+    fn begin_shared_epoch(
+        &self,
+        sh: &super::node_dir::Shared,
+        local: usize,
+        epoch: u64,
+        position: usize,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        if local != sh.local && inner.samplers.len() > 1 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("this process is local rank {} of the node cache, not {local}", sh.local),
+            ));
+        }
+        if position > inner.samplers[sh.local].len() {
+            inner.samplers[sh.local].epoch_from(epoch, position)?;
+        }
+        sh.begin_epoch(epoch, position);
+        if sh.policy == CachePolicy::Clairvoyant {
+            let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "the clairvoyant cache prefetches in the background: start epochs inside a tokio runtime",
+                )
+            })?;
+            let mut task = inner.prefetcher.lock().unwrap_or_else(|p| p.into_inner());
+            if task.as_ref().is_none_or(|t| t.is_finished()) {
+                *task = Some(rt.spawn(shared_io::shared_prefetcher(Arc::downgrade(inner), Arc::clone(&inner.notify))));
+            }
+        }
         inner.notify.notify_waiters();
         Ok(())
     }
@@ -323,6 +454,31 @@ impl CachedTier {
             }
         }
     }
+}
+
+/// One process's view of a node cache shared across processes
+/// ([`CachedTier::node_dir_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeDirStats {
+    /// Copies the directory holds at most (capacity over the largest sample).
+    pub slots: usize,
+    /// Copies this process wrote into their slot.
+    pub copies_placed: u64,
+    /// Copies this process did not place: the slot held the run already (another rank wrote
+    /// it) or a newer one, or the write failed.
+    pub copies_skipped: u64,
+    /// Copies this process dropped at the end of their run.
+    pub copies_dropped: u64,
+    /// Files found where a copy was expected that were not a valid copy (a link, a torn or
+    /// foreign file): read as misses.
+    pub bad_files: u64,
+    /// The epoch this rank is in.
+    pub epoch: Option<u64>,
+    /// Runs the plan starts in that epoch, every rank of the node together.
+    pub planned_starts: u64,
+    /// Reads the plan serves from a copy in that epoch, every rank together.
+    pub planned_hits: u64,
 }
 
 /// Counts readers' reads in flight at the slow tier while it lives (also when a read's future

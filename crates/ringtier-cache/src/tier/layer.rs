@@ -42,6 +42,21 @@ impl Tier for CachedTier {
         if let Err(e) = ringtier_core::key::validate_key(key) {
             return (Err(e.with_operation(Operation::Read)), buf);
         }
+        if self.inner.shared.is_some() {
+            let mut one = ReadBatch::with_capacity(1, key.len());
+            one.push(key, offset, len, buf);
+            let mut one = self.inner.shared_read_batch(one).await;
+            let (res, b) = match one.drain().next() {
+                Some((_, _, res, b)) => (res, b),
+                None => (Err(Error::new(ErrorKind::Shutdown, "not read")), None),
+            };
+            // The slow tier keeps the buffer of a failed read only sometimes: hand back a fresh one.
+            let b = match b {
+                Some(b) => b,
+                None => AlignedBuf::new(4096, 4096).expect("allocating a 4 KiB buffer"),
+            };
+            return (res, b);
+        }
         let buf = match self.inner.read_cached(key, offset, len, buf).await {
             Ok(done) => return done,
             Err(buf) => buf,
@@ -62,6 +77,9 @@ impl Tier for CachedTier {
     }
 
     async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
+        if self.inner.shared.is_some() {
+            return self.inner.shared_read_batch(batch).await;
+        }
         // Cached objects first; the rest go to the slow tier as one batch (its own batch path).
         let mut misses = ReadBatch::new();
         let mut missed = Vec::new();

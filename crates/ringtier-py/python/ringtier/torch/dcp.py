@@ -84,7 +84,7 @@ from torch.serialization import _get_layout
 
 from .._types import PathLike
 from ..checkpoint import CheckpointStore
-from ..errors import CorruptError
+from ..errors import CorruptError, RingtierError
 
 FORMAT = "ringtier-dcp"
 VERSION = 1
@@ -256,6 +256,8 @@ class StorageWriter(_DcpWriter):
         self._is_coordinator = False
         self._shards: Optional[CheckpointStore] = None
         self._meta: Optional[CheckpointStore] = None
+        #: Steps committed under ``PREFIX/metadata`` (None: not listed since it was opened).
+        self._committed: Optional[set] = None
         self._lock = threading.Lock()
         #: The last save's step and this rank's numbers: ``{"step", "bytes", "parts",
         #: "items", "write_seconds"}`` (None before the first save).
@@ -265,6 +267,7 @@ class StorageWriter(_DcpWriter):
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_shards"] = state["_meta"] = None
+        state["_committed"] = None
         state["_lock"] = None
         return state
 
@@ -308,6 +311,7 @@ class StorageWriter(_DcpWriter):
                 )
             if self._is_coordinator and self._meta is None:
                 self._meta = CheckpointStore(self.tiers, prefix=f"{self.prefix}/metadata", **self.store_options)
+                self._committed = None
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Unchanged: items are placed in parts by :meth:`write_data`."""
@@ -317,7 +321,15 @@ class StorageWriter(_DcpWriter):
         """On the coordinator: picks the step (the given one, refused if committed; or the
         step after the newest committed) and tells each rank its step and slot."""
         meta = self._require(self._meta, "prepare_global_plan runs on the coordinator after set_up_storage_writer")
-        committed = {c["step"] for c in meta.list()}
+        # The committed steps are listed once per opened metadata store, then kept up to date
+        # by this writer's own commits (it holds the store's lock: no other process commits
+        # under this prefix): a save lists no tier on its blocking path. A step the cache
+        # holds is checked again against the tiers before a save is refused for it.
+        if self._committed is None:
+            self._committed = {c["step"] for c in meta.list()}
+        committed = self._committed
+        if self._pinned is not None and self._pinned in committed:
+            committed = self._committed = {c["step"] for c in meta.list()}
         if self._pinned is not None:
             step = self._pinned
             if step in committed:
@@ -349,11 +361,16 @@ class StorageWriter(_DcpWriter):
             "format": FORMAT, "version": VERSION, "step": step, "rank": rank, "world_size": sd.get("world_size"),
             "items": len(results), "bytes": nbytes,
         }).encode()]))
-        # A committed shard of this step is left from a save whose metadata was never written
-        # (the coordinator refused committed steps before any rank wrote): replaced.
-        if any(c["step"] == step for c in shards.list()):
+        try:
+            shards._store.save(step, parts)
+        except RingtierError as e:
+            if getattr(e, "kind", None) != "already_exists":
+                raise
+            # A shard of this step is left from a save whose metadata was never written (the
+            # coordinator refused committed steps before any rank wrote): replaced. The store
+            # refuses a step it holds before writing a byte, so nothing is listed up front.
             shards.delete(step)
-        shards._store.save(step, parts)
+            shards._store.save(step, parts)
         self.last_save = {
             "step": step, "rank": rank, "bytes": nbytes, "parts": len(parts) - 1, "items": len(results),
             "write_seconds": time.perf_counter() - t0,
@@ -428,6 +445,8 @@ class StorageWriter(_DcpWriter):
                  "ranks": ranks}
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
         meta._store.save(step, [(METADATA_PART, [blob]), (WORLD_PART, [json.dumps(world).encode()])])
+        if self._committed is not None:
+            self._committed.add(step)
         self._pinned = None
 
     def storage_meta(self) -> Optional[StorageMeta]:
@@ -453,6 +472,7 @@ class StorageWriter(_DcpWriter):
                 if s is not None:
                     s.close(drain)
             self._shards = self._meta = None
+            self._committed = None
 
     def __enter__(self) -> "StorageWriter":
         return self

@@ -5,6 +5,7 @@ mod cache;
 mod direct;
 mod engine;
 mod errors;
+mod lazy_pool;
 mod loader;
 mod materialize;
 mod metrics;

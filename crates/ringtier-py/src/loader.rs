@@ -133,7 +133,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
         drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="uring", hold=None,
-        keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None))]
+        keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None, lazy_pool=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -156,6 +156,7 @@ impl Loader {
         materialize: Option<PathBuf>,
         materialize_size: Option<u32>,
         materialize_for: Option<PyRef<'_, crate::transforms::TransformPipeline>>,
+        lazy_pool: bool,
     ) -> PyResult<Self> {
         let mut cfg = loader_config(
             batch_size,
@@ -215,8 +216,20 @@ impl Loader {
         let largest = cfg.materialize.as_ref().map_or(dataset.max_size(), |m| dataset.max_size().max(m.sample_bytes()));
         let mut pool_cfg = ringtier_loader::Loader::pool_config(largest, alignment, &cfg);
         pool_cfg = pool_cfg.with_count(pool_cfg.count + hold.unwrap_or(batch_size));
-        let pool = if engine == "uring" { Some(BufferPool::new(pool_cfg).py_err()?) } else { None };
-        let tier = open_tier(&dir, engine, pool, false, true)?;
+        // A lazy pool (src/lazy_pool.rs) is neither touched nor registered now: set-up is free,
+        // reads fault in the pages they fill.
+        let pool = match (engine, lazy_pool) {
+            ("uring", false) => Some(BufferPool::new(pool_cfg).py_err()?),
+            ("uring", true) => Some(crate::lazy_pool::lazy_pool(&pool_cfg).py_err()?),
+            _ => None,
+        };
+        let tier = if lazy_pool && crate::tiers::s3_url(&dir).is_none() && engine == "uring" {
+            let options = UringTierOptions::default().with_pool(pool).with_follow_links(true);
+            let cfg = UringConfig::default().with_register_buffers(false);
+            Arc::new(UringTier::with_options(&dir, cfg, options).py_err()?) as Arc<dyn Tier>
+        } else {
+            open_tier(&dir, engine, pool, false, true)?
+        };
         let dataset = dataset.with_tier(tier);
         let keys: Vec<String> = dataset.samples().iter().map(|s| s.key.clone()).collect();
         let loader = ringtier_loader::Loader::new(dataset, cfg).py_err()?;

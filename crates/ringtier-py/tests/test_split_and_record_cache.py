@@ -258,3 +258,42 @@ def test_pinned_output_is_chosen_when_cuda_is_available_and_written_in_place(pho
         assert b.data_ptr() == out.data_ptr(), "the batch is the pinned tensor itself, written in place"
     ref = list(rt.IterableDataset(photos, transform=chain, batch_size=4, pin_memory=False))
     assert all(torch.equal(a, b) for a, b in zip(batches, ref))
+
+
+# ---- lazy read buffers (DataLoader workers) --------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["uring", "posix"])
+def test_lazy_pool_reads_every_sample(tmp_path, engine):
+    from conftest import write_dataset
+
+    files = write_dataset(tmp_path / "ds", 40)
+    eager = ringtier.Loader(tmp_path / "ds", batch_size=8, engine=engine)
+    lazy = ringtier.Loader(tmp_path / "ds", batch_size=8, engine=engine, lazy_pool=True)
+    assert lazy.pool_buffers == eager.pool_buffers
+    for epoch in (0, 1):  # the second epoch reuses buffers the first faulted in
+        keys = lazy.keys()
+        got = {keys[s.index]: s.to_bytes() for b in lazy.epoch(epoch) for s in b}
+        assert got == files
+
+
+def test_workers_read_every_sample_through_their_lazy_pools(tmp_path, monkeypatch):
+    from conftest import write_dataset
+    import ringtier.torch.data as data
+
+    made = []
+    real = data.Loader
+
+    def spy(*args, **kw):
+        made.append(kw.get("lazy_pool"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(data, "Loader", spy)
+
+    files = write_dataset(tmp_path / "ds", 40)
+    ds = rt.IterableDataset(tmp_path / "ds", batch_size=8, with_keys=True)
+    got = {k: bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for k, t in b}
+    assert got == files
+    assert made == [], "the workers (forked) made their own loaders; this process none"
+    next(iter(ds))
+    assert made == [False], "outside a worker the pool is faulted in and registered"

@@ -92,6 +92,11 @@ class Loader:
     larger of 256 and the output size), a deterministic crop stores the crop itself; the loader
     yields those ``uint8`` pixels, for ``TransformPipeline.submit(..., pixels=side)``.
 
+    ``lazy_pool``: map the read buffers without touching them and do not register them with
+    io_uring, so construction costs next to nothing and reads fault in only the pages they fill
+    (``ringtier.torch`` datasets set it in DataLoader workers, each of which has a pool of its
+    own); the default faults the whole pool in now and registers it.
+
     Raises :class:`ringtier.PoolExhaustedError` (not a hang) when Python holds so many samples
     that no buffer is left for the next batch."""
 
@@ -117,6 +122,7 @@ class Loader:
         materialize: Optional[Union[str, "os.PathLike[str]"]] = None,
         materialize_size: Optional[int] = None,
         materialize_for: Optional["TransformPipeline"] = None,
+        lazy_pool: bool = False,
     ) -> None: ...
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,

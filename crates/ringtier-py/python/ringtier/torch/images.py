@@ -342,6 +342,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 world_size=shard[1],
                 keys=keys,
                 hold=self.batch_size * (self.depth + 1),
+                lazy_pool=get_worker_info() is not None,  # as ringtier.torch.IterableDataset
                 **self.options,
             )
             by_key = dict(self.samples)

@@ -137,3 +137,41 @@ async fn later_epochs_read_the_stored_samples_and_run_only_the_random_steps() {
     let err = Loader::new(ds2, raw).expect_err("materialize without decode");
     assert_eq!(err.kind(), ringtier_core::ErrorKind::InvalidInput);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deterministic_crop_is_stored_as_itself_under_its_own_key() {
+    let n = 6;
+    let dir = dataset_dir(n);
+    let store_dir = tempdir("mat-crop");
+    let store: Arc<dyn Tier> = Arc::new(UringTier::new(store_dir.path(), UringConfig::default()).expect("tier"));
+    // A random crop frozen into the store would be the same every epoch: refused.
+    let random = Crop::RandomResized { scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0) };
+    let err = Materialize::new(Arc::clone(&store)).with_crop(random).expect_err("a random crop is not stored");
+    assert_eq!(err.kind(), ringtier_core::ErrorKind::InvalidInput);
+
+    let crop = Crop::Center { resize: 40 };
+    let ds = dataset(dir.path()).await;
+    let prefix = ringtier_loader::materialized_prefix_cropped(&ds, 32, crop);
+    assert_ne!(prefix, materialized_prefix(&ds, 32), "the crop is part of the key");
+    assert_eq!(ringtier_loader::materialized_prefix_cropped(&ds, 32, Crop::Resize), materialized_prefix(&ds, 32));
+
+    // Stored: the center crop itself; read back: exactly the online center crop's pixels.
+    let online = DecodeConfig::default().with_size(32).with_crop(crop).with_threads(1);
+    let want = epoch(
+        &Loader::new(ds.clone(), LoaderConfig::default().with_batch_size(4).with_decode(online)).expect("loader"),
+        0,
+    )
+    .await
+    .0;
+    let m = Materialize::new(Arc::clone(&store)).with_size(32).with_crop(crop).expect("crop");
+    let cfg = LoaderConfig::default()
+        .with_batch_size(4)
+        .with_decode(DecodeConfig::default().with_size(32).with_threads(1))
+        .with_materialize(m);
+    let loader = Loader::new(ds.clone(), cfg).expect("loader");
+    assert_eq!(epoch(&loader, 0).await.0, want, "the storing epoch yields the crop");
+    let held = stored(store.as_ref(), &prefix, n).await;
+    assert_eq!(held.len(), n);
+    assert!(held.iter().all(|o| o.size == 32 * 32 * 3));
+    assert_eq!(epoch(&loader, 1).await.0, want, "later epochs read it back unchanged");
+}

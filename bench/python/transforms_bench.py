@@ -5,13 +5,14 @@ pipeline where it runs), on the same JPEGs, cold, interleaved, pass by pass.
     python bench/python/transforms_bench.py --dir DIR [--workers 0,1,2,4] [--repeats 5]
         [--batch 64] [--size 224] [--dali [--dali-path DIR]] [--json out.json] [--md out.md]
 
+ringtier runs at the same worker counts (``--workers``), its decode threads split over them.
 The transform on every side is the ImageNet training recipe: RandomResizedCrop(224),
 RandomHorizontalFlip, ToDtype(float32, scale=True), Normalize(ImageNet mean, std), batches of
 64, shuffled. torchvision runs ``datasets.ImageFolder`` (PIL decode) with
 ``v2.Compose([RandomResizedCrop, RandomHorizontalFlip, ToImage, ToDtype, Normalize])`` in a
 ``DataLoader`` at each worker count of ``--workers``; ringtier runs ``ImageFolder(root,
-transform=Compose([...]))`` through ``DataLoader(ds, batch_size=None)`` (its own decode threads:
-this process's cores); DALI runs ``fn.readers.file`` + ``fn.decoders.image(device="cpu")`` +
+transform=Compose([...]))`` through ``DataLoader(ds, batch_size=None, num_workers=N)`` (its own
+decode threads: this process's cores, split over the workers); DALI runs ``fn.readers.file`` + ``fn.decoders.image(device="cpu")`` +
 ``fn.random_resized_crop`` + ``fn.crop_mirror_normalize`` on ``device_id=None`` (CPU only) with
 as many threads as cores.
 
@@ -140,7 +141,7 @@ def pass_torchvision(root: str, workers: int) -> int:
     return n
 
 
-def pass_ringtier(root: str) -> int:
+def pass_ringtier(root: str, workers: int = 0) -> int:
     import torch
     from torch.utils.data import DataLoader
 
@@ -155,8 +156,12 @@ def pass_ringtier(root: str) -> int:
             T.Normalize(MEAN, STD),
         ]
     )
+    # Its decode threads: this process's cores, split over the DataLoader's workers.
     ds = rt.ImageFolder(root, transform=t, batch_size=ARGS.batch, seed=1)
-    return consume(DataLoader(ds, batch_size=None, num_workers=0))
+    dl = DataLoader(ds, batch_size=None, num_workers=workers)
+    n = consume(dl)
+    del dl  # workers joined: their CPU time is counted
+    return n
 
 
 def pass_dali(root: str) -> int:
@@ -200,7 +205,9 @@ def child(config: str, root: str) -> None:
     mem = PeakMemory()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    if config.startswith("ringtier"):
+    if config.startswith("ringtier-w"):
+        n = pass_ringtier(root, int(config.split("-w")[1]))
+    elif config.startswith("ringtier"):
         n = pass_ringtier(root)
     elif config == "dali":
         n = pass_dali(root)
@@ -230,7 +237,7 @@ def main() -> None:
     alts = dict(a.split("=", 1) for a in ARGS.ringtier_alt)
     configs = (
         [f"torchvision-w{w}" for w in ARGS.workers]
-        + ["ringtier"]
+        + [f"ringtier-w{w}" for w in ARGS.workers]
         + [f"ringtier-{name}" for name in alts]
         + (["dali"] if ARGS.dali else [])
     )
@@ -281,9 +288,21 @@ def main() -> None:
             speed = [a["images_per_s"] / b["images_per_s"] for a, b in pairs]
             cpu = [a["cpu_s_per_1000"] / b["cpu_s_per_1000"] for a, b in pairs]
             ratios[c] = {"vs": best, "speed": summary(speed), "cpu_per_image": summary(cpu)}
-        if "dali" in table:
-            pairs = list(zip(runs["ringtier"], runs["dali"]))
-            ratios["ringtier_vs_dali"] = {
+        # Equal budgets: ringtier and torchvision at the same DataLoader worker count.
+        for w in ARGS.workers:
+            a, b = f"ringtier-w{w}", f"torchvision-w{w}"
+            if a in table and b in table and b != best:  # (against the best: above)
+                pairs = list(zip(runs[a], runs[b]))
+                ratios[f"{a}_vs_{b}"] = {
+                    "vs": b,
+                    "speed": summary([x["images_per_s"] / y["images_per_s"] for x, y in pairs]),
+                    "cpu_per_image": summary([x["cpu_s_per_1000"] / y["cpu_s_per_1000"] for x, y in pairs]),
+                }
+        rts = [c for c in table if c.startswith("ringtier-w")]
+        if "dali" in table and rts:
+            best_rt = max(rts, key=lambda c: table[c]["images_per_s"]["median"])
+            pairs = list(zip(runs[best_rt], runs["dali"]))
+            ratios[f"{best_rt}_vs_dali"] = {
                 "speed": summary([a["images_per_s"] / b["images_per_s"] for a, b in pairs]),
                 "cpu_per_image": summary([a["cpu_s_per_1000"] / b["cpu_s_per_1000"] for a, b in pairs]),
             }

@@ -128,6 +128,26 @@ def test_split_with_workers_stores_every_sample_once(photos, tmp_path):
     assert all(p.stat().st_size == 256 * 256 * 3 for p in mdir.rglob("*.rgb"))
 
 
+def test_image_folder_materializes_the_split_point(photos, tmp_path):
+    import torchvision
+
+    chain = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToDtype(torch.uint8)])
+    mdir = tmp_path / "m"
+    ds = rt.ImageFolder(photos, transform=chain, batch_size=4, seed=2, materialize=mdir, materialize_size=48)
+    tv = torchvision.datasets.ImageFolder(str(photos))
+    epochs = []
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        images, labels = zip(*DataLoader(ds, batch_size=None))
+        epochs.append(torch.cat(images))
+        assert sorted(torch.cat(labels).tolist()) == sorted(tv.targets)
+        if epoch == 0:
+            assert all(p.stat().st_size == 48 * 48 * 3 for p in stored_files(mdir, 11))
+    assert epochs[0].shape == (11, 3, 24, 24) and not torch.equal(epochs[0], epochs[1])
+    with pytest.raises(ringtier.InvalidInputError, match="give transform="):
+        rt.ImageFolder(photos, materialize=mdir)
+
+
 def test_split_arguments_are_checked(photos, tmp_path):
     det = T.Compose([T.Resize(48), T.CenterCrop(32)])
     rand = T.Compose([T.RandomResizedCrop(32)])

@@ -269,6 +269,11 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
     cores, split over the DataLoader's workers) ``depth`` batches ahead. Without ``transform``
     it yields ``(list of encoded-bytes uint8 tensors, labels)``. JPEG only: other files fail to
     decode and are skipped (``on_bad="skip"``) or raise (``"fail"``).
+
+    ``materialize=DIR`` stores the transform's split point under ``DIR`` in the first epoch
+    and reads it back in later ones, as :class:`ringtier.torch.IterableDataset` does (the whole
+    image resized to ``materialize_size`` for a random crop, drawn again each epoch; a
+    deterministic crop stored as itself; flip, dtype and normalization each epoch).
     """
 
     def __init__(
@@ -290,6 +295,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         engine: str = "uring",
         extensions: Optional[Tuple[str, ...]] = IMG_EXTENSIONS,
         is_valid_file: Optional[Callable[[str], bool]] = None,
+        materialize: Optional[PathLike] = None,
+        materialize_size: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.root = os.fspath(root)
@@ -316,6 +323,15 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self.options: Dict[str, Any] = dict(
             prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last, engine=engine, on_bad="skip"
         )
+        if materialize is not None and transform is None:
+            raise InvalidInputError("materialize= stores the transform's split point: give transform=")
+        if materialize_size is not None and materialize is None:
+            raise InvalidInputError("materialize_size= without materialize=DIR")
+        if materialize is not None:
+            self.options["materialize"] = os.fspath(materialize)
+            self.options["materialize_size"] = materialize_size
+            # The split point's decode runs in the loader: a bad image is its to skip or raise.
+            self.options["on_bad"] = on_bad
         self.epoch = 0
         self._state: Optional[Tuple[int, Tuple[int, int], Loader, Optional[TransformPipeline], torch.Tensor]] = None
 
@@ -335,6 +351,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         pid = os.getpid()
         if self._state is None or self._state[0] != pid or self._state[1] != shard:
             keys = [k for k, _ in self.samples]
+            pipe = pipeline_for(self.transform, self.seed, self.decode_threads) if self.transform is not None else None
+            split = {"materialize_for": pipe} if "materialize" in self.options else {}
             loader = Loader(
                 self.root,
                 batch_size=self.batch_size,
@@ -343,11 +361,11 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 keys=keys,
                 hold=self.batch_size * (self.depth + 1),
                 lazy_pool=get_worker_info() is not None,  # as ringtier.torch.IterableDataset
+                **split,
                 **self.options,
             )
             by_key = dict(self.samples)
             labels = torch.tensor([by_key[k] for k in loader.keys()], dtype=torch.int64)
-            pipe = pipeline_for(self.transform, self.seed, self.decode_threads) if self.transform is not None else None
             self._state = (pid, shard, loader, pipe, labels)
         return self._state[2], self._state[3], self._state[4]
 
@@ -369,7 +387,10 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 yield tensors, labels[list(indices)]
             return
         pin = resolve_pin(self.pin_memory)
-        for images, kept, _ in transformed(pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad):
+        pixels = "materialize" in self.options
+        for images, kept, _ in transformed(
+            pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad, pixels=pixels
+        ):
             yield images, labels[kept]
 
     def __repr__(self) -> str:

@@ -160,3 +160,60 @@ fn an_unknown_knob_is_a_clear_error() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("unknown knob `queue_dpeth`") && e.contains("depth, rings"), "{e}");
 }
+
+#[test]
+fn the_loader_and_checkpoint_workloads_run_end_to_end() {
+    let (t, data, _) = dirs();
+    std::fs::write(t.path().join("none.toml"), "sweep = \"one-at-a-time\"\n").expect("write");
+    for (workload, extra) in [
+        ("loader", &["--files", "40", "--loader-batch", "8"][..]),
+        ("ckpt", &["--ckpt-size", "3M", "--ckpt-parts", "3"]),
+    ] {
+        let out = t.path().join(workload);
+        let run = ringtier()
+            .args(["tune", "--workload", workload, "--repeats", "2", "--no-block", "--knob", "depth=4,16"])
+            .args(extra)
+            .arg("--space")
+            .arg(t.path().join("none.toml"))
+            .arg("--dir")
+            .arg(&data)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{workload}: {stderr}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tune.json")).expect("json")).expect("parse");
+        assert_eq!(report["workload"], workload);
+        let points = report["points"].as_array().expect("points");
+        let labels: Vec<&str> = points.iter().filter_map(|p| p["label"].as_str()).collect();
+        assert_eq!(labels, ["defaults", "depth=4", "depth=16"]);
+        for p in points {
+            assert!(p["mb_per_sec"]["median"].as_f64().expect("bw") > 0.0, "{p}");
+            assert!(p["iops"]["median"].as_f64().expect("iops") > 0.0, "{p}");
+            assert!(p["cpu_seconds_per_gib"]["median"].as_f64().expect("cpu") > 0.0, "{p}");
+            assert!(p["mb_per_sec_vs_defaults"]["median"].as_f64().expect("ratio") > 0.0, "{p}");
+            match workload {
+                // The loader's latency is each batch's wait.
+                "loader" => assert!(p["latency_p99_ms"]["median"].as_f64().expect("p99") > 0.0, "{p}"),
+                // A checkpoint has none; save and restore are columns of their own.
+                _ => {
+                    assert!(p["latency_p99_ms"]["median"].is_null(), "{p}");
+                    assert!(p["extra"]["save MB/s"]["median"].as_f64().expect("save") > 0.0, "{p}");
+                    assert!(p["extra"]["restore MB/s"]["median"].as_f64().expect("restore") > 0.0, "{p}");
+                }
+            }
+        }
+        let notes = report["notes"].as_array().expect("notes");
+        assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.contains("read workload only"))), "{notes:?}");
+        assert!(report["fio"].as_array().expect("fio").is_empty() && report["trace"].as_array().expect("t").is_empty());
+        assert!(std::fs::read_to_string(out.join("tune.md")).expect("md").contains(&format!("Workload `{}", {
+            let mut w = workload.to_string();
+            w[..1].make_ascii_uppercase();
+            w
+        })));
+        // Generated data and the checkpoint store are gone.
+        assert!(!data.join("ringtier-tune-data").exists() && !data.join("ringtier-tune-ckpt").exists());
+    }
+}

@@ -36,13 +36,25 @@ from loader_bench import cpu_seconds  # noqa: E402
 from miniapp import drop_caches  # noqa: E402
 
 
-def epoch(data: str, size: int, batch: int, ep: int, store: Optional[str]) -> Dict[str, float]:
+def train_transform(size: int):  # type: ignore[no-untyped-def]
+    """The ImageNet training chain (``--transform``): RandomResizedCrop, flip, float32, Normalize."""
+    from ringtier import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
+                      T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+
+def epoch(data: str, size: int, batch: int, ep: int, store: Optional[str], transform: bool = False) -> Dict[str, float]:
     drop_caches(data)
     if store is not None and os.path.isdir(store):
         drop_caches(store)
     c0, t0 = cpu_seconds(), time.perf_counter()
-    ds = rt.IterableDataset(data, decode=size, batch_size=batch, seed=1, rank=0, world_size=1,
-                            materialize=store, decode_threads=2)
+    if transform:  # the split point of the transform chain (the whole image at 256, cropped each epoch)
+        ds = rt.IterableDataset(data, transform=train_transform(size), batch_size=batch, seed=1, rank=0,
+                                world_size=1, materialize=store, decode_threads=2)
+    else:
+        ds = rt.IterableDataset(data, decode=size, batch_size=batch, seed=1, rank=0, world_size=1,
+                                materialize=store, decode_threads=2)
     ds.set_epoch(ep)
     n = 0
     for b in DataLoader(ds, batch_size=None):
@@ -63,6 +75,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--store", default="/tmp/ringtier-materialize-bench")
+    ap.add_argument("--transform", action="store_true",
+                    help="transform= (RandomResizedCrop(SIZE), flip, float32, Normalize) instead of decode=SIZE: "
+                         "the store holds the chain's split point (256x256), the crop runs every epoch")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -70,10 +85,10 @@ def main() -> None:
     try:
         for rep in range(a.repeats):
             shutil.rmtree(a.store, ignore_errors=True)
-            raw["mat/1"].append(epoch(a.data, a.size, a.batch, 2 * rep, a.store))
-            raw["mat/2"].append(epoch(a.data, a.size, a.batch, 2 * rep + 1, a.store))
-            raw["online/1"].append(epoch(a.data, a.size, a.batch, 2 * rep, None))
-            raw["online/2"].append(epoch(a.data, a.size, a.batch, 2 * rep + 1, None))
+            raw["mat/1"].append(epoch(a.data, a.size, a.batch, 2 * rep, a.store, a.transform))
+            raw["mat/2"].append(epoch(a.data, a.size, a.batch, 2 * rep + 1, a.store, a.transform))
+            raw["online/1"].append(epoch(a.data, a.size, a.batch, 2 * rep, None, a.transform))
+            raw["online/2"].append(epoch(a.data, a.size, a.batch, 2 * rep + 1, None, a.transform))
             print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]['images_per_s']:.0f} images/s" for k, v in raw.items()),
                   flush=True)
     finally:
@@ -99,7 +114,9 @@ def main() -> None:
         "# Materialisation from Python: epoch 2 against epoch 1",
         "",
         f"{machine['date']}; {machine['nproc']} cores, kernel {machine['kernel']}; {nfiles} JPEGs in {machine['dir']} "
-        f"({machine['fs']}); decode={a.size} (decode + resize to {a.size}x{a.size} RGB, 2 decode threads), batch "
+        f"({machine['fs']}); " + (f"transform=RandomResizedCrop({a.size}) + flip + float32 + Normalize (stored: the "
+        f"whole image at 256x256 RGB; decode 2 threads, transform this process's cores)" if a.transform else
+        f"decode={a.size} (decode + resize to {a.size}x{a.size} RGB, 2 decode threads)") + ", batch "
         f"{a.batch}, 0 workers; store {a.store} ({store_bytes / 1e6:.0f} MB at the end of the last repeat, removed); "
         f"cold before every epoch; {a.repeats} repeats; load average at the end {machine['loadavg_end'][0]:.1f}; peak "
         f"RSS {machine['peak_rss_mib']:.0f} MiB.",

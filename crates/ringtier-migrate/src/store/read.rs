@@ -64,6 +64,10 @@ pub(super) struct ChunkReads {
     buffers: usize,
     chunk: usize,
     align: usize,
+    /// Bytes of each read buffer: a chunk and one alignment block (a direct read may need the
+    /// aligned span), less where every span is shorter than a chunk (a small part gets a
+    /// buffer its size, not a chunk's).
+    buf_size: usize,
     depth: usize,
     /// Where a direct restore reads each chunk instead of a pool buffer (see `direct.rs`).
     targets: Option<Arc<dyn ReadTargets>>,
@@ -76,6 +80,8 @@ impl ChunkReads {
         let align = spans.iter().map(|s| s.tier.capabilities().alignment).max().unwrap_or(1).max(4096);
         let chunk = ringtier_core::buf::align_up(chunk.max(4096) as u64, align as u64) as usize;
         let cursor = (0, spans.first().map_or(0, |s| s.start));
+        let longest = spans.iter().map(|s| s.end.saturating_sub(s.start)).max().unwrap_or(0);
+        let read = ringtier_core::buf::align_up(longest.clamp(1, chunk as u64), align as u64) as usize;
         ChunkReads {
             opened: spans.iter().map(|_| Opened::default()).collect(),
             spans,
@@ -85,6 +91,7 @@ impl ChunkReads {
             buffers: 0,
             chunk,
             align,
+            buf_size: read + align,
             depth: depth.max(1),
             targets: None,
         }
@@ -110,6 +117,24 @@ impl ChunkReads {
         &self.spans[i]
     }
 
+    /// Lends `bufs` (kept from an earlier restore) for this one's reads, so that it does not
+    /// allocate (and fault in) buffers of its own: those too small or past `depth` are dropped.
+    pub(super) fn seed(&mut self, bufs: Vec<AlignedBuf>) {
+        for mut b in bufs {
+            if self.buffers < self.depth && b.capacity() >= self.buf_size && b.align() >= self.align {
+                b.clear();
+                self.free.push(b);
+                self.buffers += 1;
+            }
+        }
+    }
+
+    /// The read buffers not in use, taken back (for the next restore to [`seed`](Self::seed)).
+    pub(super) fn take_free(&mut self) -> Vec<AlignedBuf> {
+        self.buffers = self.buffers.saturating_sub(self.free.len());
+        std::mem::take(&mut self.free)
+    }
+
     /// Hands a buffer back for later reads.
     pub(super) fn recycle(&mut self, mut buf: AlignedBuf) {
         if self.targets.is_some() {
@@ -117,7 +142,7 @@ impl ChunkReads {
             drop(buf);
             return;
         }
-        if buf.capacity() >= self.chunk + self.align && buf.align() >= self.align {
+        if buf.capacity() >= self.buf_size && buf.align() >= self.align {
             buf.clear();
             self.free.push(buf);
         } else {
@@ -141,7 +166,7 @@ impl ChunkReads {
             return Ok(Some(b));
         }
         if self.buffers < self.depth {
-            let b = AlignedBuf::new(self.chunk + self.align, self.align)?;
+            let b = AlignedBuf::new(self.buf_size, self.align)?;
             self.buffers += 1;
             return Ok(Some(b));
         }

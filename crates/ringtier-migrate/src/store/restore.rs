@@ -388,6 +388,11 @@ impl Inner {
             })
             .collect();
         let mut reads = ChunkReads::new(spans, opts.chunk_bytes, opts.depth);
+        let pooled = direct.is_none();
+        if pooled {
+            let kept = std::mem::take(&mut *self.read_buffers.lock().unwrap_or_else(|p| p.into_inner()));
+            reads.seed(kept);
+        }
         if let Some(targets) = direct {
             // Each part's destination is allocated for the size its copy on this tier has
             // (stat), never more than what the manifest claims: a manifest that lies about a
@@ -496,6 +501,14 @@ impl Inner {
         }
         for f in &fallbacks {
             tracing::warn!("checkpoint {step}: {f}");
+        }
+        if pooled {
+            let mut kept = self.read_buffers.lock().unwrap_or_else(|p| p.into_inner());
+            for b in reads.take_free() {
+                if kept.len() < READ_BUFFERS_KEPT {
+                    kept.push(b);
+                }
+            }
         }
         Ok(RestoreReport { step, bytes, sources, fallbacks, seconds: started.elapsed().as_secs_f64() })
     }

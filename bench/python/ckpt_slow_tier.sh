@@ -8,7 +8,7 @@
 #   sudo PYTHON=.venv-py/bin/python bench/python/ckpt_slow_tier.sh [SLOWDOWN]
 #
 # Needs root, losetup, mkfs.ext4, /sys/fs/cgroup/blkio; everything is undone on exit.
-# Results: bench/results/python-ckpt-slow-Rx.{md,json}.
+# Results: bench/results/$NAME.{md,json} (NAME defaults to python-ckpt-slow-Rx).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${1:-4}
@@ -16,6 +16,7 @@ PYTHON=${PYTHON:-python3}
 WORK=${WORK:-bench/work/py-ckpt-slow}
 GIB=${GIB:-1}
 REPEATS=${REPEATS:-5}
+NAME=${NAME:-python-ckpt-slow-${R}x}
 CG=/sys/fs/cgroup/blkio/ringtier-pybench-$$
 [ "$(id -u)" = 0 ] || { echo "needs root (loop device, mount, cgroup)" >&2; exit 1; }
 mkdir -p "$WORK/mnt" "$WORK/fast"
@@ -51,4 +52,4 @@ dd if=/dev/zero of="$WORK/mnt/dd-check" bs=8M count=16 oflag=direct conv=fsync 2
 rm -f "$WORK/mnt/dd-check"
 SLOW_TIER_DESC="ext4 on loop device $LOOP, cgroup v1 blkio read/write $((BPS / 1000000)) MB/s = fast raw write $((FAST / 1000000)) MB/s / $R" \
   "$PYTHON" bench/python/ckpt_bench.py --dir "$WORK/fast" --slow "$WORK/mnt" --only-slow --gib "$GIB" \
-  --repeats "$REPEATS" --json "bench/results/python-ckpt-slow-${R}x.json" --md "bench/results/python-ckpt-slow-${R}x.md"
+  --repeats "$REPEATS" --json "bench/results/$NAME.json" --md "bench/results/$NAME.md"

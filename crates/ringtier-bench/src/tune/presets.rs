@@ -187,7 +187,7 @@ pub(crate) fn run_once(
     let rt = crate::runtime(0)?;
     let t0 = Instant::now();
     let preset = *p;
-    let results: Vec<Result<(f64, f64, u64, (f64, f64))>> = rt.block_on(async {
+    let results: Vec<Result<AcceleratorTotals>> = rt.block_on(async {
         let mut accs = Vec::new();
         for a in 0..n {
             let mine: Vec<(u32, u32)> =
@@ -256,6 +256,10 @@ pub(crate) fn run_once(
         wall_seconds: wall,
     })
 }
+
+/// One accelerator's run: compute seconds, seconds waiting for data, bytes read, and the
+/// first step's (compute, wait).
+type AcceleratorTotals = (f64, f64, u64, (f64, f64));
 
 /// Reads one batch's samples, piece by piece; the bytes read.
 async fn read_batch(

@@ -104,9 +104,25 @@ pub struct CacheBenchArgs {
     /// Write the report as Markdown here.
     #[arg(long)]
     pub(crate) md: Option<PathBuf>,
+    /// Run each rank of the node as its own process (as torchrun does). With `--scope node`
+    /// the ranks share the cache as a directory (`--node-dir`, one copy per sample per node,
+    /// `CachedTier::for_node_dir`); every policy goes through it. Each process gets its share
+    /// (BANDWIDTH_MBS / RANKS) of the slow tier.
+    #[arg(long)]
+    pub(crate) processes: bool,
+    /// The node cache's directory with `--processes --scope node` (on tmpfs it is memory).
+    /// Default: DIR/node-cache.
+    #[arg(long)]
+    pub(crate) node_dir: Option<PathBuf>,
     /// Internal: run one side ("policy,fraction,ranks") and print its result as JSON.
     #[arg(long, hide = true)]
     pub(crate) worker: Option<String>,
+    /// Internal: with --worker and --processes, the local rank this process runs.
+    #[arg(long, hide = true)]
+    pub(crate) local: Option<usize>,
+    /// Internal: with --worker and --processes, the barrier directory of the side's ranks.
+    #[arg(long, hide = true)]
+    pub(crate) barrier: Option<PathBuf>,
 }
 
 impl CacheBenchArgs {
@@ -234,7 +250,7 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     let exe = std::env::current_exe()?;
     let config = format!(
         "{} samples x {} bytes ({:.0} MB), batch {}, step {} ms, {} epochs, seed {}; job of {} node(s), this node's \
-         ranks run as loaders in one process; cache scope: {:?}; read budget: {} samples in flight per rank for every \
+         ranks run as loaders in {}; cache scope: {:?}; read budget: {} samples in flight per rank for every \
          policy (loader prefetch {} batches + 1; clairvoyant prefetcher depth ranks x {}, only what demand reads leave); \
          cache in {}; clairvoyant: lookahead {} epochs, staged prefetch budget {:.0}% of the cache",
         a.samples,
@@ -245,6 +261,7 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         a.epochs,
         a.seed,
         a.nodes,
+        if a.processes { "one process each (sharing the node cache as a directory)" } else { "one process" },
         a.scope,
         a.in_flight,
         a.loader_prefetch(),
@@ -263,19 +280,35 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         }
     }
     let results = interleaved(a.repeats, &sides, true, |repeat, (policy, fraction, ranks)| {
-        let mut c = Command::new(&exe);
-        c.args(["bench", "cache"])
-            .args(forwarded(&a, &dir))
-            .arg("--worker")
-            .arg(format!("{policy},{fraction},{ranks}"))
-            .stdout(Stdio::piped());
         let meter = Meter::start();
-        let out = c.spawn().context("starting a side")?.wait_with_output()?;
-        let usage = meter.stop();
-        if !out.status.success() {
-            bail!("{policy} at c={fraction} x {ranks} ranks failed ({})", out.status);
+        let procs = if a.processes { *ranks } else { 1 };
+        let barrier = dir.join(format!("barrier-{repeat}-{policy}-{fraction}-{ranks}"));
+        let _ = std::fs::remove_dir_all(&barrier);
+        std::fs::create_dir_all(&barrier)?;
+        let mut children = Vec::new();
+        for local in 0..procs {
+            let mut c = Command::new(&exe);
+            c.args(["bench", "cache"])
+                .args(forwarded(&a, &dir))
+                .arg("--worker")
+                .arg(format!("{policy},{fraction},{ranks}"))
+                .stdout(Stdio::piped());
+            if a.processes {
+                c.arg(format!("--local={local}")).arg(format!("--barrier={}", barrier.display()));
+            }
+            children.push(c.spawn().context("starting a side")?);
         }
-        let result: SideResult = serde_json::from_slice(&out.stdout).context("a side's result")?;
+        let mut parts = Vec::new();
+        for child in children {
+            let out = child.wait_with_output()?;
+            if !out.status.success() {
+                bail!("{policy} at c={fraction} x {ranks} ranks failed ({})", out.status);
+            }
+            parts.push(serde_json::from_slice::<SideResult>(&out.stdout).context("a side's result")?);
+        }
+        let _ = std::fs::remove_dir_all(&barrier);
+        let usage = meter.stop();
+        let result = node::merge(parts)?;
         eprintln!(
             "repeat {repeat} c={fraction} ranks={ranks} {policy:>11}: epochs {:?} s, slow MB {:?}, reuse hits {:?}",
             result.epochs.iter().map(|e| (e.seconds * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
@@ -293,10 +326,20 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         load_average: load_average(),
         storage: format!(
             "dataset files on {} (in the page cache) behind the throttled layer: {} MB/s shared by the node's ranks, \
-             {} ms per request batch",
+             {} ms per request batch{}",
             filesystem(&dir),
             a.bandwidth_mbs,
-            a.latency_ms
+            a.latency_ms,
+            if a.processes {
+                format!(
+                    "; ranks as separate processes, each with its share of the bandwidth; the node cache is the \
+                     directory {} on {}",
+                    a.node_dir.clone().unwrap_or_else(|| dir.join("node-cache")).display(),
+                    filesystem(a.node_dir.as_deref().unwrap_or(&dir))
+                )
+            } else {
+                String::new()
+            }
         ),
         config,
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -333,6 +376,8 @@ fn forwarded(a: &CacheBenchArgs, dir: &Path) -> Vec<String> {
     ]
     .into_iter()
     .chain(a.cache_in_dir.then(|| "--cache-in-dir".to_string()))
+    .chain(a.processes.then(|| "--processes".to_string()))
+    .chain(a.node_dir.as_ref().map(|d| format!("--node-dir={}", d.display())))
     .collect()
 }
 

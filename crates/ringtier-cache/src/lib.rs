@@ -133,6 +133,11 @@ pub struct CacheConfig {
     /// Largest request when an object is fetched whole into the cache (larger objects are read
     /// in ranges of this size). Default 8 MiB.
     pub range_bytes: usize,
+    /// The cache is a node cache shared across processes by this many consecutive ranks (the
+    /// node's local ranks, as `torchrun --nproc-per-node` starts them): its one directory level
+    /// is the node's directory ([`CachedTier::for_node_dir`]; the loader derives the node's
+    /// samplers from its rank). Default `None`: the cache is this process's.
+    pub local_ranks: Option<usize>,
 }
 
 impl Default for CacheConfig {
@@ -144,6 +149,7 @@ impl Default for CacheConfig {
             prefetch_bytes: None,
             prefetch_depth: 128,
             range_bytes: 8 << 20,
+            local_ranks: None,
         }
     }
 }
@@ -190,6 +196,12 @@ impl CacheConfig {
         self
     }
 
+    /// Sets [`CacheConfig::local_ranks`].
+    pub fn with_local_ranks(mut self, ranks: impl Into<Option<usize>>) -> Self {
+        self.local_ranks = ranks.into();
+        self
+    }
+
     /// Bytes of all levels together.
     pub fn capacity_bytes(&self) -> u64 {
         self.levels.iter().map(|l| l.capacity_bytes).sum()
@@ -224,6 +236,17 @@ impl CacheConfig {
         }
         if self.range_bytes == 0 {
             return bad("cache range size must be at least 1 byte".into());
+        }
+        if let Some(n) = self.local_ranks {
+            if n == 0 {
+                return bad("a node cache needs at least 1 local rank".into());
+            }
+            let one_dir = matches!(self.levels.as_slice(), [CacheLevel { medium: CacheMedium::Dir(_), .. }]);
+            if !one_dir && self.policy != CachePolicy::None {
+                return bad("a node cache shared across processes needs exactly one directory level \
+                     (the node's directory; on tmpfs it is memory)"
+                    .into());
+            }
         }
         if self.policy == CachePolicy::Clairvoyant {
             if self.lookahead_epochs == 0 {

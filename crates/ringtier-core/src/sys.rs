@@ -96,7 +96,7 @@ pub(crate) fn fsync(fd: RawFd) -> io::Result<()> {
 
 /// `flock(fd, op)`.
 pub(crate) fn flock(fd: RawFd, op: libc::c_int) -> io::Result<()> {
-    // SAFETY: flock on an open descriptor; with LOCK_NB it never blocks.
+    // SAFETY: flock on an open descriptor the caller owns; it touches no memory.
     check(unsafe { libc::flock(fd, op) })
 }
 

@@ -142,6 +142,18 @@ impl Loader {
             (Some(_), Some(_)) => {
                 return Err(Error::new(ErrorKind::InvalidInput, "a loader takes a cache or a node cache, not both"))
             }
+            (Some(c), None) if c.local_ranks.is_some() => {
+                // A node cache shared with the node's other ranks (other processes): this
+                // rank's node is the run of `local_ranks` consecutive ranks it is in.
+                let n = c.local_ranks.unwrap_or(1).max(1);
+                let first = cfg.rank - cfg.rank % n;
+                let samplers = (first..(first + n).min(cfg.world))
+                    .map(|r| Sampler::new(dataset.len(), cfg.seed, r, cfg.world, cfg.shuffle))
+                    .collect::<Result<Vec<_>>>()?;
+                let local = cfg.rank - first;
+                let cached = CachedTier::for_node_dir(&dataset, samplers, local, c.clone())?;
+                (dataset.with_tier(Arc::new(cached.clone())), Some((cached, local)))
+            }
             (Some(c), None) => {
                 let cached = CachedTier::for_dataset(&dataset, sampler, c.clone())?;
                 (dataset.with_tier(Arc::new(cached.clone())), Some((cached, 0)))

@@ -229,14 +229,20 @@ impl SlotDir {
         removed
     }
 
-    /// Bytes of slot files and of temporary files in the directory now (for checks).
+    /// Bytes of slot files and of temporary files in the directory now (for checks). Each
+    /// name counts once: a directory listing taken while files are renamed over may return a
+    /// name twice.
     pub(crate) fn usage(&self) -> (u64, u64) {
         let Ok(entries) = std::fs::read_dir(&self.root) else { return (0, 0) };
+        let mut seen = std::collections::HashSet::new();
         let (mut slots, mut tmp) = (0, 0);
         for e in entries.flatten() {
             let name = e.file_name();
             let Some(name) = name.to_str() else { continue };
-            let Ok(m) = e.metadata() else { continue };
+            if !seen.insert(name.to_string()) {
+                continue;
+            }
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
             if !m.is_file() {
                 continue;
             }
@@ -310,7 +316,7 @@ impl SlotDir {
         if !f.metadata().is_ok_and(|m| m.is_file()) {
             return Err(Error::new(ErrorKind::PermissionDenied, format!("{} is not a regular file", p.display())));
         }
-        f.lock().map_err(|e| io_err(format!("locking {}", p.display()), e))?;
+        ringtier_core::fs::lock_exclusive(&f).map_err(|e| io_err(format!("locking {}", p.display()), e))?;
         Ok(f)
     }
 

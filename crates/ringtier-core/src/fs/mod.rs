@@ -541,6 +541,18 @@ impl FsRoot {
     }
 }
 
+/// Takes an exclusive advisory lock (`flock(LOCK_EX)`) on `file`, waiting for it (interrupted
+/// waits are retried). The kernel releases it when the file is closed or the process dies, so
+/// a crashed holder never wedges the others.
+pub fn lock_exclusive(file: &File) -> io::Result<()> {
+    loop {
+        match at::flock(file.as_raw_fd(), libc::LOCK_EX) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 /// Reads `statx(STATX_DIOALIGN)` of an open file: `(mem_align, offset_align)`, both 0 when the
 /// file does not support direct I/O.
 pub fn dio_align_of_fd(fd: RawFd) -> Result<(u32, u32)> {

@@ -38,7 +38,8 @@ pub(crate) struct Cache {
 impl Cache {
     #[new]
     #[pyo3(signature = (capacity=None, *, policy=None, medium=PathBuf::from(MEMORY), levels=None,
-        lookahead_epochs=3, prefetch_bytes=None, prefetch_depth=128, range_bytes=8 << 20))]
+        lookahead_epochs=3, prefetch_bytes=None, prefetch_depth=128, range_bytes=8 << 20, node_dir=None,
+        local_ranks=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: Option<u64>,
@@ -49,7 +50,21 @@ impl Cache {
         prefetch_bytes: Option<u64>,
         prefetch_depth: usize,
         range_bytes: usize,
+        node_dir: Option<PathBuf>,
+        local_ranks: Option<usize>,
     ) -> PyResult<Self> {
+        // A node cache shared by the node's ranks (processes): its directory is the one level.
+        let medium = match (&node_dir, local_ranks) {
+            (Some(d), Some(_)) => d.clone(),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(errors::invalid(
+                    "a node cache shared across processes needs both node_dir (the same directory on every rank \
+                     of the node; on tmpfs it is memory) and local_ranks (ranks per node)"
+                        .into(),
+                ))
+            }
+            (None, None) => medium,
+        };
         // The Rust default policy (static) when none is given.
         let policy: CachePolicy = match policy {
             Some(p) => p.parse().py_err()?,
@@ -73,7 +88,8 @@ impl Cache {
             .with_lookahead_epochs(lookahead_epochs)
             .with_prefetch_bytes(prefetch_bytes)
             .with_prefetch_depth(prefetch_depth)
-            .with_range_bytes(range_bytes);
+            .with_range_bytes(range_bytes)
+            .with_local_ranks(local_ranks);
         cfg.validate().py_err()?;
         Ok(Cache { cfg })
     }
@@ -113,6 +129,12 @@ impl Cache {
     #[getter]
     fn prefetch_bytes(&self) -> u64 {
         self.cfg.prefetch_budget()
+    }
+
+    /// Ranks per node sharing the node directory across processes, or None.
+    #[getter]
+    fn local_ranks(&self) -> Option<usize> {
+        self.cfg.local_ranks
     }
 
     /// Samples the clairvoyant prefetcher reads at once.

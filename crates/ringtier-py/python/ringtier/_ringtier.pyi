@@ -155,7 +155,11 @@ class Cache:
     ``prefetch_bytes`` of the first level; it beats static only where the readers of a cache do
     not read the whole dataset each epoch, e.g. one node of a larger job: docs/CACHE.md), or
     ``"none"``. Objects larger
-    than the read that missed are fetched in ranges of ``range_bytes``. Bad settings raise
+    than the read that missed are fetched in ranges of ``range_bytes``. ``node_dir`` with
+    ``local_ranks``: one cache for the node's ranks, which are separate processes (torchrun's
+    ``--nproc-per-node``): the directory (the same path on every rank; on tmpfs such as
+    ``/dev/shm`` it is memory) holds one copy of a sample per node, placed by a plan every rank
+    computes from the seed; ``capacity`` is the node's. Bad settings raise
     :class:`ringtier.InvalidInputError`."""
 
     def __init__(
@@ -169,9 +173,14 @@ class Cache:
         prefetch_bytes: Optional[int] = None,
         prefetch_depth: int = 128,
         range_bytes: int = 8 << 20,
+        node_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+        local_ranks: Optional[int] = None,
     ) -> None: ...
     @property
     def policy(self) -> str: ...
+    @property
+    def local_ranks(self) -> Optional[int]:
+        """Ranks per node sharing ``node_dir`` across processes, or None."""
     @property
     def levels(self) -> List[Tuple[str, int]]:
         """``("memory", bytes)`` or ``(directory, bytes)``, fastest first."""

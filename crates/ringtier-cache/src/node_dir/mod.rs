@@ -30,6 +30,9 @@ pub(crate) struct Current {
     pub(crate) cursor: AtomicUsize,
     /// Positions of this rank's run starts not yet prefetched or passed (clairvoyant).
     pub(crate) pending: Mutex<BTreeSet<u32>>,
+    /// Samples this rank's prefetcher is fetching now: a read of one waits for its copy
+    /// rather than reading the slow tier a second time.
+    pub(crate) fetching: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Current {
@@ -164,6 +167,7 @@ impl Shared {
             pos_of,
             cursor: AtomicUsize::new(position),
             pending: Mutex::new(pending),
+            fetching: Mutex::new(std::collections::HashSet::new()),
         });
         *self.cur.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&cur));
         cur

@@ -49,6 +49,23 @@ impl Inner {
                 }
             }
         }
+        // A copy this rank's prefetcher is bringing in: wait for it (at most a second) rather
+        // than reading the slow tier twice.
+        if let Some(cur) = &cur {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+            loop {
+                let notified = self.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let busy = {
+                    let f = cur.fetching.lock().unwrap_or_else(|p| p.into_inner());
+                    plan.iter().flatten().any(|(id, d, _)| d.start && f.contains(id))
+                };
+                if !busy || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    break;
+                }
+            }
+        }
         // Planned copies, read and verified off the runtime's threads.
         let wanted: Vec<(usize, u32, Decision, u64)> = plan
             .iter()
@@ -247,7 +264,9 @@ pub(super) async fn shared_prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
                         .collect()
                 };
                 inflight.fetch_add(picked.len(), Ordering::AcqRel);
+                cur.fetching.lock().unwrap_or_else(|p| p.into_inner()).extend(picked.iter().map(|(_, id, _)| *id));
                 let n = picked.len();
+                let cur3 = Arc::clone(&cur);
                 let this = Arc::clone(&inner);
                 let counter = Arc::clone(&inflight);
                 tasks.spawn(async move {
@@ -262,6 +281,7 @@ pub(super) async fn shared_prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
                         }
                     }
                     let writer = Arc::clone(&this);
+                    let ids: Vec<u32> = picked.iter().map(|(_, id, _)| *id).collect();
                     let _ = tokio::task::spawn_blocking(move || {
                         for ((_, id, d), data) in picked.into_iter().zip(fetched) {
                             match data {
@@ -271,6 +291,12 @@ pub(super) async fn shared_prefetcher(weak: Weak<Inner>, notify: Arc<Notify>) {
                         }
                     })
                     .await;
+                    {
+                        let mut f = cur3.fetching.lock().unwrap_or_else(|p| p.into_inner());
+                        for id in ids {
+                            f.remove(&id);
+                        }
+                    }
                     counter.fetch_sub(n, Ordering::AcqRel);
                     this.report();
                     this.notify.notify_waiters();

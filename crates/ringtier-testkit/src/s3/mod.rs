@@ -1,6 +1,7 @@
 //! S3 servers on loopback for the S3 tier's tests: `s3s-fs` in-process (`s3s_fs.rs`, with
 //! AWS's checks of part checksums and conditional writes layered over it in
-//! `part_checksum_fs.rs`), `moto_server` as a child process (`moto.rs`), and a
+//! `part_checksum_fs.rs`, which also serves GetObject bodies in 1 MiB reads: `file_body.rs`),
+//! `moto_server` as a child process (`moto.rs`), and a
 //! fault-injecting HTTP proxy (`proxy.rs`). They reach `ringtier-s3` only through its public
 //! API, and [`forget_live_uploads`] through its test-only feature `test-hooks`.
 //!
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use ringtier_s3::{S3Config, S3Tier};
 
+mod file_body;
 mod moto;
 mod part_checksum_fs;
 mod proxy;

@@ -52,6 +52,69 @@ impl PartChecksumFs {
     }
 }
 
+impl PartChecksumFs {
+    /// The body of `range` of the object in `path` in 1 MiB reads, where it is the
+    /// `content_length` bytes s3s-fs announced; None (s3s-fs's own body stays) where the file
+    /// cannot be opened or has changed size since.
+    fn block_body(
+        &self,
+        path: &std::path::Path,
+        range: Option<s3s::dto::Range>,
+        content_length: Option<i64>,
+    ) -> Option<super::file_body::FileBody> {
+        let file = std::fs::File::open(path).ok()?;
+        let len = file.metadata().ok()?.len();
+        let span = match range {
+            Some(r) => r.check(len).ok()?,
+            None => 0..len,
+        };
+        let n = span.end - span.start;
+        (u64::try_from(content_length?).ok()? == n).then(|| super::file_body::FileBody::new(file, span.start, n))
+    }
+}
+
+impl PartChecksumFs {
+    /// Gives each listed object the `ETag` (its HeadObject's) and `StorageClass` (`STANDARD`)
+    /// that AWS lists and s3s-fs 0.14 leaves out: clients that require them (the CRT's
+    /// ListObjectsV2 parser: "Missing field ETag") failed on every listing. `who` is the
+    /// listing's credentials and URI, for the HeadObject requests.
+    async fn complete_listing(
+        &self,
+        bucket: &str,
+        who: (Option<s3s::auth::Credentials>, http::Uri),
+        objects: &mut [s3s::dto::Object],
+    ) -> s3s::S3Result<()> {
+        use s3s::S3;
+        for o in objects.iter_mut() {
+            if o.storage_class.is_none() {
+                o.storage_class =
+                    Some(s3s::dto::ObjectStorageClass::from_static(s3s::dto::ObjectStorageClass::STANDARD));
+            }
+            let Some(key) = o.key.clone().filter(|_| o.e_tag.is_none()) else { continue };
+            let head = s3s::S3Request {
+                input: s3s::dto::HeadObjectInput::builder()
+                    .bucket(bucket.to_string())
+                    .key(key)
+                    .build()
+                    .map_err(|e| s3s::s3_error!(InternalError, "head input: {e}"))?,
+                method: http::Method::HEAD,
+                uri: who.1.clone(),
+                headers: http::HeaderMap::new(),
+                extensions: http::Extensions::new(),
+                credentials: who.0.clone(),
+                region: None,
+                service: None,
+                trailing_headers: None,
+            };
+            // An object deleted since it was listed keeps no ETag (as a racing listing).
+            if let Ok(r) = self.inner.head_object(head).await {
+                o.e_tag = r.output.e_tag;
+            }
+        }
+        Ok(())
+    }
+}
+
 macro_rules! part_checksum_fs {
     ($($op:ident: $input:ident => $output:ident),* $(,)?) => {
         #[async_trait::async_trait]
@@ -107,6 +170,46 @@ macro_rules! part_checksum_fs {
                 let resp = self.inner.complete_multipart_upload(req).await?;
                 if let Some(f) = self.algorithm_file(&id) {
                     let _ = std::fs::remove_file(f);
+                }
+                Ok(resp)
+            }
+
+            async fn list_objects(
+                &self,
+                mut req: s3s::S3Request<s3s::dto::ListObjectsInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::ListObjectsOutput>> {
+                // AWS: an empty `delimiter=` is no delimiter. s3s-fs 0.14 groups every key
+                // into a common prefix of its first character instead (CRT clients, such as
+                // s3torchconnector's, send `delimiter=`: they listed nothing).
+                req.input.delimiter = req.input.delimiter.filter(|d| !d.is_empty());
+                let (bucket, who) = (req.input.bucket.clone(), (req.credentials.clone(), req.uri.clone()));
+                let mut resp = self.inner.list_objects(req).await?;
+                self.complete_listing(&bucket, who, resp.output.contents.as_deref_mut().unwrap_or_default()).await?;
+                Ok(resp)
+            }
+
+            async fn list_objects_v2(
+                &self,
+                mut req: s3s::S3Request<s3s::dto::ListObjectsV2Input>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::ListObjectsV2Output>> {
+                // As in list_objects: an empty delimiter is none.
+                req.input.delimiter = req.input.delimiter.filter(|d| !d.is_empty());
+                let (bucket, who) = (req.input.bucket.clone(), (req.credentials.clone(), req.uri.clone()));
+                let mut resp = self.inner.list_objects_v2(req).await?;
+                self.complete_listing(&bucket, who, resp.output.contents.as_deref_mut().unwrap_or_default()).await?;
+                Ok(resp)
+            }
+
+            async fn get_object(
+                &self,
+                req: s3s::S3Request<s3s::dto::GetObjectInput>,
+            ) -> s3s::S3Result<s3s::S3Response<s3s::dto::GetObjectOutput>> {
+                // s3s-fs answers (checks, headers, ranges); its body, 4 KiB reads through
+                // tokio's blocking pool, is replaced by 1 MiB reads of the same file.
+                let (range, file) = (req.input.range, super::file_body::object_file(&self.root, &req.input.bucket, &req.input.key));
+                let mut resp = self.inner.get_object(req).await?;
+                if let Some(body) = file.and_then(|path| self.block_body(&path, range, resp.output.content_length)) {
+                    resp.output.body = Some(s3s::dto::StreamingBlob::new(body));
                 }
                 Ok(resp)
             }
@@ -256,13 +359,76 @@ part_checksum_fs!(
     delete_bucket: DeleteBucketInput => DeleteBucketOutput,
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput,
     get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput,
-    get_object: GetObjectInput => GetObjectOutput,
     head_bucket: HeadBucketInput => HeadBucketOutput,
     head_object: HeadObjectInput => HeadObjectOutput,
     list_buckets: ListBucketsInput => ListBucketsOutput,
-    list_objects: ListObjectsInput => ListObjectsOutput,
-    list_objects_v2: ListObjectsV2Input => ListObjectsV2Output,
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput,
     list_parts: ListPartsInput => ListPartsOutput,
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput,
 );
+
+#[cfg(test)]
+mod tests {
+    use s3s::S3;
+
+    use super::*;
+
+    fn request<T>(input: T) -> s3s::S3Request<T> {
+        s3s::S3Request {
+            input,
+            method: http::Method::GET,
+            uri: http::Uri::from_static("/"),
+            headers: http::HeaderMap::new(),
+            extensions: http::Extensions::new(),
+            credentials: None,
+            region: None,
+            service: None,
+            trailing_headers: None,
+        }
+    }
+
+    #[test]
+    fn an_empty_delimiter_lists_keys_as_none_does() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("bkt/wds")).expect("mkdir");
+        for k in ["wds/shard-0.tar", "wds/shard-1.tar", "other"] {
+            std::fs::write(dir.path().join("bkt").join(k), b"x").expect("write");
+        }
+        let fs = PartChecksumFs::new(s3s_fs::FileSystem::new(dir.path()).expect("fs"), true, dir.path().to_path_buf());
+        rt.block_on(async {
+            for delimiter in [Some(String::new()), None] {
+                let input = s3s::dto::ListObjectsV2Input::builder()
+                    .bucket("bkt".into())
+                    .prefix(Some("wds/".into()))
+                    .delimiter(delimiter.clone())
+                    .build()
+                    .expect("input");
+                let out = fs.list_objects_v2(request(input)).await.expect("list v2").output;
+                let contents = out.contents.unwrap_or_default();
+                // As AWS lists them: each with its ETag (the one HeadObject gives) and class.
+                for o in &contents {
+                    let head = s3s::dto::HeadObjectInput::builder()
+                        .bucket("bkt".into())
+                        .key(o.key.clone().expect("key"))
+                        .build()
+                        .expect("head input");
+                    let etag = fs.head_object(request(head)).await.expect("head").output.e_tag;
+                    assert!(etag.is_some() && o.e_tag == etag, "{o:?}");
+                    assert_eq!(o.storage_class.as_ref().map(|c| c.as_str()), Some("STANDARD"));
+                }
+                let keys: Vec<_> = contents.into_iter().filter_map(|o| o.key).collect();
+                assert_eq!(keys, ["wds/shard-0.tar", "wds/shard-1.tar"], "delimiter {delimiter:?}");
+                assert!(out.common_prefixes.unwrap_or_default().is_empty(), "delimiter {delimiter:?}");
+                let input = s3s::dto::ListObjectsInput::builder()
+                    .bucket("bkt".into())
+                    .prefix(Some("wds/".into()))
+                    .delimiter(delimiter.clone())
+                    .build()
+                    .expect("input");
+                let out = fs.list_objects(request(input)).await.expect("list v1").output;
+                assert_eq!(out.contents.unwrap_or_default().len(), 2, "v1, delimiter {delimiter:?}");
+            }
+        });
+    }
+}

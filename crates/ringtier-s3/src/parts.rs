@@ -11,6 +11,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
+/// Writers at once whose part buffers a tier's pool keeps for reuse: the DCP writer's default
+/// `save_parallelism` (parts of a checkpoint saved at once), so that its parts reuse mapped pages.
+pub(crate) const WRITERS_KEPT: usize = 4;
+
 /// Reusable part buffers of one tier (shared by its writers).
 #[derive(Debug)]
 pub(crate) struct PartPool {

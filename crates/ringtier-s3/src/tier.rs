@@ -312,8 +312,11 @@ impl S3Tier {
             SignedClient::new(&cfg, &client, Arc::clone(store.credentials()), &region, endpoint.as_deref(), &root)?;
         let io = IoRuntime::new(cfg.io_threads, &cfg.name)?;
         let retry = Retry { initial: cfg.initial_backoff, max: cfg.max_backoff, deadline: cfg.retry_deadline };
-        // Enough for the parts in flight plus the one being filled.
-        let parts = PartPool::new(cfg.upload_concurrency + 1, cfg.part_size);
+        // Enough for the parts in flight plus the one being filled, for as many writers at
+        // once as a DCP save runs by default (a pool holds only buffers given back, so at most
+        // what was in use at once): a part buffer not reused costs its page faults, a sixth of
+        // a DCP save's client CPU.
+        let parts = PartPool::new((cfg.upload_concurrency + 1) * crate::parts::WRITERS_KEPT, cfg.part_size);
         let inner = Inner {
             store: Arc::new(store),
             io,

@@ -46,6 +46,10 @@ pub(crate) struct S3Writer {
     path: Path,
     /// Bytes from `cur_start` on, not yet sent (a buffer of the tier's part pool).
     cur: Vec<u8>,
+    /// CRC-32C of `cur`, computed as bytes are appended (each block right after its copy,
+    /// while it is in cache); None once bytes in it were rewritten or filled out of order
+    /// (then computed when the part is sent).
+    cur_crc: Option<u32>,
     cur_start: u64,
     /// Writes past the end of `cur`, by offset.
     ahead: BTreeMap<u64, Vec<u8>>,
@@ -76,6 +80,7 @@ impl S3Writer {
             key,
             path,
             cur,
+            cur_crc: Some(0),
             cur_start: 0,
             ahead: BTreeMap::new(),
             upload: None,
@@ -118,8 +123,11 @@ impl S3Writer {
         }
         let at = (offset - self.cur_start) as usize;
         let overlap = (self.cur.len() - at).min(data.len());
-        self.cur[at..at + overlap].copy_from_slice(&data[..overlap]);
-        self.cur.extend_from_slice(&data[overlap..]);
+        if overlap > 0 {
+            self.cur[at..at + overlap].copy_from_slice(&data[..overlap]);
+            self.cur_crc = None;
+        }
+        self.append(&data[overlap..]);
         // Writes kept aside that the buffer now reaches.
         while let Some((&off, _)) = self.ahead.first_key_value() {
             if off > self.end() {
@@ -129,6 +137,27 @@ impl S3Writer {
             self.place(off, &chunk)?;
         }
         Ok(())
+    }
+
+    /// Appends `data` to the part buffer, block by block, each block's CRC-32C taken right
+    /// after its copy (from cache: one pass over memory instead of two).
+    fn append(&mut self, data: &[u8]) {
+        const BLOCK: usize = 256 << 10;
+        for block in data.chunks(BLOCK) {
+            let from = self.cur.len();
+            self.cur.extend_from_slice(block);
+            if let Some(crc) = self.cur_crc.as_mut() {
+                *crc = crc32c::crc32c_append(*crc, &self.cur[from..]);
+            }
+        }
+    }
+
+    /// Takes the part buffer (and its CRC-32C, computed now if it was not kept), leaving an
+    /// empty one from the pool.
+    fn take_cur(&mut self) -> (Vec<u8>, u32) {
+        let buf = std::mem::replace(&mut self.cur, self.inner.parts.take());
+        let crc = self.cur_crc.replace(0).unwrap_or_else(|| crc32c::crc32c(&buf));
+        (buf, crc)
     }
 
     /// Starts the multipart upload (and its marker) if not yet started.
@@ -178,8 +207,9 @@ impl S3Writer {
         Ok(())
     }
 
-    /// Sends `data` as the next part; waits first while `upload_concurrency` parts are in flight.
-    async fn send_part(&mut self, data: Bytes) -> Result<()> {
+    /// Sends `data`, whose CRC-32C is `part_crc`, as the next part; waits first while
+    /// `upload_concurrency` parts are in flight.
+    async fn send_part(&mut self, data: Bytes, part_crc: u32) -> Result<()> {
         self.ensure_upload().await?;
         while self.upload.as_ref().is_some_and(|u| u.in_flight.len() >= self.inner.cfg.upload_concurrency) {
             self.reap_one().await?;
@@ -187,7 +217,7 @@ impl S3Writer {
         let Some(up) = self.upload.as_mut() else {
             return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Write));
         };
-        let part_crc = crc32c::crc32c(&data);
+        debug_assert_eq!(part_crc, crc32c::crc32c(&data));
         self.crc = crc32c::crc32c_combine(self.crc, part_crc, data.len());
         let idx = up.parts.len();
         up.parts.push(None);
@@ -225,13 +255,15 @@ impl S3Writer {
     async fn flush_full_parts(&mut self) -> Result<()> {
         let part = self.inner.cfg.part_size;
         while self.cur.len() >= part {
-            // The bytes past the part start the next buffer; the full one goes out as is.
-            let mut next = self.inner.parts.take();
-            next.extend_from_slice(&self.cur[part..]);
-            self.cur.truncate(part);
-            let full = std::mem::replace(&mut self.cur, next);
+            let (mut full, mut crc) = self.take_cur();
+            if full.len() > part {
+                // The bytes past the part start the next buffer; the full one goes out as is.
+                self.append(&full[part..]);
+                full.truncate(part);
+                crc = crc32c::crc32c(&full);
+            }
             self.cur_start += part as u64;
-            self.send_part(self.inner.parts.freeze(full)).await?;
+            self.send_part(self.inner.parts.freeze(full), crc).await?;
         }
         Ok(())
     }
@@ -256,14 +288,16 @@ impl S3Writer {
             let end = self.end();
             if off > end {
                 self.cur.resize(self.cur.len() + (off - end) as usize, 0);
+                self.cur_crc = None;
             }
             self.place(off, &chunk)?;
         }
         let size = self.end();
         if self.upload.is_none() && self.cur.len() <= self.inner.cfg.single_put_max.max(self.inner.cfg.part_size) {
             // Small object: one PUT, atomic by nature.
-            let data = self.inner.parts.freeze(std::mem::take(&mut self.cur));
-            self.crc = crc32c::crc32c_append(self.crc, &data);
+            let (buf, part_crc) = self.take_cur();
+            let data = self.inner.parts.freeze(buf);
+            self.crc = crc32c::crc32c_combine(self.crc, part_crc, data.len());
             let inner = Arc::clone(&self.inner);
             let (path, key) = (self.path.clone(), self.key.clone());
             if self.checksums() {
@@ -285,9 +319,10 @@ impl S3Writer {
         } else {
             self.flush_full_parts().await?;
             if !self.cur.is_empty() {
-                let last = self.inner.parts.freeze(std::mem::take(&mut self.cur));
+                let (buf, crc) = self.take_cur();
+                let last = self.inner.parts.freeze(buf);
                 self.cur_start += last.len() as u64;
-                self.send_part(last).await?;
+                self.send_part(last, crc).await?;
             }
             while self.upload.as_ref().is_some_and(|u| !u.in_flight.is_empty()) {
                 self.reap_one().await?;

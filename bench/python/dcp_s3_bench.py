@@ -2,12 +2,14 @@
 ``s3://`` tier against s3torchconnector's S3StorageWriter/S3StorageReader (AWS's connector,
 the CRT client) on the same loopback S3 server, one process.
 
-    flock /tmp/ringtier-bench.lock python bench/python/dcp_s3_bench.py --dir /tmp/rt-dcp-s3 \\
+    flock /tmp/ringtier-bench.lock python bench/python/dcp_s3_bench.py --dir /dev/shm/rt-dcp-s3 \\
         [--gib 1] [--repeats 3] [--server target/release/ringtier-s3-server] [--json o.json] [--md o.md]
 
-The server is the test kit's s3s-fs (``ringtier-s3-server``: objects are files under --dir,
-ext4), started here on a free loopback port; it runs on the same two cores, so its CPU is not
-in the figures (the clients' is: user+sys of this process, all its threads). s3torchconnector
+The server is the test kit's s3s-fs (``ringtier-s3-server``, a release build: objects are files
+under --dir; on /dev/shm its disk is memory, so the disk is not the bound), started here on a free
+loopback port. It runs on the same two cores: the clients' CPU (user+sys of this process, all its
+threads) is the figure compared; the server's CPU per pass is recorded beside it (from
+``/proc/PID/stat``), to show where the wall time goes. s3torchconnector
 is given the endpoint through its S3Client (``S3ClientConfig(force_path_style=True)``) and
 writes with its default part size; its reader is ``S3ReaderConstructor.dcp_optimized()``.
 Each repeat runs the four passes interleaved (the order rotated), each after ``sync`` and a
@@ -60,6 +62,13 @@ def evict() -> None:
             f.write("3\n")
     except OSError:
         pass
+
+
+def proc_cpu(pid: int) -> float:
+    """User+sys seconds of process `pid` so far (its threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu() -> float:
@@ -144,11 +153,12 @@ def main() -> None:
                 for name, fn in group[rep % 2:] + group[: rep % 2]:
                     evict()
                     la = os.getloadavg()[0]
-                    c0, t0 = cpu(), time.perf_counter()
+                    s0, c0, t0 = proc_cpu(server.pid), cpu(), time.perf_counter()
                     fn(rep)
                     secs, c = time.perf_counter() - t0, cpu() - c0
                     results.append({"config": name, "kind": kind, "repeat": rep, "seconds": secs, "cpu_seconds": c,
-                                    "bytes": total, "loadavg_before": la})
+                                    "server_cpu_seconds": proc_cpu(server.pid) - s0, "bytes": total,
+                                    "loadavg_before": la})
                     if kind == "load":
                         check(name)
             # Free the disk for the next repeat (metadata first, as a delete goes).
@@ -169,7 +179,8 @@ def main() -> None:
         s = sorted(p["seconds"] for p in ps)
         rows[name] = {"min": s[0], "median": statistics.median(s), "max": s[-1],
                       "gbps_median": total / statistics.median(s) / 1e9,
-                      "cpu_s_per_gib_median": statistics.median(p["cpu_seconds"] / gib for p in ps)}
+                      "cpu_s_per_gib_median": statistics.median(p["cpu_seconds"] / gib for p in ps),
+                      "server_cpu_s_per_gib_median": statistics.median(p["server_cpu_seconds"] / gib for p in ps)}
 
     def pair(a: str, b: str, key: str) -> Dict[str, float]:
         """b / a, repeat by repeat."""
@@ -188,18 +199,26 @@ def main() -> None:
         "load CPU: ringtier / s3torchconnector": pair(
             "s3torchconnector S3StorageReader", "ringtier dcp.load (s3:// tier)", "cpu_seconds"),
     }
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    fs = subprocess.run(["stat", "-f", "-c", "%T", os.path.dirname(args.dir.rstrip("/")) or "/"],
+                        capture_output=True, text=True).stdout.strip()
+    loads = [r["loadavg_before"] for r in results]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "server_fs": fs,
+            "loadavg_before_min_max": [min(loads), max(loads)],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "machine": f"{socket.gethostname()}, {os.cpu_count()} cores, kernel {platform.release()}, torch {torch.__version__}",
             "command": "python " + " ".join(sys.argv), "gib": gib, "repeats": args.repeats}
     lines = ["# DCP to S3: ringtier (s3:// tier) vs s3torchconnector 1.5.0, loopback s3s-fs", "",
-             f"{meta['date']}; {meta['machine']}; server: the test kit's s3s-fs on loopback, objects on ext4; "
-             f"{gib:.2f} GiB state, 1 process; {args.repeats} interleaved repeats, caches dropped before each pass.",
+             f"{meta['date']}; {meta['machine']}; server: the test kit's s3s-fs ({args.server}) on loopback, "
+             f"objects on {fs} ({args.dir}); {gib:.2f} GiB state, 1 process; {args.repeats} interleaved repeats, "
+             f"caches dropped before each pass; load average {min(loads):.1f} to {max(loads):.1f}; "
+             f"peak RSS of the process (both clients, the state and its load targets) {meta['peak_rss_mib']:.0f} MiB.",
              "", f"Command: `{meta['command']}`", "",
-             "| configuration | seconds min / median / max | GB/s (median) | client CPU s per GiB (median) |",
-             "|---|---|---|---|"]
+             "| configuration | seconds min / median / max | GB/s (median) | client CPU s per GiB (median) "
+             "| server CPU s per GiB (median) |",
+             "|---|---|---|---|---|"]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f} | {r['gbps_median']:.2f} "
-                     f"| {r['cpu_s_per_gib_median']:.2f} |")
+                     f"| {r['cpu_s_per_gib_median']:.2f} | {r['server_cpu_s_per_gib_median']:.2f} |")
     lines += ["", "| ratio, pair by pair | min / median / max |", "|---|---|"]
     for k, v in ratios.items():
         lines.append(f"| {k} | {v['min']:.2f} / {v['median']:.2f} / {v['max']:.2f} |")

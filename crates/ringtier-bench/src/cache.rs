@@ -150,6 +150,10 @@ pub(crate) struct EpochResult {
     pub(crate) late_prefetches: u64,
     pub(crate) prefetched_bytes: u64,
     pub(crate) prefetched_unused_bytes: u64,
+    /// With a node directory shared across processes: the reads the node's plan serves from a
+    /// copy this epoch (what the cache gets if every copy is there in time).
+    #[serde(default)]
+    pub(crate) planned_hits: u64,
 }
 
 /// One side's run: a policy, a cache size and a rank count, every epoch.
@@ -251,7 +255,7 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
     let config = format!(
         "{} samples x {} bytes ({:.0} MB), batch {}, step {} ms, {} epochs, seed {}; job of {} node(s), this node's \
          ranks run as loaders in {}; cache scope: {:?}; read budget: {} samples in flight per rank for every \
-         policy (loader prefetch {} batches + 1; clairvoyant prefetcher depth ranks x {}, only what demand reads leave); \
+         policy (loader prefetch {} batches + 1; clairvoyant prefetcher depth {} x {}, only what demand reads leave); \
          cache in {}; clairvoyant: lookahead {} epochs, staged prefetch budget {:.0}% of the cache",
         a.samples,
         a.sample_bytes,
@@ -265,8 +269,15 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         a.scope,
         a.in_flight,
         a.loader_prefetch(),
+        if a.processes { "1 (each process its own rank's)" } else { "ranks" },
         a.in_flight,
-        if a.cache_in_dir { "a directory (files)" } else { "memory" },
+        if a.processes && a.scope == CacheScope::Node {
+            "the node directory (--node-dir)"
+        } else if a.cache_in_dir {
+            "a directory (files)"
+        } else {
+            "memory"
+        },
         a.lookahead,
         a.prefetch_frac * 100.0,
     );
@@ -310,10 +321,12 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         let usage = meter.stop();
         let result = node::merge(parts)?;
         eprintln!(
-            "repeat {repeat} c={fraction} ranks={ranks} {policy:>11}: epochs {:?} s, slow MB {:?}, reuse hits {:?}",
+            "repeat {repeat} c={fraction} ranks={ranks} {policy:>11}: epochs {:?} s, slow MB {:?}, reuse hits {:?} \
+             (planned {:?})",
             result.epochs.iter().map(|e| (e.seconds * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             result.epochs.iter().map(|e| (e.slow_bytes as f64 / 1e5).round() / 10.0).collect::<Vec<_>>(),
             result.epochs.iter().map(|e| e.reuse_hits).collect::<Vec<_>>(),
+            result.epochs.iter().map(|e| e.planned_hits).collect::<Vec<_>>(),
         );
         Ok(Run { repeat, cpu_seconds: usage.children_cpu_seconds, wall_seconds: usage.wall_seconds, result })
     })?;

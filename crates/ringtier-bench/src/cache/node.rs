@@ -117,6 +117,11 @@ async fn run(
         }
     };
     let used = |cs: &[&CachedTier]| -> u64 { cs.iter().map(|c| held(c)).sum() };
+    // The node's planned hits of the epoch (shared directory only; one process reports them).
+    let planned = |cs: &[&CachedTier]| -> u64 {
+        cs.iter().filter_map(|c| c.node_dir_stats()).map(|s| s.planned_hits).sum::<u64>()
+            * u64::from(local.is_none_or(|l| l == 0))
+    };
     let step = Duration::from_secs_f64(a.step_ms / 1000.0);
     let mut epochs = Vec::new();
     let mut max_used = 0u64;
@@ -176,7 +181,8 @@ async fn run(
         epochs.push(EpochResult {
             epoch: e,
             seconds,
-            stall_share: stall / ranks as f64,
+            stall_share: stall / loaders.len() as f64,
+            planned_hits: planned(&distinct),
             slow_bytes: sum(&|s| s.slow_tier_bytes()),
             accesses: sum(&|s| s.accesses()),
             hits: sum(&|s| s.hits()),
@@ -185,6 +191,10 @@ async fn run(
             prefetched_bytes: sum(&|s| s.prefetched_bytes),
             prefetched_unused_bytes: sum(&|s| s.unused_evicted_bytes),
         });
+    }
+    // Every rank done before any drops its cache (local rank 0 removes the node directory).
+    if let (Some(l), Some(b)) = (local, &a.barrier) {
+        barrier(b, a.epochs, l, ranks).await?;
     }
     let capacity_bytes = if policy == CachePolicy::None { 0 } else { capacity };
     // A shared directory's copies carry a 48-byte header each.
@@ -232,6 +242,7 @@ pub(super) fn merge(mut parts: Vec<SideResult>) -> Result<SideResult> {
         for (e, q) in out.epochs.iter_mut().zip(p.epochs) {
             e.seconds = e.seconds.max(q.seconds);
             e.stall_share += q.stall_share / n;
+            e.planned_hits += q.planned_hits;
             e.slow_bytes += q.slow_bytes;
             e.accesses += q.accesses;
             e.hits += q.hits;

@@ -45,3 +45,18 @@ def test_two_local_ranks_share_one_node_directory(tmp_path):
     print(f"slow-tier bytes over the warm epochs: node directory {shared}, a cache per rank {apart}")
     assert shared < apart, f"node directory {shared} bytes vs a cache per rank {apart}"
     assert not any(node_dir.iterdir()), "local rank 0 removed the plan's directory"
+
+
+def test_node_cache_arguments_are_checked(tmp_path):
+    import pytest
+
+    import ringtier
+
+    with pytest.raises(ringtier.InvalidInputError, match="local_ranks"):
+        ringtier.Cache(1 << 20, policy="clairvoyant", node_dir=str(tmp_path))
+    with pytest.raises(ringtier.InvalidInputError, match="node_dir"):
+        ringtier.Cache(1 << 20, policy="clairvoyant", local_ranks=2)
+    with pytest.raises(ringtier.InvalidInputError, match="at least 1 local rank"):
+        ringtier.Cache(1 << 20, policy="clairvoyant", node_dir=str(tmp_path), local_ranks=0)
+    c = ringtier.Cache(1 << 20, policy="lru", node_dir=str(tmp_path), local_ranks=4)
+    assert c.local_ranks == 4 and c.levels == [(str(tmp_path), 1 << 20)]

@@ -154,6 +154,9 @@ def main() -> None:
             record("ringtier save, fast+slow (burst)", timed(lambda: burst.save(2 * rep + 1, state)))
             record("ringtier save while the previous one drains", timed(lambda: burst.save(2 * rep + 2, state)))
             burst.drain()
+            # The slowest tier keeps every step: delete this repeat's, or it fills up.
+            burst.delete(2 * rep + 1)
+            burst.delete(2 * rep + 2)
             sd = os.path.join(a.slow, "torch")
             shutil.rmtree(sd, ignore_errors=True)
             os.makedirs(sd)

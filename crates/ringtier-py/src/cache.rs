@@ -218,6 +218,16 @@ pub(crate) fn record_cache(
                 .into(),
         ));
     }
+    if cfg.local_ranks.is_some() {
+        // A node cache plans one copy per sample across the node's processes from the file
+        // datasets' sampler; a record reader's cache holds whole shards in its own process.
+        return Err(errors::invalid(
+            "a node cache shared across processes (node_dir=, local_ranks=) is for the file datasets \
+             (IterableDataset, ImageFolder, Loader); a record dataset caches whole shards per process: \
+             give its Cache no node_dir"
+                .into(),
+        ));
+    }
     // The shards as a dataset (key and size; the cache reads no checksum).
     let entries = shards.iter().map(|s| ManifestEntry { key: s.key.clone(), size: s.size, crc32c: 0 }).collect();
     let dataset = Dataset::from_manifest(tier, &Manifest { entries });

@@ -228,6 +228,10 @@ def test_record_cache_arguments(tmp_path):
     with pytest.raises(TypeError, match="ringtier.Cache or a dict"):
         ringtier.RecordLoader(root, cache=3)
     assert ringtier.RecordLoader(root).cache_stats() is None
+    node = ringtier.Cache(1 << 20, policy="static", node_dir=str(tmp_path / "node"), local_ranks=2)
+    with pytest.raises(ringtier.InvalidInputError, match="give its Cache no node_dir"):
+        ringtier.RecordLoader(root, cache=node)
+    assert not (tmp_path / "node").exists(), "a refused cache leaves nothing behind"
 
 
 # ---- pin_memory on a CPU-only torch ---------------------------------------------------------

@@ -194,7 +194,22 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<TrainReport> {
         Ok(r)
     })?;
     let runs: Vec<TrainRun> = runs.into_iter().flatten().collect();
+    let (samples, skipped) = runs.iter().fold((0, 0), |(a, b), r| (a + r.samples, b + r.skipped));
+    if samples == 0 && skipped > 0 {
+        bail!(
+            "every sample of {} was skipped as undecodable ({skipped} over the runs): {}",
+            cfg.dir.display(),
+            if cfg.decode {
+                "--decode needs JPEGs (`ringtier gen --format jpeg`); pass --no-decode to read raw bytes"
+            } else {
+                "the files could not be read"
+            }
+        );
+    }
     println!();
+    if skipped > 0 {
+        println!("note: {skipped} samples were skipped over the runs (not decodable); images/s counts the others");
+    }
     println!(
         "AlexNet mini-app: {} (batch {}, {} epoch(s), {:.1} ms emulated compute per batch{}{}); {} repeats; median (min..max)",
         cfg.dir.display(),

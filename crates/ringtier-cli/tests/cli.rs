@@ -209,6 +209,27 @@ fn bad_datasets_fail_clearly_or_skip_and_count() {
 }
 
 #[test]
+fn bench_train_on_files_that_are_not_jpegs_says_so_instead_of_zero_images_per_second() {
+    let dir = tempfile::Builder::new().prefix("cli-train").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let ds = dir.path().join("ds");
+    gen(&ds, "40");
+    let train = |extra: &[&str]| {
+        ringtier()
+            .args(["bench", "train", "--batch", "8", "--repeats", "1", "--compute-ms", "0", "--dir"])
+            .arg(&ds)
+            .args(extra)
+            .output()
+            .expect("run ringtier bench train")
+    };
+    let out = train(&[]);
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("skipped as undecodable") && err.contains("--no-decode"), "{err}");
+    let out = train(&["--no-decode"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn gen_and_bench_read_record_shards() {
     let dir = tempfile::Builder::new().prefix("cli-rec").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     // (format, shard extension, a byte to damage: in a record's data / in a tar header)

@@ -256,7 +256,7 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
         "{} samples x {} bytes ({:.0} MB), batch {}, step {} ms, {} epochs, seed {}; job of {} node(s), this node's \
          ranks run as loaders in {}; cache scope: {:?}; read budget: {} samples in flight per rank for every \
          policy (loader prefetch {} batches + 1; clairvoyant prefetcher depth {} x {}, only what demand reads leave); \
-         cache in {}; clairvoyant: lookahead {} epochs, staged prefetch budget {:.0}% of the cache",
+         cache in {}; clairvoyant: lookahead {} epochs{}, staged prefetch budget {:.0}% of the cache",
         a.samples,
         a.sample_bytes,
         (a.samples * a.sample_bytes) as f64 / 1e6,
@@ -279,6 +279,11 @@ pub(crate) fn command(a: CacheBenchArgs) -> Result<()> {
             "memory"
         },
         a.lookahead,
+        if a.processes && a.scope == CacheScope::Node {
+            " (the node directory's plan: the whole job, its epochs known)"
+        } else {
+            ""
+        },
         a.prefetch_frac * 100.0,
     );
     eprintln!("{config}");

@@ -120,6 +120,14 @@ pub struct CacheConfig {
     /// Epochs of the rank's future the clairvoyant placement counts accesses over, from the
     /// current epoch on. Default 3.
     pub lookahead_epochs: u64,
+    /// The job's number of epochs, when known (the loader's or trainer's `epochs`). A node
+    /// cache shared across processes ([`CachedTier::for_node_dir`]) then plans its clairvoyant
+    /// placement over the rest of the job (at most 64 epochs ahead) instead of
+    /// `lookahead_epochs`, and keeps no copy for an epoch past the end; an epoch past it falls
+    /// back to `lookahead_epochs`. Every rank must give the same value (it is part of the
+    /// plan's identity). The planner's memory is 4 bytes per sample per epoch looked at.
+    /// Default `None`: unknown, `lookahead_epochs` is the horizon.
+    pub total_epochs: Option<u64>,
     /// Bytes of the first level the clairvoyant prefetcher may fill with samples that the
     /// placement would not keep (each is dropped once read); the placement gets the rest.
     /// `None` (the default): 0, the prefetcher only fills room the placement leaves free (a
@@ -146,6 +154,7 @@ impl Default for CacheConfig {
             policy: CachePolicy::Static,
             levels: Vec::new(),
             lookahead_epochs: 3,
+            total_epochs: None,
             prefetch_bytes: None,
             prefetch_depth: 128,
             range_bytes: 8 << 20,
@@ -175,6 +184,12 @@ impl CacheConfig {
     /// Sets [`CacheConfig::lookahead_epochs`].
     pub fn with_lookahead_epochs(mut self, epochs: u64) -> Self {
         self.lookahead_epochs = epochs;
+        self
+    }
+
+    /// Sets [`CacheConfig::total_epochs`] (the job's number of epochs, when known).
+    pub fn with_total_epochs(mut self, epochs: Option<u64>) -> Self {
+        self.total_epochs = epochs;
         self
     }
 
@@ -251,6 +266,9 @@ impl CacheConfig {
         if self.policy == CachePolicy::Clairvoyant {
             if self.lookahead_epochs == 0 {
                 return bad("clairvoyant lookahead must be at least 1 epoch".into());
+            }
+            if self.total_epochs == Some(0) {
+                return bad("a job's number of epochs must be at least 1 when given".into());
             }
             let first = self.levels[0].capacity_bytes;
             if let Some(b) = self.prefetch_bytes {

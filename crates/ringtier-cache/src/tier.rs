@@ -190,7 +190,7 @@ impl CachedTier {
                 local,
                 &keys.sizes,
                 cfg.capacity_bytes(),
-                cfg.lookahead_epochs,
+                super::node_dir::Horizon { lookahead: cfg.lookahead_epochs, total: cfg.total_epochs },
             )?)
         };
         Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers, shared)

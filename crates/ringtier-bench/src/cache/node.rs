@@ -67,8 +67,10 @@ async fn run(
     let caches: Vec<(CachedTier, usize)> = match (a.scope, local) {
         (CacheScope::Node, Some(l)) => {
             let node_dir = a.node_dir.clone().unwrap_or_else(|| dir.join("node-cache"));
+            // The node's plan looks over the whole job: the benchmark knows its epochs.
             let cfg = CacheConfig::new(policy, vec![CacheLevel::dir(node_dir, capacity)])
                 .with_lookahead_epochs(a.lookahead)
+                .with_total_epochs(Some(a.epochs))
                 .with_prefetch_depth(a.in_flight);
             vec![(CachedTier::for_node_dir(&ds, samplers.clone(), l, cfg)?, l)]
         }

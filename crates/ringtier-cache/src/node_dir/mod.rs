@@ -71,7 +71,14 @@ pub(crate) struct Shared {
 }
 
 /// FNV-1a over the words that make the plan: ranks' orders of epoch 0, sizes, slots, policy.
-fn plan_id(policy: CachePolicy, samplers: &[Sampler], sizes: &[u64], slots: usize, lookahead: u64) -> u64 {
+fn plan_id(
+    policy: CachePolicy,
+    samplers: &[Sampler],
+    sizes: &[u64],
+    slots: usize,
+    lookahead: u64,
+    total: Option<u64>,
+) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut eat = |w: u64| {
         for b in w.to_le_bytes() {
@@ -84,6 +91,7 @@ fn plan_id(policy: CachePolicy, samplers: &[Sampler], sizes: &[u64], slots: usiz
     }
     eat(slots as u64);
     eat(lookahead);
+    eat(total.map_or(u64::MAX, |t| t));
     eat(samplers.len() as u64);
     for s in samplers {
         eat(s.len() as u64);
@@ -98,6 +106,14 @@ fn plan_id(policy: CachePolicy, samplers: &[Sampler], sizes: &[u64], slots: usiz
     h
 }
 
+/// The future a node's plan looks at: `lookahead` epochs, or the rest of a job of `total`
+/// epochs when known ([`crate::CacheConfig::total_epochs`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Horizon {
+    pub(crate) lookahead: u64,
+    pub(crate) total: Option<u64>,
+}
+
 impl Shared {
     /// The share of rank `local` of `samplers` (the node's ranks) in a node cache of
     /// `capacity` bytes under `dir`, for samples of `sizes`.
@@ -108,8 +124,9 @@ impl Shared {
         local: usize,
         sizes: &[u64],
         capacity: u64,
-        lookahead: u64,
+        horizon: Horizon,
     ) -> ringtier_core::Result<Shared> {
+        let Horizon { lookahead, total } = horizon;
         use ringtier_core::error::{Error, ErrorKind};
         let Some(&sampler) = samplers.get(local) else {
             return Err(Error::new(
@@ -125,11 +142,11 @@ impl Shared {
                 format!("a node cache of {capacity} bytes cannot hold the largest sample ({largest} bytes)"),
             ));
         }
-        let id = plan_id(policy, &samplers, sizes, slots, lookahead);
+        let id = plan_id(policy, &samplers, sizes, slots, lookahead, total);
         let dir = SlotDir::open(dir, id)?;
         Ok(Shared {
             dir,
-            planner: Mutex::new(Planner::new(policy, samplers, sizes.len(), slots, lookahead)),
+            planner: Mutex::new(Planner::new(policy, samplers, sizes.len(), slots, lookahead, total)),
             local,
             sampler,
             ids: sizes.len(),

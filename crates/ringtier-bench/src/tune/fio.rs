@@ -40,8 +40,15 @@ pub(crate) fn available() -> bool {
     Command::new("fio").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-/// The fio job equivalent to `config` on `target`.
+/// The fio job equivalent to `config` on `target`, submitting in batches as ringtier does.
 pub(crate) fn job(config: &Config, target: &Target) -> String {
+    job_with(config, target, true)
+}
+
+/// The fio job equivalent to `config` on `target`; `batched` false leaves fio's own submission
+/// (one I/O per `io_uring_enter`, reaping at least one), its better setting on some runs: a
+/// comparison runs both and takes fio's better, repeat by repeat (the baseline at its best).
+pub(crate) fn job_with(config: &Config, target: &Target, batched: bool) -> String {
     let direct = config.get("io") != Some("buffered");
     let depth = config.num("depth").max(1);
     let mut j = String::from("; written by `ringtier tune`: the same settings as the point it names\n[global]\n");
@@ -49,7 +56,11 @@ pub(crate) fn job(config: &Config, target: &Target) -> String {
     j.push_str(&format!("direct={}\n", u8::from(direct)));
     // ringtier submits what it has in one io_uring_enter and reaps all that completed: fio's
     // batch options do the same (its default submits and reaps one at a time).
-    j.push_str(&format!("iodepth={depth}\niodepth_batch_submit={depth}\niodepth_batch_complete_max={depth}\n"));
+    if batched {
+        j.push_str(&format!("iodepth={depth}\niodepth_batch_submit={depth}\niodepth_batch_complete_max={depth}\n"));
+    } else {
+        j.push_str(&format!("iodepth={depth}\n; fio's own submission: one I/O at a time\n"));
+    }
     j.push_str(&format!("fixedbufs={}\n", u8::from(config.flag("register_buffers"))));
     j.push_str(&format!("registerfiles={}\n", u8::from(config.flag("register_files"))));
     if let Some(idle) = config.sqpoll() {
@@ -145,6 +156,9 @@ mod tests {
         }
         let f = job(&Config::default(), &Target::Files { dir: "/d".into(), files: 10, min_file_bytes: 100_000 });
         assert!(f.contains("opendir=/d") && f.contains("bs=65536") && !f.contains("sqthread"), "{f}");
+        let plain = job_with(&c, &Target::BigFile { path: "/data/big".into(), runtime_secs: 2.0 }, false);
+        assert!(plain.contains("iodepth=16") && !plain.contains("iodepth_batch"), "{plain}");
+        assert!(j.contains("iodepth_batch_submit=16"), "{j}");
         assert_eq!((files_block_size(0), files_block_size(5000), files_block_size(1 << 30)), (4096, 4096, 1 << 20));
         let json = r#"note: both iodepth >= 1 and synchronous I/O engine are selected
 {"jobs":[{"job_runtime":2000,"usr_cpu":10.0,"sys_cpu":40.0,

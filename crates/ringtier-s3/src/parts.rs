@@ -6,10 +6,127 @@
 //! slower than the copy itself: it was a sixth of the drain's CPU, `bench/results/s3/`). The
 //! pool keeps buffers whose pages are already mapped: a part's buffer goes back to the pool when
 //! the request that sent it drops its body.
+//!
+//! Part buffers are [`PartBuf`]s: page-aligned memory (ringtier-core's [`AlignedBuf`]), not a
+//! `Vec`. glibc serves an 8 MiB `Vec` from `mmap` 16 bytes past a page boundary, and a copy
+//! into a destination that far off a page (from page-aligned tensors, or out of it into a
+//! socket) runs on a slow path of `rep movsb` (docs/MEASURING.md's slow-copy trap): it was 19%
+//! of a DCP save's client CPU (`bench/results/python-dcp-s3-tmpfs.md`).
 
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
+use ringtier_core::buf::MIN_BUFFER_ALIGN;
+use ringtier_core::AlignedBuf;
+
+/// A growable byte buffer on page-aligned memory, with the subset of `Vec<u8>`'s API the
+/// writer uses. Empty ones (`Default`) hold no memory.
+#[derive(Debug, Default)]
+pub(crate) struct PartBuf {
+    buf: Option<AlignedBuf>,
+}
+
+impl PartBuf {
+    /// An empty buffer with room for `capacity` bytes, page-aligned.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let mut b = PartBuf::default();
+        b.reserve(capacity);
+        b
+    }
+
+    /// Bytes of memory held.
+    pub(crate) fn capacity(&self) -> usize {
+        self.buf.as_ref().map_or(0, AlignedBuf::capacity)
+    }
+
+    /// Makes room for `additional` more bytes (a larger aligned buffer, the data copied, when
+    /// needed; at least doubling, as a `Vec` grows).
+    fn reserve(&mut self, additional: usize) {
+        let len = self.len();
+        let need = len.saturating_add(additional);
+        if need <= self.capacity() {
+            return;
+        }
+        let cap = need.max(self.capacity().saturating_mul(2));
+        let mut fresh = match AlignedBuf::new(cap, MIN_BUFFER_ALIGN) {
+            Ok(b) => b,
+            // Out of memory: what `Vec` does too.
+            Err(_) => std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(cap, MIN_BUFFER_ALIGN)
+                    .unwrap_or_else(|_| std::alloc::Layout::new::<[u8; MIN_BUFFER_ALIGN]>()),
+            ),
+        };
+        if let Some(old) = self.buf.take() {
+            fresh.capacity_mut()[..len].copy_from_slice(old.as_slice());
+        }
+        self.buf = Some(fresh);
+        self.set_len(len);
+    }
+
+    fn set_len(&mut self, len: usize) {
+        if let Some(b) = self.buf.as_mut() {
+            // Callers keep len <= capacity; a failure would leave the window unchanged.
+            let r = b.set_window(0, len);
+            debug_assert!(r.is_ok());
+        }
+    }
+
+    /// Appends `data`.
+    pub(crate) fn extend_from_slice(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        self.reserve(data.len());
+        let len = self.len();
+        if let Some(b) = self.buf.as_mut() {
+            b.capacity_mut()[len..len + data.len()].copy_from_slice(data);
+        }
+        self.set_len(len + data.len());
+    }
+
+    /// Grows to `new_len` bytes, filling with `value` (or shortens, as `truncate`).
+    pub(crate) fn resize(&mut self, new_len: usize, value: u8) {
+        let len = self.len();
+        if new_len <= len {
+            self.truncate(new_len);
+            return;
+        }
+        self.reserve(new_len - len);
+        if let Some(b) = self.buf.as_mut() {
+            b.capacity_mut()[len..new_len].fill(value);
+        }
+        self.set_len(new_len);
+    }
+
+    /// Keeps the first `len` bytes.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if len < self.len() {
+            self.set_len(len);
+        }
+    }
+
+    /// Empties it, keeping the memory.
+    pub(crate) fn clear(&mut self) {
+        self.set_len(0);
+    }
+}
+
+impl Deref for PartBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], AlignedBuf::as_slice)
+    }
+}
+
+impl DerefMut for PartBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self.buf.as_mut() {
+            Some(b) => b.as_mut_slice(),
+            None => &mut [],
+        }
+    }
+}
 
 /// Writers at once whose part buffers a tier's pool keeps for reuse: the DCP writer's default
 /// `save_parallelism` (parts of a checkpoint saved at once), so that its parts reuse mapped pages.
@@ -18,7 +135,7 @@ pub(crate) const WRITERS_KEPT: usize = 4;
 /// Reusable part buffers of one tier (shared by its writers).
 #[derive(Debug)]
 pub(crate) struct PartPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<PartBuf>>,
     /// Buffers kept at most (more are freed on return).
     keep: usize,
     /// Capacity of a new buffer.
@@ -28,20 +145,22 @@ pub(crate) struct PartPool {
 impl PartPool {
     /// A pool keeping at most `keep` buffers of `capacity` bytes.
     pub(crate) fn new(keep: usize, capacity: usize) -> Arc<Self> {
+        // Buffers are whole pages.
+        let capacity = capacity.div_ceil(MIN_BUFFER_ALIGN).max(1) * MIN_BUFFER_ALIGN;
         Arc::new(PartPool { free: Mutex::new(Vec::new()), keep, capacity })
     }
 
     /// An empty buffer (with `capacity` bytes reserved): a returned one when there is one.
-    pub(crate) fn take(&self) -> Vec<u8> {
+    pub(crate) fn take(&self) -> PartBuf {
         let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         reused.unwrap_or_else(|| {
             tracing::debug!(bytes = self.capacity, "s3: a new part buffer");
-            Vec::with_capacity(self.capacity)
+            PartBuf::with_capacity(self.capacity)
         })
     }
 
     /// Gives `buf` back (kept when the pool has room and it is not oversized).
-    pub(crate) fn put(&self, mut buf: Vec<u8>) {
+    pub(crate) fn put(&self, mut buf: PartBuf) {
         if buf.capacity() < self.capacity || buf.capacity() > 2 * self.capacity {
             if buf.capacity() > 0 {
                 tracing::debug!(bytes = buf.capacity(), "s3: a part buffer of an odd size freed");
@@ -57,7 +176,7 @@ impl PartPool {
 
     /// `buf` as `Bytes` without a copy; the buffer comes back to the pool when the last
     /// `Bytes` of it is dropped.
-    pub(crate) fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+    pub(crate) fn freeze(self: &Arc<Self>, buf: PartBuf) -> Bytes {
         Bytes::from_owner(Pooled { buf, pool: Arc::downgrade(self) })
     }
 
@@ -70,7 +189,7 @@ impl PartPool {
 
 /// A part buffer lent out as `Bytes`.
 struct Pooled {
-    buf: Vec<u8>,
+    buf: PartBuf,
     pool: Weak<PartPool>,
 }
 
@@ -112,14 +231,39 @@ mod tests {
     }
 
     #[test]
+    fn part_buffers_are_page_aligned_and_grow_like_a_vec() {
+        let pool = PartPool::new(1, 8192);
+        let mut b = pool.take();
+        assert_eq!(b.as_ptr() as usize % MIN_BUFFER_ALIGN, 0);
+        assert_eq!(b.capacity(), 8192);
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        b.extend_from_slice(&data[..5000]);
+        b.extend_from_slice(&data[5000..]);
+        assert!(b.capacity() >= 20_000);
+        assert_eq!(b.as_ptr() as usize % MIN_BUFFER_ALIGN, 0, "still aligned after growing");
+        assert_eq!(&b[..], &data[..]);
+        b[3] ^= 0xff;
+        assert_ne!(b[3], data[3]);
+        b.truncate(100);
+        assert_eq!(b.len(), 100);
+        b.resize(150, 0);
+        assert_eq!(&b[100..], &[0u8; 50][..]);
+        assert_eq!(&b[..3], &data[..3]);
+        b.clear();
+        assert!(b.is_empty());
+        let empty = PartBuf::default();
+        assert_eq!((empty.len(), empty.capacity()), (0, 0));
+    }
+
+    #[test]
     fn the_pool_keeps_at_most_its_limit_and_skips_odd_sizes() {
         let pool = PartPool::new(1, 64);
-        pool.put(Vec::with_capacity(64));
-        pool.put(Vec::with_capacity(64));
+        pool.put(PartBuf::with_capacity(64));
+        pool.put(PartBuf::with_capacity(64));
         assert_eq!(pool.held(), 1);
-        let pool = PartPool::new(4, 64);
-        pool.put(Vec::with_capacity(8));
-        pool.put(Vec::with_capacity(1024));
+        let pool = PartPool::new(4, 8192);
+        pool.put(PartBuf::with_capacity(8));
+        pool.put(PartBuf::with_capacity(64 << 10));
         assert_eq!(pool.held(), 0);
         let b = pool.take();
         drop(pool);

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::checksummed::{put_checked, server_checks_parts};
 use crate::config::UploadVerify;
+use crate::parts::PartBuf;
 use crate::tier::Inner;
 use crate::uploads::{self, LiveUpload};
 
@@ -45,7 +46,7 @@ pub(crate) struct S3Writer {
     key: String,
     path: Path,
     /// Bytes from `cur_start` on, not yet sent (a buffer of the tier's part pool).
-    cur: Vec<u8>,
+    cur: PartBuf,
     /// CRC-32C of `cur`, computed as bytes are appended (each block right after its copy,
     /// while it is in cache); None once bytes in it were rewritten or filled out of order
     /// (then computed when the part is sent).
@@ -154,7 +155,7 @@ impl S3Writer {
 
     /// Takes the part buffer (and its CRC-32C, computed now if it was not kept), leaving an
     /// empty one from the pool.
-    fn take_cur(&mut self) -> (Vec<u8>, u32) {
+    fn take_cur(&mut self) -> (PartBuf, u32) {
         let buf = std::mem::replace(&mut self.cur, self.inner.parts.take());
         let crc = self.cur_crc.replace(0).unwrap_or_else(|| crc32c::crc32c(&buf));
         (buf, crc)

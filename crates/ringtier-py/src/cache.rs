@@ -39,7 +39,7 @@ impl Cache {
     #[new]
     #[pyo3(signature = (capacity=None, *, policy=None, medium=PathBuf::from(MEMORY), levels=None,
         lookahead_epochs=3, prefetch_bytes=None, prefetch_depth=128, range_bytes=8 << 20, node_dir=None,
-        local_ranks=None))]
+        local_ranks=None, total_epochs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: Option<u64>,
@@ -52,6 +52,7 @@ impl Cache {
         range_bytes: usize,
         node_dir: Option<PathBuf>,
         local_ranks: Option<usize>,
+        total_epochs: Option<u64>,
     ) -> PyResult<Self> {
         // A node cache shared by the node's ranks (processes): its directory is the one level.
         let medium = match (&node_dir, local_ranks) {
@@ -89,7 +90,8 @@ impl Cache {
             .with_prefetch_bytes(prefetch_bytes)
             .with_prefetch_depth(prefetch_depth)
             .with_range_bytes(range_bytes)
-            .with_local_ranks(local_ranks);
+            .with_local_ranks(local_ranks)
+            .with_total_epochs(total_epochs);
         cfg.validate().py_err()?;
         Ok(Cache { cfg })
     }
@@ -123,6 +125,12 @@ impl Cache {
     #[getter]
     fn lookahead_epochs(&self) -> u64 {
         self.cfg.lookahead_epochs
+    }
+
+    /// The job's number of epochs, if given (a node cache's plan then looks over the whole job).
+    #[getter]
+    fn total_epochs(&self) -> Option<u64> {
+        self.cfg.total_epochs
     }
 
     /// Bytes of the first level the clairvoyant prefetcher may fill.

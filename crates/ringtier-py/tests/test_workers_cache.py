@@ -242,6 +242,10 @@ def test_batched_records_bad_arguments(tmp_path):
 def test_cache_settings_are_checked_when_made(tmp_path):
     c = ringtier.Cache(1 << 20, policy="clairvoyant")
     assert (c.policy, c.levels, c.capacity_bytes, c.lookahead_epochs) == ("clairvoyant", [("memory", 1 << 20)], 1 << 20, 3)
+    assert c.total_epochs is None
+    assert ringtier.Cache(1 << 20, policy="clairvoyant", total_epochs=6).total_epochs == 6
+    with pytest.raises(ringtier.InvalidInputError, match="number of epochs"):
+        ringtier.Cache(1 << 20, policy="clairvoyant", total_epochs=0)
     d = ringtier.Cache(levels=[("memory", 1 << 20), (str(tmp_path / "c"), 4 << 20)], policy="lru")
     assert d.levels == [("memory", 1 << 20), (str(tmp_path / "c"), 4 << 20)]
     with pytest.raises(ringtier.InvalidInputError, match="unknown cache policy"):

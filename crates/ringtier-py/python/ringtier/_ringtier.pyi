@@ -159,7 +159,9 @@ class Cache:
     ``local_ranks``: one cache for the node's ranks, which are separate processes (torchrun's
     ``--nproc-per-node``): the directory (the same path on every rank; on tmpfs such as
     ``/dev/shm`` it is memory) holds one copy of a sample per node, placed by a plan every rank
-    computes from the seed; ``capacity`` is the node's. Bad settings raise
+    computes from the seed; ``capacity`` is the node's; ``total_epochs`` (the job's number of
+    epochs, the same on every rank) lets that plan look over the whole job instead of
+    ``lookahead_epochs``. Bad settings raise
     :class:`ringtier.InvalidInputError`."""
 
     def __init__(
@@ -175,6 +177,7 @@ class Cache:
         range_bytes: int = 8 << 20,
         node_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
         local_ranks: Optional[int] = None,
+        total_epochs: Optional[int] = None,
     ) -> None: ...
     @property
     def policy(self) -> str: ...
@@ -188,6 +191,9 @@ class Cache:
     def capacity_bytes(self) -> int: ...
     @property
     def lookahead_epochs(self) -> int: ...
+    @property
+    def total_epochs(self) -> Optional[int]:
+        """The job's number of epochs, if given."""
     @property
     def prefetch_bytes(self) -> int:
         """The clairvoyant prefetcher's budget in bytes."""

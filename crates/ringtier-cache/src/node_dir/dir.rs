@@ -409,11 +409,21 @@ impl SlotDir {
         matches!(res, Ok(Wrote::Placed)) && had.get()
     }
 
-    /// Removes the whole directory (the job is over).
+    /// Removes the whole directory (the job is over). Another rank's write still landing (a
+    /// temporary copy or a slot's lock file made after the listing) makes the last `rmdir`
+    /// fail with "not empty": it is tried again, for up to a second, before a warning.
     pub(crate) fn remove(&self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.root) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("removing the node cache directory {}: {e}", self.root.display());
+        for attempt in 0..50 {
+            match std::fs::remove_dir_all(&self.root) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempt < 49 => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!("removing the node cache directory {}: {e}", self.root.display());
+                    return;
+                }
             }
         }
     }

@@ -17,19 +17,9 @@ import ringtier.torch as rt
 from ringtier import transforms as T
 from test_records import write_tfrecords, write_wds
 from test_transforms import write_jpegs
+from test_workers_cache import wait_for_files as stored_files
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-def stored_files(d: Path, n: int, timeout: float = 20.0) -> List[Path]:
-    """The stored samples under `d` once there are `n` (they are written in the background)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = sorted(d.rglob("*.rgb"))
-        if len(got) >= n or time.monotonic() > deadline:
-            assert len(got) == n, f"{len(got)} stored samples, {n} expected"
-            return got
-        time.sleep(0.05)
 
 
 def by_key(ds: rt.IterableDataset, epoch: int, workers: int = 0) -> Dict[str, torch.Tensor]:

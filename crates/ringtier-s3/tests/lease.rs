@@ -200,9 +200,11 @@ async fn a_dead_holders_lease_is_taken_over_once_stale() {
         let name = server.name();
         let fast_dir = tempfile::tempdir().expect("tempdir");
         let slow = s3_tier(&server.endpoint(), "run", Duration::from_secs(2)).await;
-        // A writer on another host died holding the prefix, with a 2 s timeout.
+        // A writer on another host died holding the prefix, with a 6 s timeout: long enough
+        // that the open below still finds it fresh when this machine is loaded (with 2 s, a
+        // slow server start under parallel tests made it stale before the first look).
         let dead =
-            "ringtier-lease 1\nholder deadhost/4242/00000000feedface/0\nseq 7\ntimeout_ms 2000\nwritten_unix_ms 1\n";
+            "ringtier-lease 1\nholder deadhost/4242/00000000feedface/0\nseq 7\ntimeout_ms 6000\nwritten_unix_ms 1\n";
         raw(&server.endpoint()).put(&Path::from(LEASE), PutPayload::from(dead)).await.expect("plant a lease");
         let e = CheckpointStore::open(vec![fast(fast_dir.path()), Arc::clone(&slow)], cfg())
             .await
@@ -210,7 +212,7 @@ async fn a_dead_holders_lease_is_taken_over_once_stale() {
         assert_eq!(e.kind(), ErrorKind::Busy, "{name}: {e}");
         assert!(e.to_string().contains("host deadhost, pid 4242"), "{name}: {e}");
         // Stale once not renewed for its timeout, on the server's clock (to the second).
-        tokio::time::sleep(Duration::from_millis(4200)).await;
+        tokio::time::sleep(Duration::from_millis(8200)).await;
         let store = CheckpointStore::open(vec![fast(fast_dir.path()), Arc::clone(&slow)], cfg())
             .await
             .expect("the stale lease is taken over");

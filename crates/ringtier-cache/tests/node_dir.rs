@@ -136,8 +136,16 @@ async fn ranks_share_one_copy_per_sample_and_read_less_of_the_slow_tier() {
             // Belady on the union keeps what the node reads next: well below no cache.
             assert!((bytes as f64) < 0.8 * none as f64, "clairvoyant {bytes} vs none {none}");
         }
-        // Local rank 0's drop removed the plan's directory.
-        let left: Vec<_> = std::fs::read_dir(&dir).expect("dir").flatten().collect();
+        // Local rank 0's drop removes the plan's directory, once the last of its work in flight
+        // (a prefetch's write on the blocking pool holds the cache) has landed.
+        let mut left = Vec::new();
+        for _ in 0..250 {
+            left = std::fs::read_dir(&dir).expect("dir").flatten().map(|e| e.path()).collect();
+            if left.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         assert!(left.is_empty(), "{policy}: {left:?}");
     }
 }

@@ -128,16 +128,18 @@ fn a_linked_prefix_leads_no_subcommand_out_of_the_root() {
 #[test]
 fn a_killed_saves_staged_file_does_not_outlive_the_next_open() {
     let s = Store::new("trust-staging");
-    // A large sparse source: read fast, written for real.
+    // A sparse source, read fast; the save runs on the fast tier alone, throttled to 32 MB/s
+    // (the fast tier is then also the last), so it is surely mid-part when it is killed.
     let big = s.base.join("big");
-    std::fs::File::create(&big).and_then(|f| f.set_len(3 << 30)).expect("big");
+    std::fs::File::create(&big).and_then(|f| f.set_len(1 << 30)).expect("big");
+    let log = s.base.join("killed-save.log");
     let mut child = ringtier()
-        .args(["ckpt", "--tiers"])
-        .arg(format!("{},{}", s.fast.display(), s.slow.display()))
+        .args(["ckpt", "--throttle-last", "32M", "--tiers"])
+        .arg(&s.fast)
         .args(["save", "--step", "1", "--no-drain", "--part"])
         .arg(format!("a={}", big.display()))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("start save");
     let staging = s.fast.join(".ringtier-staging");
@@ -153,7 +155,10 @@ fn a_killed_saves_staged_file_does_not_outlive_the_next_open() {
     let since = Instant::now();
     while !staged(&staging).iter().any(|(_, len)| *len >= 8 << 20) {
         assert!(since.elapsed() < Duration::from_secs(60), "the save never wrote its part");
-        assert!(child.try_wait().expect("try_wait").is_none(), "the save ended before it was killed");
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let err = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("the save ended ({status}) before it was killed: {err}");
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().expect("SIGKILL");

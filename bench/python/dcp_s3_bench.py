@@ -3,7 +3,7 @@
 the CRT client) on the same loopback S3 server, one process.
 
     flock /tmp/ringtier-bench.lock python bench/python/dcp_s3_bench.py --dir /dev/shm/rt-dcp-s3 \\
-        [--gib 1] [--repeats 3] [--server target/release/ringtier-s3-server] [--json o.json] [--md o.md]
+        [--gib 1] [--repeats 3] [--warmup 1] [--server target/release/ringtier-s3-server] [--json o.json] [--md o.md]
 
 The server is the test kit's s3s-fs (``ringtier-s3-server``, a release build: objects are files
 under --dir; on /dev/shm its disk is memory, so the disk is not the bound), started here on a free
@@ -14,7 +14,9 @@ is given the endpoint through its S3Client (``S3ClientConfig(force_path_style=Tr
 writes with its default part size; its reader is ``S3ReaderConstructor.dcp_optimized()``.
 Each repeat runs the four passes interleaved (the order rotated), each after ``sync`` and a
 page-cache drop; a save returns once the objects are complete on the server (both sides);
-loads are in place into preallocated tensors.
+loads are in place into preallocated tensors. Before the timed repeats, ``--warmup`` rounds (1 by
+default) run every pass once untimed: the figures are those of a job that checkpoints again
+(buffer pools filled, connections open), for both clients alike.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ def main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed rounds first (every client saves and loads the full state once: "
+                         "buffer pools and connections as a job that checkpoints again has them)")
     ap.add_argument("--server", default="target/release/ringtier-s3-server")
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -146,7 +151,7 @@ def main() -> None:
             for t in target.values():
                 t.zero_()
 
-        for rep in range(args.repeats):
+        for rep in range(-args.warmup, args.repeats):
             saves: List[tuple] = [("ringtier dcp.save (s3:// tier)", rt_save), ("s3torchconnector S3StorageWriter", tc_save)]
             loads: List[tuple] = [("ringtier dcp.load (s3:// tier)", rt_load), ("s3torchconnector S3StorageReader", tc_load)]
             for group, kind in ((saves, "save"), (loads, "load")):
@@ -156,6 +161,10 @@ def main() -> None:
                     s0, c0, t0 = proc_cpu(server.pid), cpu(), time.perf_counter()
                     fn(rep)
                     secs, c = time.perf_counter() - t0, cpu() - c0
+                    if rep < 0:  # a warm-up round: not recorded
+                        if kind == "load":
+                            check(name)
+                        continue
                     results.append({"config": name, "kind": kind, "repeat": rep, "seconds": secs, "cpu_seconds": c,
                                     "server_cpu_seconds": proc_cpu(server.pid) - s0, "bytes": total,
                                     "loadavg_before": la})
@@ -206,10 +215,12 @@ def main() -> None:
             "loadavg_before_min_max": [min(loads), max(loads)],
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "machine": f"{socket.gethostname()}, {os.cpu_count()} cores, kernel {platform.release()}, torch {torch.__version__}",
-            "command": "python " + " ".join(sys.argv), "gib": gib, "repeats": args.repeats}
+            "command": "python " + " ".join(sys.argv), "gib": gib, "repeats": args.repeats,
+            "warmup_rounds": args.warmup}
     lines = ["# DCP to S3: ringtier (s3:// tier) vs s3torchconnector 1.5.0, loopback s3s-fs", "",
              f"{meta['date']}; {meta['machine']}; server: the test kit's s3s-fs ({args.server}) on loopback, "
-             f"objects on {fs} ({args.dir}); {gib:.2f} GiB state, 1 process; {args.repeats} interleaved repeats, "
+             f"objects on {fs} ({args.dir}); {gib:.2f} GiB state, 1 process; {args.repeats} interleaved repeats after "
+             f"{args.warmup} untimed warm-up round(s) of every client, "
              f"caches dropped before each pass; load average {min(loads):.1f} to {max(loads):.1f}; "
              f"peak RSS of the process (both clients, the state and its load targets) {meta['peak_rss_mib']:.0f} MiB.",
              "", f"Command: `{meta['command']}`", "",

@@ -71,6 +71,28 @@ pub trait ObjectWriter: Send + fmt::Debug {
     /// that is not is allowed (the tail is padded and trimmed at commit).
     async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf);
 
+    /// The size of the blocks whose CRC-32Cs [`write_at_crcs`] can use (an S3 writer: its part
+    /// size); `None`, the default, for a writer that takes none.
+    ///
+    /// [`write_at_crcs`]: ObjectWriter::write_at_crcs
+    fn crc_block(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`write_at`] with the CRC-32C of each [`crc_block`]-sized piece of `buf.as_slice()`, in
+    /// order (the last may be shorter), taken by the caller while the bytes were in its cache:
+    /// a writer that checksums what it sends uses them instead of reading every byte again.
+    /// `offset` is a multiple of the block. A CRC that does not match its bytes is caught by
+    /// whoever checks it (an S3 server refuses the part); it never passes as the bytes' own.
+    /// The default ignores them.
+    ///
+    /// [`write_at`]: ObjectWriter::write_at
+    /// [`crc_block`]: ObjectWriter::crc_block
+    async fn write_at_crcs(&mut self, offset: u64, buf: AlignedBuf, crcs: &[u32]) -> (Result<()>, AlignedBuf) {
+        let _ = crcs;
+        self.write_at(offset, buf).await
+    }
+
     /// Makes the object durable (where the tier is durable) and visible, atomically replacing
     /// any object under the same key. File tiers: data fsync, atomic rename, directory fsync.
     async fn commit(self: Box<Self>) -> Result<ObjectMeta>;

@@ -207,6 +207,84 @@ impl Drop for Pooled {
     }
 }
 
+/// Writers' buffers sent as parts without a copy ([`LentPool::lend`]), and the buffers handed
+/// back to writers in their place.
+///
+/// `write_at` hands the tier a whole chunk (32 MiB for a checkpoint save) of page-aligned
+/// memory; copying it into part buffers was a fifth of a DCP save's client CPU
+/// (`bench/results/python-dcp-s3-tmpfs-*.md`). Instead, whole parts are sent as slices of the
+/// caller's buffer, and the caller gets an equal buffer from here at once; its own comes back
+/// here when the last part cut from it has been sent. Buffers kept here have their pages
+/// mapped: a new one costs a page fault per 4 KiB when first written.
+#[derive(Debug)]
+pub(crate) struct LentPool {
+    free: Mutex<Vec<AlignedBuf>>,
+    /// Bytes kept at most (more are freed on return).
+    keep_bytes: usize,
+}
+
+impl LentPool {
+    /// A pool keeping at most `keep_bytes` of buffers.
+    pub(crate) fn new(keep_bytes: usize) -> Arc<Self> {
+        Arc::new(LentPool { free: Mutex::new(Vec::new()), keep_bytes })
+    }
+
+    /// An empty buffer of `capacity` bytes aligned to `align`: a returned one when there is
+    /// one of that shape.
+    pub(crate) fn take(&self, capacity: usize, align: usize) -> ringtier_core::Result<AlignedBuf> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = free.iter().position(|b| b.capacity() == capacity && b.align() == align) {
+            let mut b = free.swap_remove(i);
+            b.clear();
+            return Ok(b);
+        }
+        drop(free);
+        tracing::debug!(bytes = capacity, "s3: a new buffer in place of one lent");
+        AlignedBuf::new(capacity, align)
+    }
+
+    /// Gives `buf` back (kept while the pool holds less than its limit).
+    fn put(&self, buf: AlignedBuf) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = free.iter().map(AlignedBuf::capacity).sum();
+        if held + buf.capacity() <= self.keep_bytes {
+            free.push(buf);
+        }
+    }
+
+    /// The data window of `buf` as `Bytes` without a copy; the buffer comes to this pool when
+    /// the last `Bytes` of it is dropped.
+    pub(crate) fn lend(self: &Arc<Self>, buf: AlignedBuf) -> Bytes {
+        Bytes::from_owner(Lent { buf: Some(buf), pool: Arc::downgrade(self) })
+    }
+
+    /// Buffers held for reuse (tests).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// A writer's buffer lent out as `Bytes`.
+struct Lent {
+    buf: Option<AlignedBuf>,
+    pool: Weak<LentPool>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], AlignedBuf::as_slice)
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let (Some(pool), Some(buf)) = (self.pool.upgrade(), self.buf.take()) {
+            pool.put(buf);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +306,36 @@ mod tests {
         let again = pool.take();
         assert!(again.is_empty());
         assert_eq!(again.as_ptr(), ptr, "the same allocation is reused");
+    }
+
+    #[test]
+    fn a_lent_buffer_comes_back_for_the_next_writer_once_its_slices_are_dropped() {
+        let pool = LentPool::new(2 * 8192);
+        let mut b = pool.take(8192, 4096).expect("buffer");
+        b.fill_from(&[5u8; 6000]).expect("fill");
+        let ptr = b.as_ptr();
+        let bytes = pool.lend(b);
+        assert_eq!(bytes.len(), 6000);
+        let (first, second) = (bytes.slice(..4096), bytes.slice(4096..));
+        drop(bytes);
+        drop(first);
+        assert_eq!(pool.held(), 0, "a slice still holds it");
+        assert_eq!(&second[..], &[5u8; 1904][..]);
+        drop(second);
+        assert_eq!(pool.held(), 1);
+        // Another shape is a new buffer; the same shape is the one given back, emptied.
+        assert_ne!(pool.take(16384, 4096).expect("other").as_ptr(), ptr);
+        let again = pool.take(8192, 4096).expect("again");
+        assert_eq!((again.as_ptr(), again.len()), (ptr, 0));
+        // At most its byte limit is kept.
+        for _ in 0..3 {
+            drop(pool.lend(AlignedBuf::new(8192, 4096).expect("b")));
+        }
+        assert_eq!(pool.held(), 2);
+        // A buffer outliving its pool is simply freed.
+        let bytes = pool.lend(again);
+        drop(pool);
+        drop(bytes);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use ringtier_core::{
 
 use crate::config::S3Config;
 use crate::error::{map_err, Retry};
-use crate::parts::PartPool;
+use crate::parts::{LentPool, PartPool};
 use crate::signed::SignedClient;
 use crate::writer::S3Writer;
 
@@ -66,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) endpoint: Option<String>,
     /// Part buffers of this tier's uploads, reused.
     pub(crate) parts: Arc<PartPool>,
+    /// Writers' buffers sent as parts without a copy, and those handed back in their place.
+    pub(crate) lent: Arc<LentPool>,
     /// The requests object_store has no call for, signed and sent through one HTTP client.
     pub(crate) signed: SignedClient,
     /// Whether the server refuses a part whose checksum does not match (probed once).
@@ -317,6 +319,11 @@ impl S3Tier {
         // what was in use at once): a part buffer not reused costs its page faults, a sixth of
         // a DCP save's client CPU.
         let parts = PartPool::new((cfg.upload_concurrency + 1) * crate::parts::WRITERS_KEPT, cfg.part_size);
+        // The same budget for buffers lent whole: what the parts in flight and the ones being
+        // filled take, for as many writers.
+        let lent = LentPool::new(
+            (cfg.upload_concurrency + 1).saturating_mul(crate::parts::WRITERS_KEPT).saturating_mul(cfg.part_size),
+        );
         let inner = Inner {
             store: Arc::new(store),
             io,
@@ -324,6 +331,7 @@ impl S3Tier {
             root,
             endpoint,
             parts,
+            lent,
             signed,
             part_checks: tokio::sync::OnceCell::new(),
             lost_leases: std::sync::Mutex::default(),

@@ -218,7 +218,6 @@ impl S3Writer {
         let Some(up) = self.upload.as_mut() else {
             return Err(self.err(ErrorKind::Io, "multipart upload missing", Operation::Write));
         };
-        debug_assert_eq!(part_crc, crc32c::crc32c(&data));
         self.crc = crc32c::crc32c_combine(self.crc, part_crc, data.len());
         let idx = up.parts.len();
         up.parts.push(None);
@@ -250,6 +249,44 @@ impl S3Writer {
             (idx, res)
         }));
         Ok(())
+    }
+
+    /// Sends the whole parts of `buf` (which starts where the next part does, nothing
+    /// buffered) as slices of it, without a copy, and keeps the rest as the start of the next
+    /// part; hands back an equal buffer from the tier's [`LentPool`] (`buf` goes there once
+    /// its parts are sent).
+    ///
+    /// `crcs`, when given, are the CRC-32Cs of `buf`'s part-sized pieces, used as the parts'.
+    ///
+    /// What can fail for a passing reason (starting the upload, a buffer) is done while `buf`
+    /// is still the caller's, so a retried write has its data; once part of it is sent, a
+    /// failure is the upload's ([`S3Writer::check_failed`] refuses every later write).
+    ///
+    /// [`LentPool`]: crate::parts::LentPool
+    async fn send_lent(&mut self, buf: AlignedBuf, crcs: Option<&[u32]>) -> (Result<()>, AlignedBuf) {
+        if let Err(e) = self.ensure_upload().await {
+            return (Err(e), buf);
+        }
+        let part = self.inner.cfg.part_size;
+        let in_place = match self.inner.lent.take(buf.capacity(), buf.align()) {
+            Ok(b) => b,
+            Err(e) => return (Err(e), buf),
+        };
+        let whole = buf.len() / part * part;
+        let bytes = self.inner.lent.lend(buf);
+        for (i, at) in (0..whole).step_by(part).enumerate() {
+            let data = bytes.slice(at..at + part);
+            // The caller's CRC when it gave one (checked by the server against the bytes, and
+            // in debug builds here), else taken now.
+            let crc = crcs.and_then(|c| c.get(i).copied()).unwrap_or_else(|| crc32c::crc32c(&data));
+            self.cur_start += part as u64;
+            if let Err(e) = self.send_part(data, crc).await {
+                self.failed.get_or_insert_with(|| e.to_string());
+                return (Err(e), in_place);
+            }
+        }
+        self.append(&bytes[whole..]);
+        (Ok(()), in_place)
     }
 
     /// Sends every full part in the buffer.
@@ -365,21 +402,26 @@ impl S3Writer {
         }
         uploads::abort(&self.inner, &self.path, &self.key, up.live).await
     }
-}
 
-#[async_trait]
-impl ObjectWriter for S3Writer {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+    /// `write_at`, with the CRC-32C of each part-sized piece of `buf` when the caller has them.
+    async fn write(&mut self, offset: u64, buf: AlignedBuf, crcs: Option<&[u32]>) -> (Result<()>, AlignedBuf) {
         if let Err(e) = self.check_failed(Operation::Write) {
             return (Err(e), buf);
         }
+        let part = self.inner.cfg.part_size as u64;
+        if self.cur.is_empty()
+            && self.ahead.is_empty()
+            && offset == self.cur_start
+            && buf.len() as u64 >= part
+            && buf.is_own()
+            && buf.as_ptr() as usize % ringtier_core::buf::MIN_BUFFER_ALIGN == 0
+        {
+            // CRCs of another split than this writer's parts are not used.
+            let crcs = crcs.filter(|c| c.len() == buf.len().div_ceil(part as usize));
+            return self.send_lent(buf, crcs).await;
+        }
         // Placed up to each part boundary at a time (parts start at multiples of the part
         // size), so a part buffer never grows past one part.
-        let part = self.inner.cfg.part_size as u64;
         let data = buf.as_slice();
         let mut done = 0;
         while done < data.len() {
@@ -394,6 +436,25 @@ impl ObjectWriter for S3Writer {
             done += n;
         }
         (Ok(()), buf)
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for S3Writer {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    async fn write_at(&mut self, offset: u64, buf: AlignedBuf) -> (Result<()>, AlignedBuf) {
+        self.write(offset, buf, None).await
+    }
+
+    fn crc_block(&self) -> Option<usize> {
+        Some(self.inner.cfg.part_size)
+    }
+
+    async fn write_at_crcs(&mut self, offset: u64, buf: AlignedBuf, crcs: &[u32]) -> (Result<()>, AlignedBuf) {
+        self.write(offset, buf, Some(crcs)).await
     }
 
     async fn commit(mut self: Box<Self>) -> Result<ObjectMeta> {

@@ -76,6 +76,73 @@ async fn multipart_in_parallel_and_out_of_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_parts_go_out_of_the_writers_own_buffer_and_a_like_one_comes_back() {
+    let (tier, _server, dir) = s3s("lent").await;
+    // Writes of whole parts at a part boundary (sent from the buffer given), with a tail (the
+    // start of the next part, buffered), then writes that land in a buffered part (copied).
+    let sizes = [2 * PART, PART + 7, 3 * PART, 100, 2 * PART + 5, PART];
+    let data = pattern(9, sizes.iter().sum());
+    let mut w = tier.create("mixed").await.expect("create");
+    let mut off = 0;
+    for (i, n) in sizes.into_iter().enumerate() {
+        let mut b = AlignedBuf::new(n, 4096).expect("buf");
+        b.fill_from(&data[off..off + n]).expect("fill");
+        let (ptr, cap) = (b.as_ptr(), b.capacity());
+        let (res, back) = w.write_at(off as u64, b).await;
+        res.expect("write");
+        assert_eq!((back.capacity(), back.align()), (cap, 4096), "write {i}: a buffer of the same shape back");
+        if i < 2 {
+            assert_ne!(back.as_ptr(), ptr, "write {i}: its buffer was lent, another came back");
+        } else {
+            assert_eq!(back.as_ptr(), ptr, "write {i}: copied, its own buffer came back");
+        }
+        off += n;
+    }
+    w.commit().await.expect("commit");
+    assert!(ops::get(&tier, "mixed").await.expect("get") == data, "object read back differs");
+    assert!(s3s_uploads(dir.path()).is_empty(), "uploads left: {:?}", s3s_uploads(dir.path()));
+    // Buffers given back are used again: a second object in the same whole-part writes.
+    write_all(&tier, "again", &data[..4 * PART], 2 * PART).await.expect("second object");
+    assert!(ops::get(&tier, "again").await.expect("get") == data[..4 * PART], "second object differs");
+
+    // The caller's part CRCs are used as the parts' own: right ones give the object, and a wrong
+    // one never passes (the server refuses the part, or the read-back finds the object's CRC
+    // differs): nothing is visible, no upload is left.
+    assert_eq!(w_crc_block(&tier).await, Some(PART));
+    let body = &data[..2 * PART + 9];
+    let crcs: Vec<u32> = body.chunks(PART).map(crc32c::crc32c).collect();
+    for (key, crcs, ok) in [("right", crcs.clone(), true), ("wrong", vec![crcs[0], crcs[1] ^ 1, crcs[2]], false)] {
+        let mut w = tier.create(key).await.expect("create");
+        let mut b = AlignedBuf::new(body.len(), 4096).expect("buf");
+        b.fill_from(body).expect("fill");
+        let (res, _) = w.write_at_crcs(0, b, &crcs).await;
+        let res = match res {
+            Ok(()) => w.commit().await.map(|_| ()),
+            Err(e) => {
+                let _ = w.abort().await;
+                Err(e)
+            }
+        };
+        if ok {
+            res.expect("right CRCs");
+            assert!(ops::get(&tier, key).await.expect("get") == body, "{key}: object differs");
+        } else {
+            let e = res.expect_err("a wrong part CRC must not commit");
+            assert_eq!(tier.stat(key).await.expect_err("never visible").kind(), ErrorKind::NotFound, "{e}");
+        }
+    }
+    assert!(s3s_uploads(dir.path()).is_empty(), "uploads left: {:?}", s3s_uploads(dir.path()));
+}
+
+/// The block size a new writer of `tier` takes CRCs for.
+async fn w_crc_block(tier: &S3Tier) -> Option<usize> {
+    let w = tier.create("probe").await.expect("create");
+    let b = w.crc_block();
+    w.abort().await.expect("abort");
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewriting_a_sent_part_is_refused() {
     let (tier, _server, dir) = s3s("rw").await;
     let data = pattern(2, 2 * PART);
@@ -165,13 +232,19 @@ async fn a_part_failing_for_good_fails_the_object_and_leaves_no_upload() {
     let (_t, server, dir) = s3s("x").await;
     let proxy = FaultProxy::start(addr(&server.endpoint())).expect("proxy");
     // A 500 retried until the deadline, then a 400 that is never retried.
-    for (status, deadline) in [(500u16, Duration::from_secs(2)), (400, Duration::from_secs(60))] {
+    // In 1 MiB writes (copied into part buffers) and in writes of three whole parts (sent
+    // from the writer's own buffer).
+    for (status, deadline, chunk) in [
+        (500u16, Duration::from_secs(2), 1 << 20),
+        (400, Duration::from_secs(60), 1 << 20),
+        (400, Duration::from_secs(60), 3 * PART),
+    ] {
         let cfg = test_config(&proxy.endpoint(), "bkt", "bad").with_part_size(PART).with_retry_deadline(deadline);
         let tier = S3Tier::new(cfg).expect("tier");
         proxy.clear();
         proxy.fail_matching("partNumber=2&", Fault::Status(status));
         let start = Instant::now();
-        let e = write_all(&tier, "obj", &pattern(4, 3 * PART), 1 << 20).await.expect_err("part 2 always fails");
+        let e = write_all(&tier, "obj", &pattern(4, 3 * PART), chunk).await.expect_err("part 2 always fails");
         assert!(e.to_string().contains("part 2"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(30), "{status}: took {:?}", start.elapsed());
         proxy.clear();

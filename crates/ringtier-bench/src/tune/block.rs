@@ -36,6 +36,13 @@ pub(crate) struct BlockSettings {
 #[derive(Debug)]
 pub(crate) struct RestoreGuard(());
 
+impl RestoreGuard {
+    /// A guard that restores every recorded original (block or system setting) when dropped.
+    pub(crate) fn new() -> RestoreGuard {
+        RestoreGuard(())
+    }
+}
+
 impl Drop for RestoreGuard {
     fn drop(&mut self) {
         restore_all();
@@ -65,6 +72,19 @@ pub(crate) fn restore_all() -> usize {
 /// [`restore_all`], run between configurations (it says so only when it restored something).
 pub(crate) fn restore_all_quiet() {
     restore_all();
+}
+
+/// Writes `value` to the kernel setting `path`, whose value now is `orig`, recording `orig`
+/// first (the first time this file is changed) so that [`restore_all`] puts it back. Used for
+/// the device's queue settings and for system settings a comparison needs for a while.
+pub(crate) fn set_recorded(path: &Path, orig: &str, value: &str) -> Result<()> {
+    {
+        let mut list = ORIGINALS.lock().unwrap_or_else(|p| p.into_inner());
+        if !list.iter().any(|(p, _)| p == path) {
+            list.push((path.to_path_buf(), orig.to_string()));
+        }
+    }
+    write_value(path, value).map_err(|e| anyhow::anyhow!("setting {} to {value:?} (was {orig:?}): {e}", path.display()))
 }
 
 fn write_value(path: &Path, value: &str) -> std::io::Result<()> {
@@ -113,7 +133,7 @@ impl BlockSettings {
 
     /// A guard that restores whatever is changed while it lives.
     pub(crate) fn guard(&self) -> RestoreGuard {
-        RestoreGuard(())
+        RestoreGuard::new()
     }
 
     fn current(&self, name: &str) -> Option<String> {
@@ -154,14 +174,7 @@ impl BlockSettings {
             if orig == *value {
                 continue;
             }
-            {
-                let mut list = ORIGINALS.lock().unwrap_or_else(|p| p.into_inner());
-                if !list.iter().any(|(p, _)| p == &path) {
-                    list.push((path.clone(), orig.clone()));
-                }
-            }
-            write_value(&path, value)
-                .map_err(|e| anyhow::anyhow!("setting {} to {value:?} (was {orig:?}): {e}", path.display()))?;
+            set_recorded(&path, &orig, value)?;
         }
         Ok(())
     }

@@ -87,6 +87,11 @@ pub struct TuneArgs {
     /// Leave block settings alone (no block knobs).
     #[arg(long)]
     pub(crate) no_block: bool,
+    /// Leave transparent huge pages as they are for the fio comparison (by default, where the
+    /// mode is `madvise`, it is `always` while fio runs, so that fio's buffers are on huge
+    /// pages as ringtier's are; put back after).
+    #[arg(long)]
+    pub(crate) fio_small_pages: bool,
     /// No tracepoint breakdown.
     #[arg(long)]
     pub(crate) no_trace: bool,
@@ -187,6 +192,8 @@ struct FioComparison {
     ratio: Summary,
     fio_clat_p99_ms: f64,
     fio_cpu_seconds_per_gib: Summary,
+    /// The memory fio's buffers were on (huge pages or not), against ringtier's.
+    memory: String,
 }
 
 /// Removes generated data when dropped.
@@ -658,6 +665,9 @@ fn fio_comparisons(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<FioComparison>> {
     let mut out = Vec::new();
+    // fio's buffers on huge pages, as ringtier's, while the comparison runs.
+    let (_thp, memory) = fio::huge_pages_for_fio(fio::thp_path(), !a.fio_small_pages);
+    eprintln!("tune: fio comparison: {memory}");
     // One big file: random reads of the read size (128 KiB when whole files) at the depth.
     let big = a.dir.join("ringtier-tune-bigfile");
     let _rm = Cleanup((!a.keep).then(|| big.clone()));
@@ -714,6 +724,7 @@ fn fio_comparisons(
         ratio: Summary::ratio(&ours, &theirs),
         fio_clat_p99_ms: p99,
         fio_cpu_seconds_per_gib: Summary::of(&fio_cpu),
+        memory: memory.clone(),
     });
     // The dataset's files, each read whole, cold.
     let target = fio::Target::Files {
@@ -767,6 +778,7 @@ fn fio_comparisons(
         ratio: Summary::ratio(&ours, &theirs),
         fio_clat_p99_ms: p99,
         fio_cpu_seconds_per_gib: Summary::of(&fio_cpu),
+        memory: memory.clone(),
     });
     Ok(out)
 }
@@ -860,13 +872,14 @@ fn markdown(r: &TuneReport) -> String {
     for f in &r.fio {
         let _ = writeln!(
             md,
-            "\nfio on {} at `{}`: fio {} MB/s, ringtier {} MB/s, ringtier/fio {} (jobs: {})",
+            "\nfio on {} at `{}`: fio {} MB/s, ringtier {} MB/s, ringtier/fio {} (jobs: {}; {})",
             f.target,
             f.config,
             f.fio_mb_per_sec.text(0),
             f.ringtier_mb_per_sec.text(0),
             f.ratio.text(2),
-            f.job_file
+            f.job_file,
+            f.memory
         );
     }
     for p in &r.presets {

@@ -210,6 +210,14 @@ impl AlignedBuf {
         Ok(())
     }
 
+    /// Whether the buffer owns its memory (made by [`AlignedBuf::new`]): neither a pool's slot
+    /// nor memory released elsewhere, so it may be kept or handed on without anyone waiting
+    /// for it back.
+    #[inline]
+    pub fn is_own(&self) -> bool {
+        matches!(self.origin, Origin::Own(_))
+    }
+
     /// For a pooled buffer: the pool's id and this buffer's index (its fixed-buffer index when
     /// the pool is registered with io_uring).
     #[inline]

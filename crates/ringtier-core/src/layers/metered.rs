@@ -247,6 +247,18 @@ impl ObjectWriter for MeteredWriter {
         (res, buf)
     }
 
+    fn crc_block(&self) -> Option<usize> {
+        self.inner.crc_block()
+    }
+
+    async fn write_at_crcs(&mut self, offset: u64, buf: AlignedBuf, crcs: &[u32]) -> (Result<()>, AlignedBuf) {
+        let start = Instant::now();
+        let n = buf.len() as u64;
+        let (res, buf) = self.inner.write_at_crcs(offset, buf, crcs).await;
+        self.handles.record(Op::Write, start, &res, n);
+        (res, buf)
+    }
+
     async fn commit(self: Box<Self>) -> Result<ObjectMeta> {
         let start = Instant::now();
         let handles = self.handles;

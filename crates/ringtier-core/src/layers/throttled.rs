@@ -208,6 +208,15 @@ impl ObjectWriter for ThrottledWriter {
         self.inner.write_at(offset, buf).await
     }
 
+    fn crc_block(&self) -> Option<usize> {
+        self.inner.crc_block()
+    }
+
+    async fn write_at_crcs(&mut self, offset: u64, buf: AlignedBuf, crcs: &[u32]) -> (Result<()>, AlignedBuf) {
+        self.shared.pace(self.shared.write.as_ref(), buf.len() as u64).await;
+        self.inner.write_at_crcs(offset, buf, crcs).await
+    }
+
     async fn commit(self: Box<Self>) -> Result<ObjectMeta> {
         self.shared.pace(None, 0).await;
         self.inner.commit().await

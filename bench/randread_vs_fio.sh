@@ -34,7 +34,9 @@ echo "fio:      ${FIO[*]}"
 echo "ringtier: ${RING[*]}"
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=bench/fio_memory.sh
+. bench/fio_memory.sh
+trap 'rm -rf "$tmp"; fio_memory_restore' EXIT
 for i in $(seq 1 "$PAIRS"); do
   # Alternate which side goes first, so drift does not favour one.
   if (( i % 2 )); then
@@ -81,6 +83,7 @@ report = {
     "machine": {"cpus": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release()},
     "storage": {"filesystem": fs, "note": "virtual disk; cold reads are noisy, compare within one run"},
     "fio_command": fio_cmd,
+    "fio_memory": os.environ.get("FIO_MEMORY", ""),
     "ringtier_command": ring_cmd,
     "pairs": rows,
     "summary": summary,
@@ -95,6 +98,7 @@ md = [
     "",
     f"- fio: `{fio_cmd}`",
     f"- ringtier: `{ring_cmd}`",
+    f"- memory: {report['fio_memory']}",
     "",
     "| pair | fio MB/s | ringtier MB/s | ratio | fio CPU s/GiB | ringtier CPU s/GiB |",
     "|---|---|---|---|---|---|",

@@ -39,7 +39,9 @@ if [ ! -f "$DIR/.ringtier-manifest.tsv" ]; then
 fi
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=bench/fio_memory.sh
+. bench/fio_memory.sh
+trap 'rm -rf "$tmp"; fio_memory_restore' EXIT
 for d in $DEPTHS; do
   FIO=(fio --name=files --opendir="$DIR" --ioengine=io_uring --direct=1 --rw=read --bs="$BS"
        --iodepth="$d" --openfiles="$d" --numjobs=1 --iomem_align=4096 --invalidate=0 --fadvise_hint=0
@@ -102,6 +104,7 @@ report = {
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "machine": {"cpus": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release()},
     "storage": {"filesystem": fs, "dataset": ds, "note": "virtual disk; compare within one run"},
+    "fio_memory": os.environ.get("FIO_MEMORY", ""),
     "points": points,
     "best_ringtier_depth": best["depth"],
     "ratio_at_best_depth": best["summary"]["ratio"],
@@ -111,7 +114,8 @@ json.dump(report, open(out + ".json", "w"), indent=2)
 md = [f"# File-set reads: ringtier uring-direct vs fio ({report['date']})", "",
       f"Machine: {os.cpu_count()} CPUs, {mem/2**30:.0f} GiB, kernel {platform.release()}; storage: {fs} on the virtual disk; dataset `{ds}`.", "",
       f"- fio: `{points[0]['fio_command']}` (depth varies)",
-      f"- ringtier: `{points[0]['ringtier_command']}` (depth varies)", "",
+      f"- ringtier: `{points[0]['ringtier_command']}` (depth varies)",
+      f"- memory: {report['fio_memory']}", "",
       "| depth | fio MB/s min/med/max | ringtier MB/s min/med/max | ratio min/med/max | fio CPU s/GiB | ringtier CPU s/GiB |",
       "|---|---|---|---|---|---|"]
 for p in points:

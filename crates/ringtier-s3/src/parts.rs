@@ -243,13 +243,19 @@ impl LentPool {
         AlignedBuf::new(capacity, align)
     }
 
-    /// Gives `buf` back (kept while the pool holds less than its limit).
+    /// Gives `buf` back. Within the byte limit the oldest buffers make room for it (writers of
+    /// another shape, say objects of other sizes, leave nothing held for good); one larger than
+    /// the limit is freed.
     fn put(&self, buf: AlignedBuf) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let held: usize = free.iter().map(AlignedBuf::capacity).sum();
-        if held + buf.capacity() <= self.keep_bytes {
-            free.push(buf);
+        if buf.capacity() > self.keep_bytes {
+            return;
         }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held: usize = free.iter().map(AlignedBuf::capacity).sum();
+        while held + buf.capacity() > self.keep_bytes && !free.is_empty() {
+            held -= free.remove(0).capacity();
+        }
+        free.push(buf);
     }
 
     /// The data window of `buf` as `Bytes` without a copy; the buffer comes to this pool when
@@ -327,11 +333,16 @@ mod tests {
         assert_ne!(pool.take(16384, 4096).expect("other").as_ptr(), ptr);
         let again = pool.take(8192, 4096).expect("again");
         assert_eq!((again.as_ptr(), again.len()), (ptr, 0));
-        // At most its byte limit is kept.
+        // At most its byte limit is kept, the newest first: a buffer of another shape makes room.
         for _ in 0..3 {
             drop(pool.lend(AlignedBuf::new(8192, 4096).expect("b")));
         }
         assert_eq!(pool.held(), 2);
+        drop(pool.lend(AlignedBuf::new(12288, 4096).expect("b")));
+        assert_eq!(pool.held(), 1, "both older ones made room");
+        assert!(pool.take(12288, 4096).is_ok_and(|b| b.capacity() == 12288));
+        drop(pool.lend(AlignedBuf::new(65536, 4096).expect("b")));
+        assert_eq!(pool.held(), 0, "larger than the limit: freed");
         // A buffer outliving its pool is simply freed.
         let bytes = pool.lend(again);
         drop(pool);

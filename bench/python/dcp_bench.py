@@ -43,6 +43,8 @@ import torch.multiprocessing as mp
 
 from ringtier.torch.dcp import StorageReader, StorageWriter
 
+from _report import write_report  # bench/python/_report.py (the script's own folder is on sys.path)
+
 
 def make_state(gib: float, rank: int, world: int) -> Dict[str, torch.Tensor]:
     total = int(gib * 2**30 / world)
@@ -362,13 +364,7 @@ def main() -> None:
     meta["evict"] = runs[0]["passes"][0]["evict"] if runs and runs[0]["passes"] else "?"
     summary = summarize(runs)
     text = markdown(meta, summary)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "summary": summary, "runs": runs}, f, indent=1)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(text)
+    write_report(text, {"meta": meta, "summary": summary, "runs": runs}, args.json, args.md)
 
 
 if __name__ == "__main__":

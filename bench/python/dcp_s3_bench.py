@@ -22,7 +22,6 @@ default) run every pass once untimed: the figures are those of a job that checkp
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -39,6 +38,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ringtier.torch.dcp import StorageReader, StorageWriter
+
+from _report import write_report  # bench/python/_report.py (the script's own folder is on sys.path)
 
 ACCESS_KEY, SECRET_KEY = "ringtier-test", "ringtier-test-secret"  # the test kit's server
 
@@ -234,13 +235,7 @@ def main() -> None:
     for k, v in ratios.items():
         lines.append(f"| {k} | {v['min']:.2f} / {v['median']:.2f} / {v['max']:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows, "ratios": ratios, "passes": results}, f, indent=1)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(text)
+    write_report(text, {"meta": meta, "rows": rows, "ratios": ratios, "passes": results}, args.json, args.md)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from _report import write_report  # bench/python/_report.py (the script's own folder is on sys.path)
+
 ACCESS_KEY, SECRET_KEY = "ringtier-test", "ringtier-test-secret"  # the test kit's server
 BUCKET = "bench"
 
@@ -253,13 +255,7 @@ def main() -> None:
         lines.append(f"| {k} | {a['min']:.2f} / {a['median']:.2f} / {a['max']:.2f} "
                      f"| {b['min']:.2f} / {b['median']:.2f} / {b['max']:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows, "ratios": ratios, "passes": results}, f, indent=1)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(text)
+    write_report(text, {"meta": meta, "rows": rows, "ratios": ratios, "passes": results}, args.json, args.md)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ pub(crate) fn job_with(config: &Config, target: &Target, batched: bool) -> Strin
 }
 
 /// The kernel's transparent huge page mode.
-const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+pub(crate) const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
 /// Gives fio's I/O buffers huge pages, as ringtier's have, for as long as the returned guard
 /// lives; returns what the report says of fio's memory.
@@ -137,11 +137,6 @@ pub(crate) fn huge_pages_for_fio(path: &Path, change: bool) -> (super::block::Re
         ),
     };
     (guard, note)
-}
-
-/// The transparent huge page setting fio's runs need (see [`huge_pages_for_fio`]).
-pub(crate) fn thp_path() -> &'static Path {
-    Path::new(THP_ENABLED)
 }
 
 /// fio's block size for a set of files whose smallest has `min_file_bytes`.

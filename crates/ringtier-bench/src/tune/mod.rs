@@ -22,7 +22,7 @@ pub(crate) mod space;
 pub(crate) mod trace;
 pub(crate) mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -666,7 +666,7 @@ fn fio_comparisons(
 ) -> Result<Vec<FioComparison>> {
     let mut out = Vec::new();
     // fio's buffers on huge pages, as ringtier's, while the comparison runs.
-    let (_thp, memory) = fio::huge_pages_for_fio(fio::thp_path(), !a.fio_small_pages);
+    let (_thp, memory) = fio::huge_pages_for_fio(Path::new(fio::THP_ENABLED), !a.fio_small_pages);
     eprintln!("tune: fio comparison: {memory}");
     // One big file: random reads of the read size (128 KiB when whole files) at the depth.
     let big = a.dir.join("ringtier-tune-bigfile");

@@ -64,7 +64,7 @@ pub(crate) fn restore_all() -> usize {
         }
     }
     if n > 0 {
-        eprintln!("tune: restored {n} block setting(s)");
+        eprintln!("tune: restored {n} kernel setting(s) (block queue, transparent huge pages)");
     }
     n
 }
@@ -114,7 +114,7 @@ pub(crate) fn install_restorers() {
         }
         let spawned = std::thread::Builder::new().name("ringtier-tune-signals".into()).spawn(move || {
             if let Ok(sig) = set.wait() {
-                eprintln!("tune: {sig}, restoring block settings");
+                eprintln!("tune: {sig}, restoring the kernel settings it changed");
                 restore_all();
                 std::process::exit(128 + sig as i32);
             }

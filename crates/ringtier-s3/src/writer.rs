@@ -276,8 +276,8 @@ impl S3Writer {
         let bytes = self.inner.lent.lend(buf);
         for (i, at) in (0..whole).step_by(part).enumerate() {
             let data = bytes.slice(at..at + part);
-            // The caller's CRC when it gave one (checked by the server against the bytes, and
-            // in debug builds here), else taken now.
+            // The caller's CRC when it gave one (the server checks it against the bytes, or
+            // the read-back checks the object's CRC built from it), else taken now.
             let crc = crcs.and_then(|c| c.get(i).copied()).unwrap_or_else(|| crc32c::crc32c(&data));
             self.cur_start += part as u64;
             if let Err(e) = self.send_part(data, crc).await {

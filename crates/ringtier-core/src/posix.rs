@@ -248,6 +248,11 @@ impl Tier for PosixTier {
         self.inner.root.run_on(&self.inner.pool, Operation::Delete, key, self.name(), FsRoot::delete).await
     }
 
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        let prune = |root: &FsRoot, rel: &str| root.remove_empty_dirs(rel).map(|_| ());
+        self.inner.root.run_on(&self.inner.pool, Operation::Delete, prefix, self.name(), prune).await
+    }
+
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         self.inner.root.lock(name).map(Some).map_err(|e| e.context(Operation::Open, name, self.name()))
     }

@@ -77,6 +77,12 @@ pub(crate) fn unlinkat(dir: RawFd, name: &CStr) -> io::Result<()> {
     check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) })
 }
 
+/// `unlinkat(dir, name, AT_REMOVEDIR)`: an empty directory (a link is ENOTDIR, never followed).
+pub(crate) fn rmdirat(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: dir is open and name NUL-terminated.
+    check(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) })
+}
+
 /// `renameat(from_dir, from, to_dir, to)`: replaces `to` (a link itself, never its target).
 pub(crate) fn renameat(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
     // SAFETY: both descriptors are open and both names NUL-terminated.

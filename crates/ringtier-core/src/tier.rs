@@ -163,6 +163,16 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
         Ok(None)
     }
 
+    /// Removes the directory `prefix` names and the directories below it that hold nothing,
+    /// once every object under it was deleted (a checkpoint step's directory after its parts
+    /// and manifest). File tiers: [`crate::fs::FsRoot::remove_empty_dirs`] (links never
+    /// followed, a directory that still holds anything kept). `Ok(())` (the default) where keys
+    /// are not directories (memory, object stores). Layers forward it.
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        let _ = prefix;
+        Ok(())
+    }
+
     /// Room on the tier now, where it can tell: the file system's free and total bytes for file
     /// tiers (`statvfs` of the root), the capacity bound minus what is held for a bounded memory
     /// tier. `Ok(None)` (the default) where it cannot (an unbounded memory tier, remote stores).

@@ -140,6 +140,48 @@ async fn delete_removes_every_copy_and_missing_steps_are_not_found() {
     assert_eq!(ro.delete(1).await.expect_err("read-only").kind(), ErrorKind::Unsupported);
 }
 
+/// The step directories a file tier holds under `ckpt/`.
+fn step_dirs(root: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root.join("ckpt"))
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_and_deleted_steps_leave_no_directories_behind() {
+    let base = tempfile::Builder::new().prefix("stepdirs").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (fast_root, slow_root) = (base.path().join("fast"), base.path().join("slow"));
+    let tier = |root: &std::path::Path, name: &str| -> Arc<dyn Tier> {
+        let c = PosixConfig::new(root).with_create(true).with_name(name.into());
+        Arc::new(PosixTier::new(c).expect("tier"))
+    };
+    let (fast, slow) = (tier(&fast_root, "fast"), tier(&slow_root, "slow"));
+    let store = CheckpointStore::open(vec![fast, slow], cfg().with_keep_last(1)).await.expect("open");
+    for step in 1..=4 {
+        save(&store, step).await.expect("save");
+        store.drain().await.expect("drain");
+    }
+    let dir = |s: u64| format!("{s:020}");
+    // Evicted from the fast tier (keep_last 1): only the newest step's directory is left.
+    assert_eq!(step_dirs(&fast_root), [dir(4)]);
+    assert_eq!(step_dirs(&slow_root), [dir(1), dir(2), dir(3), dir(4)]);
+    store.delete(2).await.expect("delete");
+    store.delete(4).await.expect("delete");
+    assert!(step_dirs(&fast_root).is_empty(), "{:?}", step_dirs(&fast_root));
+    assert_eq!(step_dirs(&slow_root), [dir(1), dir(3)]);
+    // An empty directory of another's inside a step directory goes with it; a step directory
+    // holding an empty one of its own too.
+    std::fs::create_dir_all(slow_root.join("ckpt").join(dir(3)).join("parts/extra/more")).expect("mkdir");
+    store.delete(3).await.expect("delete");
+    assert_eq!(step_dirs(&slow_root), [dir(1)]);
+    assert_eq!(store.list().await.expect("list").iter().map(|c| c.step).collect::<Vec<_>>(), [1]);
+    // A step saved again after its directory went.
+    save(&store, 2).await.expect("save 2 again");
+    assert_eq!(store.load(2).await.expect("load").parts[0].1, data(2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_save_of_a_step_in_progress_is_refused() {
     // A fast tier with latency: a save takes long enough to overlap.

@@ -158,6 +158,92 @@ pub async fn list_and_delete(tier: Arc<dyn Tier>) {
     assert_eq!(res.expect_err("read deleted").kind(), ErrorKind::NotFound, "[{}]", t.name());
 }
 
+/// Directories left by deleted objects: once every object under a directory-like prefix is
+/// deleted, `remove_empty_dirs` of it succeeds and the tier lists nothing there; its keys can be
+/// written again; a prefix that still holds an object keeps it, readable; a missing prefix is
+/// no error. (What file tiers do on disk: [`empty_dirs_on_disk`].)
+pub async fn empty_dirs(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let name = t.name().to_string();
+    let keys = |v: Vec<ringtier_core::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    for key in ["ed/s1/parts/a", "ed/s1/parts/b", "ed/s1/MANIFEST.json", "ed/s2/parts/a"] {
+        put(t, key, key.as_bytes()).await;
+    }
+    for key in ["ed/s1/parts/a", "ed/s1/parts/b", "ed/s1/MANIFEST.json"] {
+        t.delete(key).await.unwrap_or_else(|e| panic!("[{name}] delete {key}: {e}"));
+    }
+    t.remove_empty_dirs("ed/s1").await.unwrap_or_else(|e| panic!("[{name}] remove_empty_dirs ed/s1: {e}"));
+    t.remove_empty_dirs("ed/s2").await.unwrap_or_else(|e| panic!("[{name}] remove_empty_dirs ed/s2: {e}"));
+    t.remove_empty_dirs("ed/never").await.unwrap_or_else(|e| panic!("[{name}] a missing prefix: {e}"));
+    assert_eq!(keys(t.list("ed/").await.expect("list")), ["ed/s2/parts/a"], "[{name}]");
+    assert_eq!(read(t, "ed/s2/parts/a", 0, 64).await, b"ed/s2/parts/a", "[{name}] kept");
+    put(t, "ed/s1/parts/a", b"again").await;
+    assert_eq!(read(t, "ed/s1/parts/a", 0, 64).await, b"again", "[{name}] written again");
+}
+
+/// [`empty_dirs`] on disk, for a file tier (`open(root)` opens it over an existing
+/// directory): the emptied directories are gone and the prefix's parent stays; a directory
+/// holding anything stays (a file that is no object, a link, which is not followed: what it
+/// points at is untouched); a chain of empty directories deeper than the bound stays, without
+/// an error; a prefix that is a link is refused and named; the root is never removed.
+pub async fn empty_dirs_on_disk<F>(open: F)
+where
+    F: Fn(&std::path::Path) -> Arc<dyn Tier>,
+{
+    let base = tempfile::Builder::new()
+        .prefix("empty-dirs")
+        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
+        .expect("tempdir");
+    let (root, outside) = (base.path().join("root"), base.path().join("outside"));
+    std::fs::create_dir_all(&root).expect("root");
+    std::fs::create_dir_all(outside.join("empty")).expect("outside");
+    let tier = open(&root);
+    let t = tier.as_ref();
+    let name = t.name().to_string();
+    for step in ["s1", "s2", "s3", "s4"] {
+        for part in ["parts/a", "parts/b", "MANIFEST.json"] {
+            put(t, &format!("ck/{step}/{part}"), b"x").await;
+        }
+    }
+    // s2: a stray file beside the objects; s3: a link to an empty directory outside; s4: kept.
+    std::fs::write(root.join("ck/s2/parts/notes.txt"), b"mine").expect("stray");
+    std::os::unix::fs::symlink(outside.join("empty"), root.join("ck/s3/parts/link")).expect("symlink");
+    for step in ["s1", "s2", "s3"] {
+        for part in ["parts/a", "parts/b", "MANIFEST.json"] {
+            t.delete(&format!("ck/{step}/{part}")).await.expect("delete");
+        }
+        t.remove_empty_dirs(&format!("ck/{step}")).await.unwrap_or_else(|e| panic!("[{name}] {step}: {e}"));
+    }
+    assert!(!root.join("ck/s1").exists(), "[{name}] the emptied step directory is gone");
+    assert!(root.join("ck/s2/parts/notes.txt").is_file(), "[{name}] a stray file and its directories stay");
+    assert!(
+        std::fs::symlink_metadata(root.join("ck/s3/parts/link")).is_ok_and(|m| m.file_type().is_symlink()),
+        "[{name}] a link stays"
+    );
+    assert!(outside.join("empty").is_dir(), "[{name}] what a link points at is untouched");
+    assert!(root.join("ck/s4/parts/a").is_file() && root.join("ck").is_dir(), "[{name}] the rest stays");
+    // Deeper than the bound: left, no error.
+    let deep: String = (0..ringtier_core::fs::MAX_PRUNE_DEPTH + 4).map(|i| format!("/d{i}")).collect();
+    std::fs::create_dir_all(root.join(format!("deep{deep}"))).expect("deep");
+    t.remove_empty_dirs("deep").await.unwrap_or_else(|e| panic!("[{name}] deep: {e}"));
+    assert!(root.join(format!("deep{deep}")).is_dir(), "[{name}] past the bound, nothing is removed");
+    // Within the bound: all of it.
+    std::fs::create_dir_all(root.join("shallow/a/b/c")).expect("shallow");
+    t.remove_empty_dirs("shallow").await.unwrap_or_else(|e| panic!("[{name}] shallow: {e}"));
+    assert!(!root.join("shallow").exists(), "[{name}] a chain of empty directories within the bound goes");
+    // The prefix a link: refused, named, nothing removed outside.
+    std::os::unix::fs::symlink(&outside, root.join("ck/s5")).expect("symlink");
+    let e = t.remove_empty_dirs("ck/s5").await.expect_err("a link");
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "[{name}] {e}");
+    assert!(e.to_string().contains("ck/s5"), "[{name}] names the link: {e}");
+    assert!(outside.join("empty").is_dir(), "[{name}] untouched");
+    for bad in ["", "..", "../outside", "/etc", "ck/../.."] {
+        let e = t.remove_empty_dirs(bad).await.expect_err("a bad prefix");
+        assert_eq!(e.kind(), ErrorKind::InvalidKey, "[{name}] {bad:?}: {e}");
+    }
+    assert!(root.is_dir() && outside.is_dir(), "[{name}] neither root removed");
+}
+
 /// Where the tier has locks: a held lock refuses a second holder with `Busy` (naming the
 /// holder), is free again once dropped, is never listed, and takes only one-component names.
 pub async fn locks(tier: Arc<dyn Tier>) {
@@ -292,7 +378,7 @@ macro_rules! conformance_tests {
     ($factory:expr) => {
         $crate::conformance_tests!(@each $factory;
             round_trip, short_read_at_eof, unaligned_ranges, sub_block_objects, concurrent_readers,
-            list_and_delete, bad_keys, commit_visibility, batch_reads, locks);
+            list_and_delete, bad_keys, commit_visibility, batch_reads, locks, empty_dirs);
     };
     (@each $factory:expr; $($name:ident),*) => {
         $(
@@ -337,7 +423,7 @@ where
     let cases: [(&str, std::path::PathBuf); 3] =
         [("a", outside.join("a")), ("a/b", outside.join("b")), ("a/b/c.bin", outside.join("c.bin"))];
     for (i, (link_at, target)) in cases.iter().enumerate() {
-        for op in ["stat", "read", "write", "delete", "list", "list-prefix"] {
+        for op in ["stat", "read", "write", "delete", "prune", "list", "list-prefix"] {
             let root = base.path().join(format!("root-{i}-{op}"));
             std::fs::create_dir_all(&root).expect("root");
             fill_outside();
@@ -358,6 +444,7 @@ where
                 }
                 "write" => ops::put(tier.as_ref(), key, b"inside", 1 << 20).await.map(|_| ()),
                 "delete" => tier.delete(key).await,
+                "prune" => tier.remove_empty_dirs(link_at).await,
                 "list" => tier.list("").await.map(|_| ()),
                 _ => tier.list("a/").await.map(|_| ()),
             };

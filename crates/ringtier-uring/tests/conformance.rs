@@ -101,3 +101,13 @@ async fn uring_staging_hygiene() {
     })
     .await;
 }
+
+/// Directories emptied by deletes go; anything holding a file or a link stays, links are never
+/// followed, and bad prefixes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_empty_dirs_on_disk() {
+    ringtier_testkit::conformance::empty_dirs_on_disk(|root| {
+        Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
+    })
+    .await;
+}

@@ -30,6 +30,10 @@ impl Tier for CachedTier {
         self.inner.backing.lock(name).await
     }
 
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        self.inner.backing.remove_empty_dirs(prefix).await
+    }
+
     async fn space(&self) -> Result<Option<Space>> {
         self.inner.backing.space().await
     }

@@ -541,6 +541,86 @@ impl FsRoot {
     }
 }
 
+impl FsRoot {
+    /// Removes the directory `rel` and the directories below it that hold nothing, deepest
+    /// first: what deleting every object under a prefix leaves (a checkpoint step's `STEP/` and
+    /// `STEP/parts/`). A directory that still holds anything stays, and so does everything
+    /// above `rel`. Links are never followed (a link is a name the directory holds), nothing
+    /// is removed in a root that follows links, and at most [`MAX_PRUNE_DEPTH`] levels are
+    /// looked into. `rel` itself a link is [`ErrorKind::PermissionDenied`] naming it. Returns
+    /// how many directories were removed; a missing `rel` is 0.
+    ///
+    /// Commits in this process wait while it runs (the parent-creation lock); a commit whose
+    /// parent another process removes between opening it and the rename opens it again.
+    pub fn remove_empty_dirs(&self, rel: &str) -> Result<usize> {
+        let ctx = |e: Error| e.with_operation(Operation::Delete).with_key(rel);
+        self.check_writable(Operation::Delete, rel)?;
+        validate_key(rel).map_err(ctx)?;
+        if self.follow_links {
+            return Ok(0);
+        }
+        let _dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let (parent, leaf) = split_key(rel);
+        let parent_fd = match self.dir_fd(parent, false, false) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(ctx(e)),
+        };
+        // `rel` itself a link: an error naming it, as for every other operation on a path.
+        let c = at::c_name(leaf).map_err(|e| ctx(Error::from(e)))?;
+        if at::fstatat(parent_fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| at::is_link(&st)) {
+            return Err(ctx(self.link_refused(rel)));
+        }
+        let mut removed = 0;
+        self.remove_if_empty(parent_fd.as_raw_fd(), leaf, rel, MAX_PRUNE_DEPTH, &mut removed).map_err(ctx)?;
+        Ok(removed)
+    }
+
+    /// Removes `name` in the directory `dir` (key `rel`) if it is a directory that is empty once
+    /// its own empty subdirectories are gone, looking `depth` levels further down at most.
+    fn remove_if_empty(&self, dir: RawFd, name: &str, rel: &str, depth: usize, removed: &mut usize) -> Result<()> {
+        let c = at::c_name(name).map_err(|e| Error::from(e).with_key(rel))?;
+        let st = match at::fstatat(dir, &c, libc::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::from(e).with_key(rel)),
+        };
+        if !at::is_dir(&st) {
+            return Ok(()); // a file or a link: what holds it is not empty
+        }
+        if depth > 0 {
+            let sub = match at::openat2(
+                dir,
+                &c,
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                0,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            ) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(Error::from(e).with_key(rel)),
+            };
+            for n in at::read_dir_names(sub.as_raw_fd()).map_err(|e| Error::from(e).with_key(rel))? {
+                let Ok(n) = n.into_string() else { return Ok(()) }; // a name no key has: not empty
+                self.remove_if_empty(sub.as_raw_fd(), &n, &format!("{rel}/{n}"), depth - 1, removed)?;
+            }
+        }
+        match at::rmdirat(dir, &c) {
+            Ok(()) => {
+                *removed += 1;
+                #[cfg(feature = "fs-trace")]
+                self.record(|| FsOp::Rmdir { path: self.root.join(rel) });
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST | libc::ENOENT)) => Ok(()),
+            Err(e) => Err(Error::from(e).with_key(rel)),
+        }
+    }
+}
+
+/// How many levels below the directory it is given [`FsRoot::remove_empty_dirs`] looks into.
+pub const MAX_PRUNE_DEPTH: usize = 8;
+
 /// Takes an exclusive advisory lock (`flock(LOCK_EX)`) on `file`, waiting for it (interrupted
 /// waits are retried). The kernel releases it when the file is closed or the process dies, so
 /// a crashed holder never wedges the others.

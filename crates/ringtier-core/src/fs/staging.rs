@@ -207,22 +207,36 @@ impl FsRoot {
         self.check_writable(Operation::Commit, key)?;
         validate_key(key)?;
         let (parent, leaf) = split_key(key);
-        // Create missing parents one level at a time so each new entry can be fsynced; under
-        // the lock, so that a parent found present is one whose creation is durable.
-        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = self.dir_fd(parent, true, sync).map_err(ctx)?;
-        drop(dirs);
         let c_leaf = at::c_name(leaf).map_err(|e| ctx(Error::from(e)))?;
-        match self.stat_in(dir.as_raw_fd(), leaf, key) {
-            Ok(st) if at::is_dir(&st) => {
-                return Err(ctx(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")))
+        let mut attempt = 0;
+        let dir = loop {
+            // Create missing parents one level at a time so each new entry can be fsynced; under
+            // the lock, so that a parent found present is one whose creation is durable.
+            let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+            let dir = self.dir_fd(parent, true, sync).map_err(ctx)?;
+            drop(dirs);
+            match self.stat_in(dir.as_raw_fd(), leaf, key) {
+                Ok(st) if at::is_dir(&st) => {
+                    return Err(ctx(Error::new(ErrorKind::AlreadyExists, "a directory exists under this key")))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(ctx(e)),
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(ctx(e)),
-        }
-        at::renameat(staged.dir.as_raw_fd(), &staged.name, dir.as_raw_fd(), &c_leaf)
-            .map_err(|e| ctx(Error::from(e)))?;
+            match at::renameat(staged.dir.as_raw_fd(), &staged.name, dir.as_raw_fd(), &c_leaf) {
+                Ok(()) => break dir,
+                // The parent was removed as empty (`remove_empty_dirs` in another process) after
+                // it was opened: open (make) it again, while the staged file is still there.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ENOENT)
+                        && attempt < 3
+                        && at::fstatat(staged.dir.as_raw_fd(), &staged.name, libc::AT_SYMLINK_NOFOLLOW).is_ok() =>
+                {
+                    attempt += 1;
+                }
+                Err(e) => return Err(ctx(Error::from(e))),
+            }
+        };
         #[cfg(feature = "fs-trace")]
         if let Some((_, _, from)) = &staged.traced {
             self.record(|| FsOp::Rename { from: from.clone(), to: self.root.join(key) });

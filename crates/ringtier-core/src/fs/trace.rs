@@ -69,6 +69,11 @@ pub enum FsOp {
         /// Its path.
         path: PathBuf,
     },
+    /// An empty directory removed.
+    Rmdir {
+        /// Its path.
+        path: PathBuf,
+    },
     /// A marker the test added (not a file-system operation).
     Mark(String),
 }

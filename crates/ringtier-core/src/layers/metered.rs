@@ -135,6 +135,10 @@ impl Tier for Metered {
         self.inner.lock(name).await
     }
 
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        self.inner.remove_empty_dirs(prefix).await
+    }
+
     async fn delete(&self, key: &str) -> Result<()> {
         let start = Instant::now();
         let res = self.inner.delete(key).await;

@@ -162,6 +162,10 @@ impl Tier for Throttled {
         self.inner.lock(name).await
     }
 
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        self.inner.remove_empty_dirs(prefix).await
+    }
+
     async fn delete(&self, key: &str) -> Result<()> {
         self.shared.pace(None, 0).await;
         self.inner.delete(key).await

@@ -65,7 +65,9 @@ impl Inner {
     }
 
     /// Removes every object of `step` on tier `t`, manifest first (so a crash midway leaves a
-    /// partial checkpoint that recovery removes, never a committed one with missing parts).
+    /// partial checkpoint that recovery removes, never a committed one with missing parts),
+    /// then the step's directories on a file tier (a failure there is logged: the checkpoint
+    /// is gone either way).
     pub(super) async fn remove(&self, t: usize, step: u64) -> Result<()> {
         let tier = self.tiers[t].as_ref();
         let mkey = self.manifest_key(step);
@@ -80,6 +82,9 @@ impl Inner {
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
+        }
+        if let Err(e) = tier.remove_empty_dirs(&self.dir(step)).await {
+            tracing::warn!(step, tier = tier.name(), "removing the empty directories of a deleted checkpoint: {e}");
         }
         Ok(())
     }

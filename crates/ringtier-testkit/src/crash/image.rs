@@ -120,6 +120,12 @@ impl Image {
                 }
             }
             FsOp::Unlink { path } => self.names.remove(path).is_some(),
+            // Only an empty directory goes (as the kernel's rmdir).
+            FsOp::Rmdir { path } => {
+                let holds = self.names.keys().any(|n| n.starts_with(path) && n != path)
+                    || self.dirs.iter().any(|d| d.starts_with(path) && d != path);
+                !holds && self.dirs.remove(path)
+            }
             FsOp::Fsync { .. } | FsOp::FsyncDir { .. } | FsOp::Mark(_) => true,
         }
     }

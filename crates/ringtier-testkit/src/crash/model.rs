@@ -130,7 +130,12 @@ impl fmt::Display for State {
 fn droppable(op: &FsOp) -> bool {
     matches!(
         op,
-        FsOp::Write { .. } | FsOp::SetLen { .. } | FsOp::Mkdir { .. } | FsOp::Rename { .. } | FsOp::Unlink { .. }
+        FsOp::Write { .. }
+            | FsOp::SetLen { .. }
+            | FsOp::Mkdir { .. }
+            | FsOp::Rename { .. }
+            | FsOp::Unlink { .. }
+            | FsOp::Rmdir { .. }
     )
 }
 
@@ -144,7 +149,9 @@ pub fn durable(ops: &[FsOp], point: usize) -> Vec<bool> {
     for (i, op) in prefix.iter().enumerate().rev() {
         out[i] = match op {
             FsOp::Write { file, .. } | FsOp::SetLen { file, .. } => files_synced.contains(file),
-            FsOp::Mkdir { path } | FsOp::Unlink { path } => dirs_synced.contains(parent_of(path)),
+            FsOp::Mkdir { path } | FsOp::Unlink { path } | FsOp::Rmdir { path } => {
+                dirs_synced.contains(parent_of(path))
+            }
             FsOp::Rename { to, .. } => dirs_synced.contains(parent_of(to)),
             _ => true,
         };

@@ -100,6 +100,7 @@ fn rel_op(op: FsOp, base: &Path) -> FsOp {
         FsOp::FsyncDir { path } => FsOp::FsyncDir { path: relative(&path, base) },
         FsOp::Rename { from, to } => FsOp::Rename { from: relative(&from, base), to: relative(&to, base) },
         FsOp::Unlink { path } => FsOp::Unlink { path: relative(&path, base) },
+        FsOp::Rmdir { path } => FsOp::Rmdir { path: relative(&path, base) },
         other => other,
     }
 }

@@ -200,6 +200,13 @@ impl Tier for FaultInjecting {
         self.inner.lock(name).await
     }
 
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        if let Some(f) = self.shared.check(FaultOp::Metadata) {
+            return Err(self.fail(f, Operation::Delete, prefix));
+        }
+        self.inner.remove_empty_dirs(prefix).await
+    }
+
     async fn delete(&self, key: &str) -> Result<()> {
         if let Some(f) = self.shared.check(FaultOp::Metadata) {
             return Err(self.fail(f, Operation::Delete, key));

@@ -552,6 +552,12 @@ impl Tier for PowerCutTier {
         self.inner.lock(name).await
     }
 
+    /// Changes no key's content: not a point the power can go out at (as `lock`).
+    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
+        self.check_up(Operation::Delete, prefix)?;
+        self.inner.remove_empty_dirs(prefix).await
+    }
+
     async fn space(&self) -> Result<Option<Space>> {
         let op = InFlight::start(self, Operation::Stat, "")?;
         let res = self.inner.space().await;

@@ -265,6 +265,39 @@ async fn max_read_bytes_reads_a_file_in_chunks_through_one_open() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pieces_of_a_file_skip_statx_and_ranges_at_or_past_the_end_are_told_apart() {
+    let dir = ext4_dir();
+    let size = 300_007usize;
+    let data = pattern(13, size);
+    write_file(dir.path(), "f", &data);
+    let t = tier(dir.path(), UringConfig::default().with_queue_depth(4));
+    // Three pieces of 128 KiB (the last asks one byte more, as a loader noticing growth does)
+    // and one at an unaligned offset.
+    let chunk = 128 << 10;
+    let pieces = [(0usize, chunk), (chunk, chunk), (2 * chunk, size - 2 * chunk + 1), (77_777, 5_000)];
+    let mut batch = ReadBatch::new();
+    for &(off, len) in &pieces {
+        batch.push("f", off as u64, len, AlignedBuf::new(chunk + 8192, 4096).expect("buf"));
+    }
+    let batch = t.read_batch(batch).await;
+    for (i, ((_, e), &(off, len))) in batch.iter().zip(&pieces).enumerate() {
+        let want = len.min(size - off);
+        assert_eq!(*e.result().expect("done").as_ref().expect("read"), want, "piece {i}");
+        assert!(e.buf().expect("buf").as_slice() == &data[off..off + want], "piece {i}");
+    }
+    let s = t.stats();
+    // openat2 + read + close per piece, no statx, plus the driver's wake-up read(s).
+    assert!((4 * 3 + 1..=4 * 3 + 4).contains(&s.sqes), "{s:?}");
+    // At the end: empty; past it (in the last block, and beyond): OutOfRange, as statx says.
+    let (res, _) = t.read_at("f", size as u64, 100, AlignedBuf::new(8192, 4096).expect("buf")).await;
+    assert_eq!(res.expect("at the end"), 0);
+    for off in [size as u64 + 1, size as u64 + 10_000] {
+        let (res, _) = t.read_at("f", off, 100, AlignedBuf::new(16_384, 4096).expect("buf")).await;
+        assert_eq!(res.expect_err("past the end").kind(), ErrorKind::OutOfRange, "at {off}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_alignment_guess_is_corrected_through_statx() {
     let dir = ext4_dir();
     let data = pattern(12, 10_000);

@@ -184,8 +184,9 @@ pub struct UringTierOptions {
     /// The buffer pool reads use; registered as fixed buffers when the config says so.
     pub pool: Option<BufferPool>,
     /// Use this `(memory, offset)` direct-I/O alignment for new files instead of probing the
-    /// root with an `O_TMPFILE`. Whole-file reads open files with O_DIRECT on this guess and
-    /// fall back to `statx` when the kernel refuses; `(0, 0)` disables the guess.
+    /// root with an `O_TMPFILE`. Reads open files with O_DIRECT on this guess, without `statx`
+    /// (whole files and pieces at an offset), and go through `statx` when the kernel refuses
+    /// or a piece finds nothing at its offset; `(0, 0)` disables the guess.
     pub assume_dio_alignment: Option<(u32, u32)>,
     /// Follow symbolic links out of the root (a dataset whose files or class folders are
     /// links), see [`FsRoot::following_links`]; the tier is then read-only. Default false.

@@ -58,24 +58,27 @@ impl Driver {
         false
     }
 
-    /// Whole-file reads (offset 0) skip statx when the policy is off or the root's direct-I/O
-    /// alignment is known and the buffer fits it: open, read, close. The kernel has the last
-    /// word: EINVAL on open or read sends the file through the statx path.
+    /// Reads skip statx when the policy is off or the root's direct-I/O alignment is known and
+    /// the buffer fits it: open, read, close (a file read in pieces, every piece). The kernel
+    /// has the last word: EINVAL on open or read sends the file through the statx path, and so
+    /// does a read past the offset that finds no byte there (statx then tells a range that
+    /// starts at the end, empty, from one past it, an error).
     fn try_fast_open(&self, b: &mut BatchJob, i: usize) -> bool {
-        let (offset, len) = match b.batch.get(i) {
-            Some((_, e)) => (e.offset(), e.len()),
+        let len = match b.batch.get(i) {
+            Some((_, e)) => e.len(),
             None => return false,
         };
-        if offset != 0 || len == 0 || matches!(b.states[i].phase, Phase::Idle { statx_only: true }) {
+        if len == 0 || matches!(b.states[i].phase, Phase::Idle { statx_only: true }) {
             return false;
         }
+        let offset = b.batch.get(i).map_or(0, |(_, e)| e.offset());
         let (direct, align) = match (self.shared.policy, self.shared.root_align) {
             (DirectIoPolicy::Off, _) => (false, 1),
             (_, None) => return false,
             (_, Some((mem, off))) => {
                 let Some(buf) = b.states[i].buf.as_ref() else { return false };
                 let align = mem.max(off);
-                let fits = (buf.as_ptr() as u64) % mem == 0 && direct_span(0, len, align).1 <= buf.capacity();
+                let fits = (buf.as_ptr() as u64) % mem == 0 && direct_span(offset, len, align).1 <= buf.capacity();
                 if !fits {
                     return false; // statx path: it decides and reports fallbacks or errors
                 }
@@ -484,6 +487,15 @@ impl Driver {
                     let st = &mut b.states[i];
                     st.filled = st.filled.max(st.high);
                     let got = st.filled.saturating_sub(st.head).min(st.want);
+                    if got == 0
+                        && guessed
+                        && st.size == SIZE_UNKNOWN
+                        && b.batch.get(i).is_some_and(|(_, e)| e.offset() > 0)
+                    {
+                        // Nothing at the offset, with the size unknown: statx says whether the
+                        // range starts at the end (empty) or past it (an error).
+                        return self.submit_close(id, b, i, file, true);
+                    }
                     let head = st.head;
                     let res = match st.buf.as_mut() {
                         Some(buf) => buf.set_window(head, got).map(|()| got),

@@ -48,6 +48,15 @@ pub fn buffer_for(tier: &dyn Tier, offset: u64, len: usize) -> AlignedBuf {
     AlignedBuf::new(span, align as usize).expect("buffer allocation")
 }
 
+/// A temporary directory for a file tier's test: under `CARGO_TARGET_TMPDIR` (the work tree's
+/// file system, with direct I/O) when cargo says, else the system's.
+fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
+        .expect("tempdir")
+}
+
 async fn put(tier: &dyn Tier, key: &str, data: &[u8]) {
     ops::put(tier, key, data, 64 * 1024)
         .await
@@ -190,10 +199,7 @@ pub async fn empty_dirs_on_disk<F>(open: F)
 where
     F: Fn(&std::path::Path) -> Arc<dyn Tier>,
 {
-    let base = tempfile::Builder::new()
-        .prefix("empty-dirs")
-        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
-        .expect("tempdir");
+    let base = scratch_dir("empty-dirs");
     let (root, outside) = (base.path().join("root"), base.path().join("outside"));
     std::fs::create_dir_all(&root).expect("root");
     std::fs::create_dir_all(outside.join("empty")).expect("outside");
@@ -402,10 +408,7 @@ where
     F: Fn(&std::path::Path) -> Arc<dyn Tier>,
 {
     use std::os::unix::fs::symlink;
-    let base = tempfile::Builder::new()
-        .prefix("confinement")
-        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
-        .expect("tempdir");
+    let base = scratch_dir("confinement");
     let outside = base.path().join("outside");
     // What a link would lead to: the same tree outside the root.
     let fill_outside = || {
@@ -493,10 +496,7 @@ pub async fn staging_hygiene<F>(open: F)
 where
     F: Fn(&std::path::Path) -> Arc<dyn Tier>,
 {
-    let base = tempfile::Builder::new()
-        .prefix("staging")
-        .tempdir_in(std::env::var_os("CARGO_TARGET_TMPDIR").unwrap_or_else(|| std::env::temp_dir().into_os_string()))
-        .expect("tempdir");
+    let base = scratch_dir("staging");
     let root = base.path().join("root");
     let staging = root.join(ringtier_core::fs::STAGING_DIR);
     std::fs::create_dir_all(&staging).expect("staging");

@@ -76,6 +76,9 @@ pub(crate) struct Cold {
     /// A file of the set that cannot be evicted (gone, unreadable) is passed over instead of
     /// being an error (`--on-error skip`: the pass itself reports it).
     pub(crate) tolerate_unreadable: bool,
+    /// Drop only the files' pages (`posix_fadvise(DONTNEED)`), keeping inodes and dentries: for
+    /// comparisons with fio, which stats every file before its timed phase.
+    pub(crate) keep_metadata: bool,
 }
 
 impl Cold {
@@ -89,7 +92,7 @@ impl Cold {
         if self.warm {
             return Ok(ColdMethod::Warm);
         }
-        if !fadvise_only() {
+        if !fadvise_only() && !self.keep_metadata {
             match drop_caches() {
                 Ok(()) => return Ok(ColdMethod::DropCaches),
                 Err(e) if self.require_drop_caches => {
@@ -138,5 +141,9 @@ mod tests {
             assert_eq!(tolerant.pass([dir.path().join("missing")]).expect("tolerated"), ColdMethod::Fadvise);
         }
         assert_eq!(serde_json::to_value(how).expect("json"), serde_json::json!(how.as_str()));
+        // Metadata kept: the files' pages only, whatever root may do.
+        let files_only = Cold { keep_metadata: true, ..Cold::new() };
+        assert_eq!(files_only.pass([dir.path().join("a")]).expect("fadvise"), ColdMethod::Fadvise);
+        assert!(files_only.pass([dir.path().join("missing")]).is_err());
     }
 }

@@ -193,6 +193,7 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<ReadReport> {
         warm: cfg.warm,
         require_drop_caches: cfg.drop_caches,
         tolerate_unreadable: cfg.knobs.on_error == pass::OnError::Skip,
+        ..Cold::new()
     };
     let files: Vec<PathBuf> = ds.manifest.entries.iter().map(|f| ds.root.join(&f.key)).collect();
     let mut cold_method = ColdMethod::Warm;

@@ -61,17 +61,16 @@ impl Driver {
     /// Reads skip statx when the policy is off or the root's direct-I/O alignment is known and
     /// the buffer fits it: open, read, close (a file read in pieces, every piece). The kernel
     /// has the last word: EINVAL on open or read sends the file through the statx path, and so
-    /// does a read past the offset that finds no byte there (statx then tells a range that
-    /// starts at the end, empty, from one past it, an error).
+    /// does a piece that finds no byte at its offset (statx then tells a range that starts at
+    /// the end, which is empty, from one that starts past it, which is an error).
     fn try_fast_open(&self, b: &mut BatchJob, i: usize) -> bool {
-        let len = match b.batch.get(i) {
-            Some((_, e)) => e.len(),
+        let (offset, len) = match b.batch.get(i) {
+            Some((_, e)) => (e.offset(), e.len()),
             None => return false,
         };
         if len == 0 || matches!(b.states[i].phase, Phase::Idle { statx_only: true }) {
             return false;
         }
-        let offset = b.batch.get(i).map_or(0, |(_, e)| e.offset());
         let (direct, align) = match (self.shared.policy, self.shared.root_align) {
             (DirectIoPolicy::Off, _) => (false, 1),
             (_, None) => return false,

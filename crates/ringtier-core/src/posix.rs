@@ -249,8 +249,10 @@ impl Tier for PosixTier {
     }
 
     async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
-        let prune = |root: &FsRoot, rel: &str| root.remove_empty_dirs(rel).map(|_| ());
-        self.inner.root.run_on(&self.inner.pool, Operation::Delete, prefix, self.name(), prune).await
+        self.inner
+            .root
+            .run_on(&self.inner.pool, Operation::Delete, prefix, self.name(), FsRoot::remove_empty_dirs)
+            .await
     }
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {

@@ -547,23 +547,23 @@ impl FsRoot {
     /// `STEP/parts/`). A directory that still holds anything stays, and so does everything
     /// above `rel`. Links are never followed (a link is a name the directory holds), nothing
     /// is removed in a root that follows links, and at most [`MAX_PRUNE_DEPTH`] levels are
-    /// looked into. `rel` itself a link is [`ErrorKind::PermissionDenied`] naming it. Returns
-    /// how many directories were removed; a missing `rel` is 0.
+    /// looked into. `rel` itself a link is [`ErrorKind::PermissionDenied`] naming it; a missing
+    /// `rel` is no error.
     ///
     /// Commits in this process wait while it runs (the parent-creation lock); a commit whose
     /// parent another process removes between opening it and the rename opens it again.
-    pub fn remove_empty_dirs(&self, rel: &str) -> Result<usize> {
+    pub fn remove_empty_dirs(&self, rel: &str) -> Result<()> {
         let ctx = |e: Error| e.with_operation(Operation::Delete).with_key(rel);
         self.check_writable(Operation::Delete, rel)?;
         validate_key(rel).map_err(ctx)?;
         if self.follow_links {
-            return Ok(0);
+            return Ok(());
         }
         let _dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
         let (parent, leaf) = split_key(rel);
         let parent_fd = match self.dir_fd(parent, false, false) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(ctx(e)),
         };
         // `rel` itself a link: an error naming it, as for every other operation on a path.
@@ -571,14 +571,12 @@ impl FsRoot {
         if at::fstatat(parent_fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| at::is_link(&st)) {
             return Err(ctx(self.link_refused(rel)));
         }
-        let mut removed = 0;
-        self.remove_if_empty(parent_fd.as_raw_fd(), leaf, rel, MAX_PRUNE_DEPTH, &mut removed).map_err(ctx)?;
-        Ok(removed)
+        self.remove_if_empty(parent_fd.as_raw_fd(), leaf, rel, MAX_PRUNE_DEPTH).map_err(ctx)
     }
 
     /// Removes `name` in the directory `dir` (key `rel`) if it is a directory that is empty once
     /// its own empty subdirectories are gone, looking `depth` levels further down at most.
-    fn remove_if_empty(&self, dir: RawFd, name: &str, rel: &str, depth: usize, removed: &mut usize) -> Result<()> {
+    fn remove_if_empty(&self, dir: RawFd, name: &str, rel: &str, depth: usize) -> Result<()> {
         let c = at::c_name(name).map_err(|e| Error::from(e).with_key(rel))?;
         let st = match at::fstatat(dir, &c, libc::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
@@ -602,12 +600,11 @@ impl FsRoot {
             };
             for n in at::read_dir_names(sub.as_raw_fd()).map_err(|e| Error::from(e).with_key(rel))? {
                 let Ok(n) = n.into_string() else { return Ok(()) }; // a name no key has: not empty
-                self.remove_if_empty(sub.as_raw_fd(), &n, &format!("{rel}/{n}"), depth - 1, removed)?;
+                self.remove_if_empty(sub.as_raw_fd(), &n, &format!("{rel}/{n}"), depth - 1)?;
             }
         }
         match at::rmdirat(dir, &c) {
             Ok(()) => {
-                *removed += 1;
                 #[cfg(feature = "fs-trace")]
                 self.record(|| FsOp::Rmdir { path: self.root.join(rel) });
                 Ok(())

@@ -38,6 +38,10 @@ pub const BUFFER_POOL_IN_USE: &str = "ringtier_buffer_pool_in_use_buffers";
 pub const BUFFER_POOL_BYTES: &str = "ringtier_buffer_pool_bytes";
 /// Registered-buffer fallbacks (memlock too low, registration refused).
 pub const URING_REGISTER_FALLBACKS_TOTAL: &str = "ringtier_uring_register_fallbacks_total";
+/// Tiers opened with the thread-pool engine because io_uring was refused (engine `auto`), by
+/// reason: `disabled` (sysctl `kernel.io_uring_disabled`), `refused` (EPERM: a seccomp filter
+/// or LSM), `unsupported` (ENOSYS: not in this kernel), `no_memory` (ENOMEM at every ring size).
+pub const ENGINE_FALLBACKS_TOTAL: &str = "ringtier_engine_fallbacks_total";
 
 /// Time `save` kept the training loop waiting.
 pub const CKPT_SAVE_BLOCKING_SECONDS: &str = "ringtier_checkpoint_save_blocking_seconds";
@@ -261,6 +265,12 @@ pub const CATALOG: &[MetricDef] = &[
         kind: "counter",
         help: "Times registered buffers or files could not be used and plain ones were.",
         labels: &["tier", "what"],
+    },
+    MetricDef {
+        name: ENGINE_FALLBACKS_TOTAL,
+        kind: "counter",
+        help: "Tiers opened with the thread-pool engine because io_uring was refused.",
+        labels: &["reason"],
     },
 ];
 

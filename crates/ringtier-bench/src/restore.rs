@@ -84,7 +84,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
     let store_cfg = StoreConfig::default().with_keep_last(1);
     rt.block_on(async {
         let store =
-            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), false)
+            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), false, ringtier_uring::Engine::Auto)
                 .await?;
         let parts = names
             .iter()
@@ -108,9 +108,9 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
     let mut dst: Vec<Vec<u8>> = part_sizes.iter().map(|&s| vec![1u8; s as usize]).collect();
     let stores = rt.block_on(async {
         let both =
-            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), true).await?;
+            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), true, ringtier_uring::Engine::Auto).await?;
         let slow_only =
-            open_store(std::slice::from_ref(&slow), None, BufferedWrites::default(), store_cfg.clone(), true).await?;
+            open_store(std::slice::from_ref(&slow), None, BufferedWrites::default(), store_cfg.clone(), true, ringtier_uring::Engine::Auto).await?;
         anyhow::Ok((both, slow_only))
     })?;
     let mut how_cold = ColdMethod::Warm;
@@ -151,7 +151,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             }
             _ => {
                 let sync = mode == "restore_dir";
-                let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync))?;
+                let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync, ringtier_uring::Engine::Auto))?;
                 if r.bytes != cfg.size {
                     bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
                 }

@@ -8,15 +8,19 @@ use anyhow::{bail, Context, Result};
 use ringtier_core::layers::{Metered, Throttle, Throttled};
 use ringtier_core::{PosixConfig, PosixTier, Tier};
 use ringtier_migrate::{CheckpointStore, RestoreOptions, RestoreReport, StoreConfig, TierSink};
-use ringtier_uring::{BufferedWrites, DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::{
+    open_dir_tier, BufferedWrites, DirTierOptions, DirectIoPolicy, Engine, UringConfig, UringTier, UringTierOptions,
+};
 
-/// A tier over a directory, through io_uring (O_DIRECT where the filesystem allows), metered;
-/// or, for `s3://bucket/prefix[?settings]`, the S3 tier (see `ringtier_s3::S3Config::from_url`).
+/// A tier over a directory, through `engine` (io_uring with O_DIRECT where the filesystem
+/// allows; under `auto` the thread pool where io_uring is refused), metered; or, for
+/// `s3://bucket/prefix[?settings]`, the S3 tier (see `ringtier_s3::S3Config::from_url`).
 pub fn dir_tier(
     dir: &Path,
     name: &str,
     throttle: Option<u64>,
     buffered_writes: BufferedWrites,
+    engine: Engine,
 ) -> Result<Arc<dyn Tier>> {
     if let Some(url) = dir.to_str().filter(|d| ringtier_s3::S3Config::is_s3_url(d)) {
         let cfg = ringtier_s3::S3Config::from_url(url)?.named(name);
@@ -28,12 +32,17 @@ pub fn dir_tier(
         };
         return Ok(Arc::new(Metered::new(tier)));
     }
-    uring_dir_tier(
-        dir,
-        name,
-        throttle,
-        UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_buffered_writes(buffered_writes),
-    )
+    let options = DirTierOptions::default()
+        .with_engine(engine)
+        .with_uring(UringConfig::default().with_direct_io(DirectIoPolicy::Auto).with_buffered_writes(buffered_writes))
+        .with_name(name)
+        .with_create(true);
+    let tier = open_dir_tier(dir, options).with_context(|| format!("opening tier {name} at {}", dir.display()))?.tier;
+    let tier: Arc<dyn Tier> = match throttle {
+        Some(bps) => Arc::new(Throttled::new(tier, Throttle::bandwidth(bps))),
+        None => tier,
+    };
+    Ok(Arc::new(Metered::new(tier)))
 }
 
 /// A tier over a local directory through io_uring set up with `config` (created if missing),
@@ -66,13 +75,15 @@ pub fn tier_names(n: usize) -> Vec<String> {
     }
 }
 
-/// Opens a store over `dirs` (fastest first); the last tier throttled to `throttle_last`.
+/// Opens a store over `dirs` (fastest first) with `engine`; the last tier throttled to
+/// `throttle_last`.
 pub async fn open_store(
     dirs: &[PathBuf],
     throttle_last: Option<u64>,
     buffered_writes: BufferedWrites,
     cfg: StoreConfig,
     read_only: bool,
+    engine: Engine,
 ) -> Result<CheckpointStore> {
     if dirs.is_empty() {
         bail!("--tiers needs at least one directory");
@@ -81,7 +92,7 @@ pub async fn open_store(
     let mut tiers = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
         let throttle = if i + 1 == dirs.len() { throttle_last } else { None };
-        tiers.push(dir_tier(d, &names[i], throttle, buffered_writes)?);
+        tiers.push(dir_tier(d, &names[i], throttle, buffered_writes, engine)?);
     }
     Ok(if read_only {
         CheckpointStore::open_read_only(tiers, cfg).await?
@@ -90,23 +101,25 @@ pub async fn open_store(
     })
 }
 
-/// Restores `step` into `dir`, one file per part, through an io_uring tier over the directory
-/// (O_DIRECT where it allows): each file staged, fsynced and renamed into place only once whole
-/// and checked. The tier's staging directory is removed after.
+/// Restores `step` into `dir`, one file per part, through a tier over the directory opened
+/// with `engine` (io_uring with O_DIRECT where it allows): each file staged, fsynced and
+/// renamed into place only once whole and checked. The tier's staging directory is removed
+/// after.
 pub async fn restore_to_dir(
     store: &CheckpointStore,
     step: u64,
     dir: &Path,
     opts: &RestoreOptions,
     sync: bool,
+    engine: Engine,
 ) -> Result<RestoreReport> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tier: Arc<dyn Tier> = if sync {
-        let options = UringTierOptions::default().with_name("out".to_string());
-        Arc::new(
-            UringTier::with_options(dir, UringConfig::default().with_direct_io(DirectIoPolicy::Auto), options)
-                .with_context(|| format!("opening {} for writing", dir.display()))?,
-        )
+        let options = DirTierOptions::default()
+            .with_engine(engine)
+            .with_uring(UringConfig::default().with_direct_io(DirectIoPolicy::Auto))
+            .with_name("out");
+        open_dir_tier(dir, options).with_context(|| format!("opening {} for writing", dir.display()))?.tier
     } else {
         // Buffered writes into the page cache, renamed without fsync (`cp`'s durability).
         let config = PosixConfig::new(dir).with_name("out".to_string()).with_threads(2).with_sync(false);

@@ -92,6 +92,11 @@ pub(crate) struct CkptArgs {
     /// When the fast tier is full: wait for the drain, or write through to the next tier.
     #[arg(long, value_enum, default_value = "wait")]
     pub(crate) on_full: OnFullArg,
+    /// Engine of the file tiers: `auto` (io_uring where the kernel allows it, the thread pool
+    /// where it is refused, with a warning), `uring` (an error where refused) or `posix`. The
+    /// files are the same whichever engine wrote them.
+    #[arg(long, default_value = "auto")]
+    pub(crate) engine: ringtier_uring::Engine,
     #[command(subcommand)]
     pub(crate) action: CkptAction,
 }

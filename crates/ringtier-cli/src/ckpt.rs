@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use ringtier_bench::tiers::{open_store, restore_to_dir};
 use ringtier_migrate::{CheckpointStore, RestoreOptions, RestoreReport};
-use ringtier_uring::BufferedWrites;
+use ringtier_uring::{BufferedWrites, Engine};
 
 use crate::args::{CkptAction, CkptArgs, OnFullArg};
 
@@ -17,11 +17,12 @@ async fn restore_latest_to_dir(
     dir: &Path,
     opts: &RestoreOptions,
     sync: bool,
+    engine: Engine,
 ) -> Result<(u64, RestoreReport)> {
     let steps: Vec<u64> = store.list().await?.iter().rev().map(|c| c.step).collect();
     let mut skipped = 0;
     for step in steps {
-        match restore_to_dir(store, step, dir, opts, sync).await {
+        match restore_to_dir(store, step, dir, opts, sync, engine).await {
             Ok(r) => return Ok((step, r)),
             Err(e) => match e.downcast_ref::<ringtier_core::Error>() {
                 // A part asked for by name that the checkpoint does not have is the user's
@@ -72,7 +73,7 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
     // Looking (ls, restore, verify) opens read-only: it works next to a training process that
     // has the store open, and never runs recovery under that process's feet.
     let read_only = matches!(a.action, CkptAction::Ls | CkptAction::Restore { .. } | CkptAction::Verify { .. });
-    let store = open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg, read_only).await?;
+    let store = open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg, read_only, a.engine).await?;
     match a.action {
         CkptAction::Save { step, parts, direct, no_drain } => {
             let mut files = Vec::new();
@@ -126,11 +127,11 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             let (step, r) = match step {
                 Some(step) => (
                     step,
-                    restore_to_dir(&store, step, &out, &opts, !no_sync)
+                    restore_to_dir(&store, step, &out, &opts, !no_sync, a.engine)
                         .await
                         .with_context(|| format!("restoring checkpoint {step} into {}", out.display()))?,
                 ),
-                None => restore_latest_to_dir(&store, &out, &opts, !no_sync).await?,
+                None => restore_latest_to_dir(&store, &out, &opts, !no_sync, a.engine).await?,
             };
             for f in &r.fallbacks {
                 eprintln!("warning: checkpoint {step}: {f}");

@@ -13,10 +13,10 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringtier_core::error::{Error, ErrorKind};
-use ringtier_core::{BufferPool, PosixConfig, PosixTier, Tier};
+use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::manifest::MANIFEST_FILE;
 use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
-use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::UringConfig;
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::engine::{engine, wait, wait_plain, Engine, ForkGuarded};
@@ -41,9 +41,53 @@ fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
     Err(errors::to_py(Error::new(ErrorKind::NotFound, why)))
 }
 
+/// The engine `name` asks for (`"auto"`, `"uring"` or `"posix"`), resolved for this process:
+/// `"auto"` is `"uring"` where this process may set up an io_uring and `"posix"` (the thread
+/// pool) where the kernel refuses it, with one `RuntimeWarning` per process naming why.
+pub(crate) fn resolve_engine(name: &str) -> PyResult<&'static str> {
+    let engine: ringtier_uring::Engine = name
+        .parse()
+        .map_err(|_| errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {name:?}")))?;
+    Ok(match engine {
+        ringtier_uring::Engine::Posix => "posix",
+        ringtier_uring::Engine::Uring => "uring",
+        ringtier_uring::Engine::Auto => match ringtier_uring::uring_availability() {
+            Ok(()) => "uring",
+            Err(why) => {
+                warn_fallback(&why);
+                "posix"
+            }
+        },
+    })
+}
+
+/// Warns once per process (a Python `RuntimeWarning`) that io_uring was refused and the
+/// thread pool reads and writes instead.
+pub(crate) fn warn_fallback(why: &ringtier_uring::UringRefusal) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let msg = format!(
+        "ringtier: {why}; using the thread-pool engine instead (same files, same formats; slower at one \
+         thread). To use io_uring: {}. `python -m ringtier doctor` says more; engine=\"posix\" silences this.",
+        why.remedy()
+    );
+    Python::attach(|py| {
+        let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+        let msg = std::ffi::CString::new(msg).unwrap_or_default();
+        if let Err(e) = PyErr::warn(py, &category, &msg, 1) {
+            // A filter that turns warnings into errors: shown, not raised from an open that worked.
+            e.print(py);
+        }
+    });
+}
+
 /// One engine's tier over `dir`, reading into `pool` where given. A dataset (`dataset`
 /// true) is read-only and read through the links it holds; a store's directory never follows
-/// a link (docs/SECURITY.md). An `s3://` URL opens the S3 tier (`tiers.rs`).
+/// a link (docs/SECURITY.md). An `s3://` URL opens the S3 tier (`tiers.rs`). `engine_name`
+/// `"auto"` opens io_uring where the kernel allows it and the thread pool where it does not
+/// (`ringtier_uring::open_dir_tier`), warning once.
 pub(crate) fn open_tier(
     dir: &Path,
     engine_name: &str,
@@ -51,22 +95,36 @@ pub(crate) fn open_tier(
     create: bool,
     dataset: bool,
 ) -> PyResult<Arc<dyn Tier>> {
+    open_tier_with(dir, engine_name, pool, create, dataset, UringConfig::default())
+}
+
+/// [`open_tier`] with the io_uring engine's settings.
+pub(crate) fn open_tier_with(
+    dir: &Path,
+    engine_name: &str,
+    pool: Option<BufferPool>,
+    create: bool,
+    dataset: bool,
+    uring: UringConfig,
+) -> PyResult<Arc<dyn Tier>> {
     if let Some(url) = crate::tiers::s3_url(dir) {
         let usage = if dataset { crate::tiers::S3Use::Dataset { depth: 64 } } else { crate::tiers::S3Use::Store };
         return crate::tiers::open_s3(url, usage);
     }
-    match engine_name {
-        "uring" => {
-            let options =
-                UringTierOptions::default().with_pool(pool).with_create_root(create).with_follow_links(dataset);
-            Ok(Arc::new(UringTier::with_options(dir, UringConfig::default(), options).py_err()?))
-        }
-        "posix" => {
-            let cfg = PosixConfig::new(dir).with_create(create).with_follow_links(dataset);
-            Ok(Arc::new(PosixTier::new(cfg).py_err()?))
-        }
-        other => Err(errors::invalid(format!("engine must be \"uring\" or \"posix\", not {other:?}"))),
+    let engine: ringtier_uring::Engine = engine_name.parse().map_err(|_| {
+        errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
+    })?;
+    let options = ringtier_uring::DirTierOptions::default()
+        .with_engine(engine)
+        .with_uring(uring)
+        .with_pool(pool)
+        .with_create(create)
+        .with_follow_links(dataset);
+    let opened = ringtier_uring::open_dir_tier(dir, options).py_err()?;
+    if let ringtier_uring::EngineUsed::PosixFallback(why) = &opened.engine {
+        warn_fallback(why);
     }
+    Ok(opened.tier)
 }
 
 /// Everything of a loader that must stay in its process.
@@ -132,7 +190,7 @@ fn loader_config(
 impl Loader {
     #[new]
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
-        drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="uring", hold=None,
+        drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="auto", hold=None,
         keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None, lazy_pool=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -198,6 +256,7 @@ impl Loader {
             (None, None) => {}
         }
         let dir = dataset_dir(&path)?;
+        let engine = if crate::tiers::s3_url(&dir).is_some() { "uring" } else { resolve_engine(engine)? };
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
         // List (or read the manifest) through a tier without a pool, then open the tier the
@@ -224,9 +283,7 @@ impl Loader {
             _ => None,
         };
         let tier = if lazy_pool && crate::tiers::s3_url(&dir).is_none() && engine == "uring" {
-            let options = UringTierOptions::default().with_pool(pool).with_follow_links(true);
-            let cfg = UringConfig::default().with_register_buffers(false);
-            Arc::new(UringTier::with_options(&dir, cfg, options).py_err()?) as Arc<dyn Tier>
+            open_tier_with(&dir, engine, pool, false, true, UringConfig::default().with_register_buffers(false))?
         } else {
             open_tier(&dir, engine, pool, false, true)?
         };

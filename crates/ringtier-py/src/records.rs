@@ -13,10 +13,10 @@ use pyo3::exceptions::{PyBufferError, PyKeyError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use ringtier_core::error::{Error, ErrorKind};
-use ringtier_core::{PosixConfig, PosixTier, Tier};
+use ringtier_core::Tier;
 use ringtier_loader::records::{self, RecordConfig, RecordFormat, RecordIndex, Shard};
 use ringtier_loader::{CachedTier, OnBadSample};
-use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::UringConfig;
 
 use crate::buffer::ExportedBytes;
 use crate::engine::{wait_plain, Engine, ForkGuarded};
@@ -38,15 +38,8 @@ fn shard_tier(dir: &Path, engine: &str, depth: usize) -> PyResult<Arc<dyn Tier>>
     if let Some(url) = crate::tiers::s3_url(dir) {
         return crate::tiers::open_s3(url, crate::tiers::S3Use::Dataset { depth });
     }
-    match engine {
-        "uring" => {
-            let options = UringTierOptions::default().with_name("records".to_string()).with_follow_links(true);
-            let cfg = UringConfig::default().with_queue_depth(depth.clamp(1, 4096) as u32);
-            Ok(Arc::new(UringTier::with_options(dir, cfg, options).py_err()?))
-        }
-        "posix" => Ok(Arc::new(PosixTier::new(PosixConfig::new(dir).with_follow_links(true)).py_err()?)),
-        other => Err(errors::invalid(format!("engine must be \"uring\" or \"posix\", not {other:?}"))),
-    }
+    let uring = UringConfig::default().with_queue_depth(depth.clamp(1, 4096) as u32);
+    crate::loader::open_tier_with(dir, engine, None, false, true, uring)
 }
 
 /// The index file of `shard`: `KEY.idx` (what `ringtier index` writes) or, as DALI's tools
@@ -96,7 +89,7 @@ impl RecordLoader {
     #[new]
     #[pyo3(signature = (path, *, format="tfrecord", order="stream", read_size=4 << 20, depth=8,
         shuffle_buffer=1024, shuffle_bytes=64 << 20, shuffle_shards=true, seed=0, rank=0, world_size=1, worker=0,
-        workers=1, prefetch=256, prefetch_bytes=16 << 20, on_bad="fail", engine="uring", index_dir=None, cache=None))]
+        workers=1, prefetch=256, prefetch_bytes=16 << 20, on_bad="fail", engine="auto", index_dir=None, cache=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

@@ -13,6 +13,9 @@ use std::sync::Mutex;
 pub const S3_SERVER: &str = "ringtier-s3-server";
 /// The SIGKILL test's child binary.
 pub const CRASH_CHILD: &str = "ringtier-crash-child";
+/// Runs a command with `io_uring_setup` refused by a seccomp filter
+/// (`ringtier-no-uring [--errno eperm|enosys] -- COMMAND ...`).
+pub const NO_URING: &str = "ringtier-no-uring";
 
 /// The directory cargo puts the binaries of the running test's profile in: the test
 /// executable's own directory, or its parent where that is `deps`.

@@ -111,3 +111,27 @@ async fn uring_empty_dirs_on_disk() {
     })
     .await;
 }
+
+/// One on-disk format whichever engine wrote it: io_uring (O_DIRECT on ext4, buffered on
+/// tmpfs) writes and the thread pool reads, and the reverse, through `open_dir_tier`.
+mod across_engines {
+    use super::*;
+    use ringtier_uring::{open_dir_tier, DirTierOptions, Engine};
+
+    fn open(engine: Engine) -> impl Fn(&Path) -> Arc<dyn ringtier_core::Tier> {
+        move |dir: &Path| {
+            let options = DirTierOptions::default().with_engine(engine).with_name(engine.as_str());
+            open_dir_tier(dir, options).expect("open").tier
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn uring_writes_posix_reads() {
+        ringtier_testkit::conformance::same_files_across_engines(open(Engine::Uring), open(Engine::Posix)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn posix_writes_uring_reads() {
+        ringtier_testkit::conformance::same_files_across_engines(open(Engine::Posix), open(Engine::Uring)).await;
+    }
+}

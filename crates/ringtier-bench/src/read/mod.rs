@@ -139,8 +139,13 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<ReadReport> {
     // An engine the file system cannot serve is left out, and the table and JSON say so.
     let mut skipped = Vec::new();
     let mut engines = Vec::new();
+    let uring = ringtier_uring::uring_availability();
     for &e in &cfg.engines {
-        if e == Engine::UringDirect && ringtier_core::fs::dir_supports_direct_io(&ds.root) == Some(false) {
+        if let (true, Err(why)) = (e.is_uring(), &uring) {
+            // io_uring refused (a container's seccomp profile, the sysctl, memlock): the
+            // thread pool runs alone and the table and JSON say why.
+            skipped.push(SkippedEngine { engine: e, reason: format!("{why}; to use io_uring: {}", why.remedy()) });
+        } else if e == Engine::UringDirect && ringtier_core::fs::dir_supports_direct_io(&ds.root) == Some(false) {
             skipped.push(SkippedEngine {
                 engine: e,
                 reason: format!("{} ({fs}) has no direct I/O (statx reports no DIO alignment)", ds.root.display()),

@@ -126,7 +126,8 @@ pub(crate) fn read_files_throttled(a: &ReadArgs, latency_ms: f64) -> Result<()> 
     }
     let latency = Duration::from_secs_f64(latency_ms / 1000.0);
     let make = |_depth: usize| -> Result<Arc<dyn Tier>> {
-        let files = crate::tiers::dir_tier(&ds.root, "pfs", None, BufferedWrites::default())?;
+        let files =
+            crate::tiers::dir_tier(&ds.root, "pfs", None, BufferedWrites::default(), ringtier_uring::Engine::Auto)?;
         Ok(Arc::new(Throttled::new(files, Throttle::bandwidth(u64::MAX).with_latency(latency))))
     };
     let rt = crate::runtime(0)?;

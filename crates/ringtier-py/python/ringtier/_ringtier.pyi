@@ -79,7 +79,8 @@ class Loader:
     ``world_size`` (each rank reads every world_size-th sample of the epoch's order);
     ``drop_last``; ``decode`` (an int: decode JPEGs to RGB of that size, on ``decode_threads``
     threads); ``verify`` CRC-32C against the manifest; ``on_bad`` ``"skip"`` or ``"fail"``;
-    ``engine`` ``"uring"`` or ``"posix"``; ``hold`` samples Python may keep beyond the
+    ``engine`` ``"auto"`` (io_uring where the kernel allows it, the thread pool where it is
+    refused, with one ``RuntimeWarning``), ``"uring"`` (an error where refused) or ``"posix"``; ``hold`` samples Python may keep beyond the
     loader's pipeline (default ``batch_size``); ``keys`` to read only those files.
 
     ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the dataset's tier.
@@ -115,7 +116,7 @@ class Loader:
         decode_threads: int = 2,
         verify: bool = False,
         on_bad: str = "skip",
-        engine: str = "uring",
+        engine: str = "auto",
         hold: Optional[int] = None,
         keys: Optional[Sequence[str]] = None,
         cache: Optional[Union["Cache", Dict[str, Any]]] = None,
@@ -317,7 +318,7 @@ class RecordLoader:
         prefetch: int = 256,
         prefetch_bytes: int = 16 << 20,
         on_bad: str = "fail",
-        engine: str = "uring",
+        engine: str = "auto",
         index_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
         cache: Optional[Union["Cache", Dict[str, Any]]] = None,
     ) -> None: ...
@@ -385,7 +386,7 @@ class CheckpointStore:
         drain_bytes_per_sec: Optional[int] = None,
         fast_capacity_bytes: Optional[int] = None,
         on_full: str = "wait",
-        engine: str = "uring",
+        engine: str = "auto",
         read_only: bool = False,
         create: bool = False,
     ) -> None: ...

@@ -36,7 +36,9 @@ class CheckpointStore:
         drain_bytes_per_sec: cap on the drain's bandwidth (None: no cap).
         fast_capacity_bytes: bytes of checkpoints the fast tier may hold (None: its free space).
         on_full: ``"wait"`` for the drain to make room, or ``"write_through"`` to the next tier.
-        engine: ``"uring"`` (O_DIRECT io_uring) or ``"posix"`` (a thread pool).
+        engine: ``"auto"`` (O_DIRECT io_uring where the kernel allows it, else the thread pool
+            with one ``RuntimeWarning``), ``"uring"`` (an error where io_uring is refused) or
+            ``"posix"`` (a thread pool). The files are the same whichever engine wrote them.
         read_only: open to list, load and verify only (next to a process that saves).
         create: create missing tier directories (otherwise they are an error).
 
@@ -56,7 +58,7 @@ class CheckpointStore:
         drain_bytes_per_sec: Optional[int] = None,
         fast_capacity_bytes: Optional[int] = None,
         on_full: str = "wait",
-        engine: str = "uring",
+        engine: str = "auto",
         read_only: bool = False,
         create: bool = False,
     ) -> None:

@@ -97,7 +97,7 @@ const STAGING_GRANULE: usize = 2 << 20;
 impl CheckpointStore {
     #[new]
     #[pyo3(signature = (tiers, *, prefix="ckpt".to_string(), chunk_bytes=32<<20, keep_last=2, drain_concurrency=1,
-        save_parallelism=1, drain_bytes_per_sec=None, fast_capacity_bytes=None, on_full="wait", engine="uring", read_only=false,
+        save_parallelism=1, drain_bytes_per_sec=None, fast_capacity_bytes=None, on_full="wait", engine="auto", read_only=false,
         create=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(

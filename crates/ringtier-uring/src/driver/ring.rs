@@ -26,32 +26,33 @@ pub(crate) fn spawn(
     let setup = |e: io::Error, what: &str| {
         Error::from(e).with_operation(Operation::Setup).with_tier(&tier_name).with_key(what.to_string())
     };
-    let depth = config.queue_depth.max(1);
-    let entries = (depth + 2).next_power_of_two() * 2;
-    let mut builder = IoUring::builder();
-    if let Some(idle) = config.sqpoll_idle_ms {
-        builder.setup_sqpoll(idle);
+    let asked = config.queue_depth.max(1);
+    // A ring that the locked-memory limit refuses at the asked size (ENOMEM, `ulimit -l` as
+    // in many containers) is retried at half the size, down to 8 entries; the driver then keeps
+    // no more requests in flight than the ring it got holds.
+    let mut entries = (asked + 2).next_power_of_two() * 2;
+    let ring = loop {
+        match build_ring(config, entries) {
+            Ok(ring) => break ring,
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && entries > 8 => entries /= 2,
+            Err(e) => {
+                let what = match (config.coop_taskrun, config.defer_taskrun) {
+                    (_, true) => "io_uring_setup (DEFER_TASKRUN + SINGLE_ISSUER, Linux 6.1)",
+                    (true, false) => "io_uring_setup (COOP_TASKRUN, Linux 5.19)",
+                    _ => "io_uring_setup",
+                };
+                return Err(setup(e, what));
+            }
+        }
+    };
+    let depth = asked.min((entries / 2).saturating_sub(2).max(1));
+    if depth < asked && index == 0 {
+        tracing::warn!(
+            tier = %tier_name,
+            "io_uring_setup refused a ring for {asked} requests in flight (ENOMEM: locked-memory limit); \
+             using {depth}. Raise `ulimit -l` for the full depth."
+        );
     }
-    // TASKRUN_FLAG: the kernel marks pending completion work in the SQ ring flags, so that a
-    // submit without waiting still enters with GETEVENTS and runs it (io-uring's
-    // `submit_and_wait` checks the flag).
-    if config.coop_taskrun {
-        builder.setup_coop_taskrun().setup_taskrun_flag();
-    }
-    if config.defer_taskrun {
-        // SINGLE_ISSUER binds the ring to the task that creates it, unless it is created
-        // disabled: then to the task that enables it, the driver thread (see `Driver::run`),
-        // which is the only one that ever submits, registers or reaps.
-        builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag().setup_r_disabled();
-    }
-    let ring = builder.build(entries).map_err(|e| {
-        let what = match (config.coop_taskrun, config.defer_taskrun) {
-            (_, true) => "io_uring_setup (DEFER_TASKRUN + SINGLE_ISSUER, Linux 6.1)",
-            (true, false) => "io_uring_setup (COOP_TASKRUN, Linux 5.19)",
-            _ => "io_uring_setup",
-        };
-        setup(e, what)
-    })?;
 
     // SAFETY: eventfd takes no pointers.
     let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -165,6 +166,27 @@ pub(crate) fn spawn(
             Err(setup(io::Error::other("the driver thread ended during set-up"), "driver thread"))
         }
     }
+}
+
+/// A ring of `entries` entries with the set-up flags `config` asks for.
+fn build_ring(config: &UringConfig, entries: u32) -> io::Result<IoUring> {
+    let mut builder = IoUring::builder();
+    if let Some(idle) = config.sqpoll_idle_ms {
+        builder.setup_sqpoll(idle);
+    }
+    // TASKRUN_FLAG: the kernel marks pending completion work in the SQ ring flags, so that a
+    // submit without waiting still enters with GETEVENTS and runs it (io-uring's
+    // `submit_and_wait` checks the flag).
+    if config.coop_taskrun {
+        builder.setup_coop_taskrun().setup_taskrun_flag();
+    }
+    if config.defer_taskrun {
+        // SINGLE_ISSUER binds the ring to the task that creates it, unless it is created
+        // disabled: then to the task that enables it, the driver thread (see `Driver::run`),
+        // which is the only one that ever submits, registers or reaps.
+        builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag().setup_r_disabled();
+    }
+    builder.build(entries)
 }
 
 /// `IORING_REGISTER_FILE_ALLOC_RANGE`: the kernel allocates direct descriptors only from

@@ -86,7 +86,7 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         decode: Optional[int] = None,
         decode_threads: int = 2,
         verify: bool = False,
-        engine: str = "uring",
+        engine: str = "auto",
         with_keys: bool = False,
         hold: Optional[int] = None,
         cache: Optional[Any] = None,

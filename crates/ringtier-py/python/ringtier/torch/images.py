@@ -292,7 +292,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         decode_threads: Optional[int] = None,
         pin_memory: Optional[bool] = None,
         on_bad: str = "skip",
-        engine: str = "uring",
+        engine: str = "auto",
         extensions: Optional[Tuple[str, ...]] = IMG_EXTENSIONS,
         is_valid_file: Optional[Callable[[str], bool]] = None,
         materialize: Optional[PathLike] = None,

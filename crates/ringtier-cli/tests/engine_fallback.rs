@@ -1,0 +1,145 @@
+//! Every CLI command that opens a tier works where io_uring is refused (engine `auto`: the
+//! thread pool, one warning naming why), `--engine uring` fails naming the cause and the way
+//! out, and checkpoints written with io_uring restore with the thread pool.
+//!
+//! Refused two ways: a seccomp filter in the child (`ringtier-no-uring`, EPERM as containers'
+//! default profiles, ENOSYS as gVisor), always; and the system-wide sysctl
+//! `kernel.io_uring_disabled=2`, which `.ci/run` sets (as root) around `cargo test --test
+//! engine_fallback -- sysctl` alone and restores after (`RINGTIER_TEST_SYSCTL=1`).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ringtier_testkit::bins;
+
+/// How io_uring is refused to the command.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// `ringtier-no-uring --errno ...`.
+    Seccomp(&'static str),
+    /// The sysctl, set by the caller of the test.
+    Sysctl,
+}
+
+fn ringtier(refusal: Option<Refusal>) -> Command {
+    let bin = env!("CARGO_BIN_EXE_ringtier");
+    match refusal {
+        Some(Refusal::Seccomp(errno)) => {
+            let mut c = Command::new(bins::path(bins::NO_URING));
+            c.args(["--errno", errno, "--", bin]);
+            c
+        }
+        Some(Refusal::Sysctl) | None => Command::new(bin),
+    }
+}
+
+fn run(refusal: Option<Refusal>, args: &[&str]) -> Output {
+    let out = ringtier(refusal).args(args).env_remove("RINGTIER_LOG").output().expect("run ringtier");
+    assert!(
+        out.status.success(),
+        "{refusal:?} ringtier {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn fallback_warnings(out: &Output) -> usize {
+    String::from_utf8_lossy(&out.stderr).matches("ringtier uses its thread-pool engine instead").count()
+}
+
+fn everything_works_without_io_uring(refusal: Refusal, why: &str) {
+    let dir = tempfile::Builder::new().prefix("no-uring").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (ds, fast, slow, out_dir) =
+        (dir.path().join("ds"), dir.path().join("fast"), dir.path().join("slow"), dir.path().join("out"));
+    let r = Some(refusal);
+    run(r, &["gen", "--preset", "caltech101", "--files", "120", "--classes", "4", "--dir", s(&ds)]);
+
+    // bench read: the thread pool alone, the io_uring engines skipped with the reason.
+    let json = dir.path().join("read.json");
+    let out = run(r, &["bench", "read", "--repeats", "1", "--concurrency", "1,2", "--dir", s(&ds), "--json", s(&json)]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let skipped = report["skipped_engines"].as_array().expect("skipped_engines");
+    assert!(!skipped.is_empty(), "{report}");
+    for e in skipped {
+        assert!(e["reason"].as_str().is_some_and(|r| r.contains(why)), "{e}");
+    }
+    let points = report["points"].as_array().expect("points");
+    assert!(!points.is_empty() && points.iter().all(|p| p["engine"] == "posix-threads"), "{points:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("skipped") && stdout.contains(why), "the table says why: {stdout}");
+
+    // ckpt: save (drained), ls, restore byte for byte, verify, drain; one warning per process.
+    let part = dir.path().join("weights.bin");
+    let data: Vec<u8> = (0..3_000_017u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&part, &data).expect("part");
+    let tiers = format!("{},{}", s(&fast), s(&slow));
+    let part_arg = format!("w={}", s(&part));
+    let out = run(r, &["ckpt", "--tiers", &tiers, "save", "--step", "1", "--part", &part_arg]);
+    assert_eq!(fallback_warnings(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(why), "the warning names why");
+    run(r, &["ckpt", "--tiers", &tiers, "save", "--step", "2", "--part", &part_arg, "--no-drain"]);
+    let ls = run(r, &["ckpt", "--tiers", &tiers, "ls"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("fast, slow"), "{}", String::from_utf8_lossy(&ls.stdout));
+    run(r, &["ckpt", "--tiers", &tiers, "restore", "--out", s(&out_dir)]);
+    assert!(std::fs::read(out_dir.join("w")).expect("restored") == data, "restored bytes differ");
+    run(r, &["ckpt", "--tiers", &tiers, "verify"]);
+    run(r, &["ckpt", "--tiers", &tiers, "drain"]);
+
+    // The format is the engine's no more: io_uring (no refusal) reads what the thread pool
+    // wrote, and the thread pool restores what io_uring writes. (Under the sysctl nothing in
+    // this machine has io_uring: the filters' runs check it.)
+    if matches!(refusal, Refusal::Seccomp(_)) {
+        cross_engine(r, dir.path(), &tiers, &part_arg, &data);
+    }
+
+    // --engine uring: an error naming the cause and the way out.
+    let out = ringtier(r).args(["ckpt", "--tiers", &tiers, "--engine", "uring", "ls"]).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("engine \"uring\"") && err.contains(why) && err.contains("\"auto\""), "{err}");
+    // --engine posix: no warning.
+    let out = run(r, &["ckpt", "--tiers", &tiers, "--engine", "posix", "ls"]);
+    assert_eq!(fallback_warnings(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn cross_engine(r: Option<Refusal>, dir: &Path, tiers: &str, part_arg: &str, data: &[u8]) {
+    let out2 = dir.join("out2");
+    run(None, &["ckpt", "--tiers", tiers, "--engine", "uring", "restore", "--step", "2", "--out", s(&out2)]);
+    assert!(std::fs::read(out2.join("w")).expect("restored") == data);
+    run(None, &["ckpt", "--tiers", tiers, "--engine", "uring", "save", "--step", "3", "--part", part_arg]);
+    let out3 = dir.join("out3");
+    run(r, &["ckpt", "--tiers", tiers, "restore", "--step", "3", "--out", s(&out3)]);
+    assert!(std::fs::read(out3.join("w")).expect("restored") == data);
+}
+
+#[test]
+fn seccomp_eperm() {
+    everything_works_without_io_uring(Refusal::Seccomp("eperm"), "EPERM");
+}
+
+#[test]
+fn seccomp_enosys() {
+    everything_works_without_io_uring(Refusal::Seccomp("enosys"), "ENOSYS");
+}
+
+/// Under `kernel.io_uring_disabled=2`, set by `.ci/run` around this test alone
+/// (`RINGTIER_TEST_SYSCTL=1`); elsewhere it says why it did not run.
+#[test]
+fn sysctl_disabled() {
+    let value = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").unwrap_or_default();
+    if value.trim() != "2" {
+        assert!(
+            std::env::var_os("RINGTIER_TEST_SYSCTL").is_none(),
+            "RINGTIER_TEST_SYSCTL is set but kernel.io_uring_disabled is {value:?}, not 2"
+        );
+        eprintln!("sysctl_disabled: kernel.io_uring_disabled is not 2; run by .ci/run with it set");
+        return;
+    }
+    everything_works_without_io_uring(Refusal::Sysctl, "kernel.io_uring_disabled=2");
+}

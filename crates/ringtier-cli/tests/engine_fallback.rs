@@ -143,3 +143,64 @@ fn sysctl_disabled() {
     }
     everything_works_without_io_uring(Refusal::Sysctl, "kernel.io_uring_disabled=2");
 }
+
+/// As an ordinary user with `ulimit -l 64` (KiB, a common container default): registered
+/// buffers fall back, rings are retried smaller and then the thread pool takes over; every
+/// command works. Needs root to become `nobody` (`setpriv`) under `prlimit`; says why it
+/// did not run otherwise.
+#[test]
+fn small_memlock_as_an_ordinary_user() {
+    // Root: the effective uid in /proc/self/status.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().nth(1));
+    let tools = ["prlimit", "setpriv"].iter().all(|t| Command::new(t).arg("--version").output().is_ok());
+    if euid != Some("0") || !tools {
+        eprintln!("small_memlock_as_an_ordinary_user: needs root and util-linux's prlimit and setpriv");
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("memlock").tempdir_in(std::env::temp_dir()).expect("tempdir");
+    let root = dir.path();
+    let mode = |p: &Path, m: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
+    };
+    mode(root, 0o777);
+    let bin = root.join("ringtier");
+    std::fs::copy(env!("CARGO_BIN_EXE_ringtier"), &bin).expect("copy the binary where nobody can run it");
+    mode(&bin, 0o755);
+    let as_nobody = |args: &[&str]| -> Output {
+        let out = Command::new("prlimit")
+            .args(["--memlock=65536:65536", "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(&bin)
+            .args(args)
+            .env_remove("RINGTIER_LOG")
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "ringtier {args:?} as nobody, memlock 64 KiB: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let (ds, f, sl, out) = (root.join("ds"), root.join("f"), root.join("s"), root.join("out"));
+    as_nobody(&["gen", "--preset", "caltech101", "--files", "100", "--classes", "4", "--dir", s(&ds)]);
+    let read = as_nobody(&["bench", "read", "--repeats", "1", "--concurrency", "1,64,256", "--warm", "--dir", s(&ds)]);
+    let table = String::from_utf8_lossy(&read.stdout);
+    assert!(table.contains("posix-threads"), "{table}");
+    let part = root.join("p.bin");
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    std::fs::write(&part, &data).expect("part");
+    mode(&part, 0o644);
+    let tiers = format!("{},{}", s(&f), s(&sl));
+    let part_arg = format!("w={}", s(&part));
+    for step in ["1", "2", "3"] {
+        as_nobody(&["ckpt", "--tiers", &tiers, "save", "--step", step, "--part", &part_arg]);
+    }
+    as_nobody(&["ckpt", "--tiers", &tiers, "ls"]);
+    as_nobody(&["ckpt", "--tiers", &tiers, "restore", "--out", s(&out)]);
+    assert!(std::fs::read(out.join("w")).expect("restored") == data);
+    as_nobody(&["ckpt", "--tiers", &tiers, "verify"]);
+    as_nobody(&["ckpt", "--tiers", &tiers, "drain"]);
+}

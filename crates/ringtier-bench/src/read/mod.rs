@@ -124,6 +124,30 @@ pub(crate) struct DatasetInfo {
     pub(crate) checksums: bool,
 }
 
+/// This process's soft locked-memory limit as `/proc/self/limits` says it ("65536 bytes",
+/// "unlimited").
+fn memlock_limit() -> String {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max locked memory"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map_or(
+            "unknown".to_string(),
+            |soft| if soft == "unlimited" { soft.to_string() } else { format!("{soft} bytes") },
+        )
+}
+
+/// Whether `err` is io_uring's set-up refused for memory at every ring size.
+fn ring_refused_for_memory(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<ringtier_core::Error>().is_some_and(|e| {
+            e.kind() == ringtier_core::ErrorKind::ResourceExhausted
+                && e.operation() == Some(ringtier_core::Operation::Setup)
+        })
+    })
+}
+
 /// Runs the sweep over `ds`, prints the table, writes JSON and plot if asked; returns JSON.
 pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<ReadReport> {
     if cfg.repeats == 0 {
@@ -178,12 +202,31 @@ pub(crate) fn run(cfg: &ReadBenchConfig, ds: &Dataset) -> Result<ReadReport> {
     }
     let mut readers = Vec::new();
     let mut pool_bytes = 0u64;
+    let mut kept = Vec::new();
     for &(e, c, r) in &points {
-        readers.push(Reader::new(e, c, r, ds, cfg.knobs).with_context(|| format!("setting up {e} at {c}"))?);
+        match Reader::new(e, c, r, ds, cfg.knobs) {
+            Ok(reader) => readers.push(reader),
+            // A ring the locked-memory limit refuses even at its smallest (`ulimit -l` as in
+            // many containers; every point's rings are held at once): that point is left out
+            // and the table says why, the rest run.
+            Err(err) if e.is_uring() && ring_refused_for_memory(&err) => {
+                let limit = memlock_limit();
+                let reason = format!(
+                    "at concurrency {c} x {r} ring(s): io_uring_setup failed with ENOMEM at every ring size \
+                     (locked-memory limit {limit}; raise `ulimit -l`)"
+                );
+                eprintln!("skipping {e}: {reason}");
+                skipped.push(SkippedEngine { engine: e, reason });
+                continue;
+            }
+            Err(err) => return Err(err.context(format!("setting up {e} at {c}"))),
+        }
+        kept.push((e, c, r));
         let batch = (c * r).max(16) as u64;
         let buf = pass::buffer_size(pass::chunk_size(cfg.knobs.read_size, ds.max_size()));
         pool_bytes = pool_bytes.max(2 * batch * buf as u64);
     }
+    let points = kept;
     eprintln!(
         "reading {} files ({:.1} MB) in {} ({fs}): {} points x {} repeats, {}",
         ds.len(),

@@ -17,6 +17,8 @@ pub(crate) struct Machine {
     pub(crate) kernel: String,
     /// What the kernel's io_uring offers (or why it is unavailable).
     pub(crate) io_uring: IoUringOffer,
+    /// The engine file tiers open with under `auto`: `io_uring`, or `thread pool` and why.
+    pub(crate) engine: String,
 }
 
 /// The io_uring features, set-up flags and opcodes of the running kernel.
@@ -42,7 +44,10 @@ impl IoUringOffer {
                 missing_opcodes: f.missing_opcodes,
                 unavailable: None,
             },
-            Err(e) => IoUringOffer { unavailable: Some(e.to_string()), ..IoUringOffer::default() },
+            Err(e) => IoUringOffer {
+                unavailable: Some(ringtier_uring::UringRefusal::from_setup_error(&e).to_string()),
+                ..IoUringOffer::default()
+            },
         }
     }
 }
@@ -54,17 +59,22 @@ impl Machine {
         let conf = |v| sysconf(v).ok().flatten().unwrap_or(0).max(0) as u64;
         let (pages, page) = (conf(SysconfVar::_PHYS_PAGES), conf(SysconfVar::PAGE_SIZE));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-        Machine { cpus, memory_bytes: pages * page, kernel, io_uring: IoUringOffer::probe() }
+        let engine = match (ringtier_uring::uring_availability(), ringtier_uring::engine::fallback_reason()) {
+            (Err(why), _) | (Ok(()), Some(why)) => format!("thread pool ({why})"),
+            (Ok(()), None) => "io_uring".to_string(),
+        };
+        Machine { cpus, memory_bytes: pages * page, kernel, io_uring: IoUringOffer::probe(), engine }
     }
 
     /// `io_uring: set-up flags ...; features ...` for reports.
     pub(crate) fn io_uring_text(&self) -> String {
         match &self.io_uring.unavailable {
-            Some(why) => format!("io_uring unavailable: {why}"),
+            Some(why) => format!("io_uring unavailable: {why}; engine: {}", self.engine),
             None => format!(
-                "io_uring set-up flags {}; features {}",
+                "io_uring set-up flags {}; features {}; engine: {}",
                 self.io_uring.setup_flags.join(" "),
-                self.io_uring.features.join(" ")
+                self.io_uring.features.join(" "),
+                self.engine
             ),
         }
     }

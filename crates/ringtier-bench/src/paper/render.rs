@@ -291,6 +291,7 @@ mod tests {
             memory_bytes: 8 << 30,
             kernel: "6.1.0-test".into(),
             io_uring: crate::harness::machine::IoUringOffer::default(),
+            engine: "io_uring".into(),
         }
     }
 

@@ -20,7 +20,18 @@ from typing import Dict, Iterator, Optional
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+
+
+def _source_tree() -> Optional[Path]:
+    """The repository these tests sit in (crates/ringtier-py/tests), or None where they run from
+    a copy outside it, against an installed wheel (as CI does)."""
+    here = Path(__file__).resolve()
+    if len(here.parents) > 3 and (here.parents[3] / "crates" / "ringtier-testkit").is_dir():
+        return here.parents[3]
+    return None
+
+
+REPO = _source_tree()
 
 # The test kit's credentials (ringtier_testkit::s3::{ACCESS_KEY, SECRET_KEY}); moto takes any.
 ACCESS_KEY = "ringtier-test"
@@ -28,10 +39,13 @@ SECRET_KEY = "ringtier-test-secret"
 
 
 def server_binary() -> Optional[Path]:
-    """The test kit's ``ringtier-s3-server``: ``$RINGTIER_S3_SERVER``, else target/{debug,release}."""
+    """The test kit's ``ringtier-s3-server``: ``$RINGTIER_S3_SERVER``, else target/{debug,release}
+    of the source tree (none from a copy of the tests: set the variable)."""
     env = os.environ.get("RINGTIER_S3_SERVER")
     if env:
         return Path(env)
+    if REPO is None:
+        return None
     for profile in ("debug", "release"):
         p = REPO / "target" / profile / "ringtier-s3-server"
         if p.is_file():

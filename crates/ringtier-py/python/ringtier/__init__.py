@@ -17,6 +17,9 @@
 The engine (a runtime and io_uring driver threads) is created lazily in the process that
 uses it. Objects created before a ``fork()`` raise :class:`ForkError` in the child: create
 loaders in the process that iterates them (``ringtier.torch.IterableDataset`` does).
+
+:data:`JPEG_DECODER` names the JPEG decoder this build decodes with: ``"libjpeg-turbo"`` in the
+published wheels, ``"zune-jpeg"`` in a source build without feature ``turbojpeg``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Iterable, Optional, Sequence
 
 from . import errors
 from ._ringtier import (
+    JPEG_DECODER,
     Batch,
     Cache,
     Epoch,
@@ -91,6 +95,7 @@ __all__ = [
     "Epoch",
     "ForkError",
     "InvalidInputError",
+    "JPEG_DECODER",
     "Loader",
     "NoSpaceError",
     "NotFoundError",

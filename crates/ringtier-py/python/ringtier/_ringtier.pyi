@@ -4,7 +4,8 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 __version__: str
-# The JPEG decoder this build uses: "zune-jpeg" (default) or "libjpeg-turbo" (feature turbojpeg).
+# The JPEG decoder this build uses: "libjpeg-turbo" (the wheels; feature turbojpeg) or
+# "zune-jpeg" (a source build's default). Re-exported as ringtier.JPEG_DECODER.
 JPEG_DECODER: str
 # Whether tiers may be ``s3://bucket/prefix?endpoint=...`` URLs (feature s3, on by default).
 HAS_S3: bool

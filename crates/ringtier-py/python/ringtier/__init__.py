@@ -48,15 +48,23 @@ from ._ringtier import (
 from ._types import PathLike, is_s3_url, tier_path
 from .checkpoint import CheckpointStore
 from .errors import (
+    AlreadyExistsError,
     BusyError,
     ClosedError,
     CorruptError,
     ForkError,
     InvalidInputError,
+    InvalidKeyError,
+    IoError,
+    MisalignedError,
     NoSpaceError,
     NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
     PoolExhaustedError,
+    ResourceExhaustedError,
     RingtierError,
+    ShutdownError,
     UnsupportedError,
 )
 
@@ -85,6 +93,7 @@ class Dataset:
 
 
 __all__ = [
+    "AlreadyExistsError",
     "Batch",
     "BusyError",
     "Cache",
@@ -95,19 +104,26 @@ __all__ = [
     "Epoch",
     "ForkError",
     "InvalidInputError",
+    "InvalidKeyError",
+    "IoError",
     "JPEG_DECODER",
     "Loader",
+    "MisalignedError",
     "NoSpaceError",
     "NotFoundError",
+    "OutOfRangeError",
     "PartBuffer",
+    "PermissionDeniedError",
     "PoolExhaustedError",
     "Record",
     "RecordEpoch",
     "RecordField",
     "RecordLoader",
+    "ResourceExhaustedError",
     "RingtierError",
     "Sample",
     "SaveFuture",
+    "ShutdownError",
     "UnsupportedError",
     "errors",
     "metrics_text",

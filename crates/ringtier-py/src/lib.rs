@@ -10,6 +10,7 @@ mod loader;
 mod materialize;
 mod metrics;
 mod records;
+mod safetensors;
 mod store;
 mod tiers;
 mod transforms;
@@ -34,6 +35,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transforms::TransformPipeline>()?;
     m.add_class::<transforms::PendingBatch>()?;
     m.add_class::<transforms::TransformedBatch>()?;
+    safetensors::register(m)?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;

@@ -60,6 +60,21 @@ pub(crate) enum Command {
     /// The metric catalog.
     #[command(subcommand)]
     Metrics(MetricsCommand),
+    /// What this machine gives the engine and what it will fall back to: io_uring (set-up
+    /// flags, opcodes) or why it is refused, the locked-memory limit, each path's file system
+    /// (O_DIRECT and alignment, durability, free space), THP, the CUDA driver, the JPEG
+    /// decoder. One line per finding, then a verdict naming the engine `auto` uses; exits 0.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DoctorArgs {
+    /// Directories (or files) to examine: dataset and checkpoint directories; a missing one is
+    /// looked at where it would be created. Default: the current directory and the temp dir.
+    pub(crate) paths: Vec<PathBuf>,
+    /// Print the findings as JSON (findings, verdict, and the measured values by topic).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Subcommand, Debug)]

@@ -8,6 +8,7 @@
 
 mod args;
 mod ckpt;
+mod doctor;
 
 use anyhow::Result;
 use clap::Parser;
@@ -66,6 +67,10 @@ fn run(command: Command) -> Result<()> {
         Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),
         Command::Tune(a) => ringtier_bench::tune(a),
+        Command::Doctor(a) => {
+            doctor::command(a);
+            Ok(())
+        }
         Command::Metrics(MetricsCommand::Catalog) => {
             print!("{}", ringtier_metrics::catalog_markdown());
             Ok(())

@@ -8,6 +8,7 @@ pub mod buf;
 pub mod catalog;
 pub mod error;
 pub mod fs;
+pub mod host;
 pub mod key;
 pub mod layers;
 pub mod memory;

@@ -2,8 +2,9 @@
 //! to directory descriptors (`openat2`, `fstatat`, `mkdirat`, `unlinkat`, `renameat`,
 //! `getdents` through `fdopendir`) that [`FsRoot`](crate::fs::FsRoot) builds its confinement
 //! from, `flock`, `fsync`, and the file-system queries (`statx(STATX_DIOALIGN)`, `fstatfs`,
-//! `fstatvfs`, `statfs`). The only other unsafe code of the crate is the aligned buffers'
-//! allocation (`buf.rs`).
+//! `fstatvfs`, `statfs`), and what the host gives the process (`getrlimit(RLIMIT_MEMLOCK)`,
+//! `uname`) for [`host`](crate::host). The only other unsafe code of the crate is the aligned
+//! buffers' allocation (`buf.rs`).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -255,4 +256,29 @@ pub(crate) fn fstatvfs(fd: RawFd) -> io::Result<(u64, u64, u64)> {
     check(unsafe { libc::fstatvfs(fd, &mut st) })?;
     #[allow(clippy::unnecessary_cast)] // the fields' widths differ between targets
     Ok((st.f_frsize as u64, st.f_bavail as u64, st.f_blocks as u64))
+}
+
+/// `getrlimit(RLIMIT_MEMLOCK)`: `(soft, hard)` in bytes, `None` for `RLIM_INFINITY`.
+pub(crate) fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: rl is writable and of the type getrlimit fills.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) })?;
+    let finite = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+    #[allow(clippy::unnecessary_cast)] // rlim_t's width differs between targets
+    Ok((finite(rl.rlim_cur).map(|v| v as u64), finite(rl.rlim_max).map(|v| v as u64)))
+}
+
+/// `uname(2)`: `(sysname, release, machine)`.
+pub(crate) fn uname() -> io::Result<(String, String, String)> {
+    // SAFETY: utsname is a plain C struct of byte arrays; all-zero is valid.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is writable and of the type uname fills.
+    check(unsafe { libc::uname(&mut u) })?;
+    // The kernel NUL-terminates each field; a field without one is read to its end.
+    let text = |field: &[libc::c_char]| {
+        #[allow(clippy::unnecessary_cast)] // c_char is i8 or u8 depending on the target
+        let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Ok((text(&u.sysname), text(&u.release), text(&u.machine)))
 }

@@ -14,11 +14,16 @@ fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::new(ErrorKind::Io, format!("CUDA {what} failed: {e:?}")).with_operation(Operation::Setup)
 }
 
+/// Whether the driver library (libcuda) loads; creates no context.
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: only probes for the shared library.
+    unsafe { sys::is_culib_present() }
+}
+
 /// Checks that the driver library is present (before any context is created: creating one
 /// without it panics inside cudarc).
 fn check_driver() -> Result<()> {
-    // SAFETY: only probes for the shared library.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_present() {
         return Err(Error::new(ErrorKind::Unsupported, "no CUDA driver (libcuda) on this machine")
             .with_operation(Operation::Setup));
     }

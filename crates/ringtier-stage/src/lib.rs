@@ -144,6 +144,21 @@ impl PinnedPool {
     }
 }
 
+/// Whether the CUDA driver library (libcuda) loads on this machine, checked without creating
+/// a context: `Some(true)` or `Some(false)` in a build with feature `cuda`, `None` in a build
+/// without it (batches are then staged into pinned host memory only). `ringtier doctor`
+/// reports it.
+pub fn cuda_driver_present() -> Option<bool> {
+    #[cfg(feature = "cuda")]
+    {
+        Some(cuda::driver_present())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
+    }
+}
+
 #[cfg(not(feature = "cuda"))]
 fn no_cuda_feature() -> Error {
     Error::new(

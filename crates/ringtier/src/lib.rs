@@ -50,6 +50,10 @@ pub mod stage {
     pub use ringtier_stage::*;
 }
 
+// What this machine gives the engine and what it falls back to: the report of `ringtier
+// doctor` (documented in the module itself).
+pub mod doctor;
+
 /// The S3 capacity tier: [`S3Tier`](s3::S3Tier) over an S3 bucket and prefix
 /// (`s3://bucket/prefix`), configured by [`S3Config`](s3::S3Config) and the standard AWS
 /// environment variables (feature `s3`). This is the crate `ringtier-s3`.

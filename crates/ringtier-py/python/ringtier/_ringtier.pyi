@@ -412,6 +412,7 @@ class CheckpointStore:
     def close(self, drain: bool = False) -> None: ...
 
 def _engine_pid() -> int: ...
+def _is_s3_url(path: str) -> bool: ...
 def serve_metrics(addr: str = "127.0.0.1:9464", allow_remote: bool = False) -> str:
     """Serves ringtier's Prometheus metrics on ``addr`` (port 0: a free one); returns the address.
     Call before creating loaders and stores."""
@@ -488,3 +489,62 @@ class TransformedBatch:
     def failed(self) -> List[Tuple[int, str]]: ...
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
+
+class SafetensorsBuffer:
+    """Bytes read from a safetensors file (a file's data span, or one tensor), exported through
+    the buffer protocol (one dimension, ``B``, writable) without a copy: the tensors
+    :mod:`ringtier.safetensors` returns are views of it and keep it alive."""
+
+    def __len__(self) -> int: ...
+    @property
+    def views(self) -> int:
+        """Buffer views alive now."""
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class SafetensorsModel:
+    """A safetensors model opened by the engine: ``key`` (a ``.safetensors`` file, or a
+    ``.json`` shard index whose shards are opened with it) on the tier at ``root`` (a
+    directory, or an ``s3://bucket/prefix?endpoint=...`` URL). The headers are read and
+    checked as hostile input when it opens (a :class:`~ringtier.CorruptError` for a bad one).
+    :mod:`ringtier.safetensors` is the API to use; this is what it runs on."""
+
+    def __init__(self, root: str, key: str, engine: str = "auto") -> None: ...
+    @property
+    def files(self) -> List[str]:
+        """The files' keys, in order."""
+    @property
+    def sharded(self) -> bool:
+        """Whether it was opened through a shard index."""
+    def metadata(self, file: int) -> Optional[Dict[str, str]]:
+        """The ``__metadata__`` of file ``file`` (None where it has none)."""
+    def tensors(self) -> List[Tuple[str, int, str, List[int], int, int]]:
+        """Every tensor as ``(name, file, dtype, shape, begin, end)``, file by file in data
+        order; ``begin``/``end`` count from the file's data region."""
+    def read_all(
+        self, depth: Optional[int] = None, chunk_bytes: Optional[int] = None
+    ) -> List[Tuple[SafetensorsBuffer, int]]:
+        """Every file's data read at ``depth`` (default 16) reads of ``chunk_bytes`` (default
+        8 MiB) in flight into one page-aligned buffer per file, without a copy:
+        ``[(buffer, data_offset)]``, a tensor's bytes at ``data_offset + begin``."""
+    def read_tensor(self, name: str) -> SafetensorsBuffer:
+        """Tensor ``name`` read alone: a buffer of exactly its bytes."""
+    def read_into(
+        self, targets: Sequence[Tuple[str, _Buffer]], depth: Optional[int] = None, chunk_bytes: Optional[int] = None
+    ) -> None:
+        """Reads the tensors named in ``targets`` into the writable C-contiguous buffers given
+        (each of the tensor's byte count), through ``depth`` buffers of one chunk."""
+
+def safetensors_save(
+    root: str,
+    key: str,
+    tensors: Sequence[Tuple[str, str, Sequence[int], _Buffer]],
+    metadata: Optional[Dict[str, str]] = None,
+    engine: str = "auto",
+    max_shard_bytes: Optional[int] = None,
+    prefix: str = "model",
+    chunk_bytes: Optional[int] = None,
+) -> List[str]:
+    """Saves ``[(name, dtype, shape, bytes buffer)]`` as ``key`` on the tier at ``root``
+    (created if missing), durable when it returns; with ``max_shard_bytes``, as a sharded model
+    under ``root/key`` with its ``model.safetensors.index.json`` written last. Returns the keys
+    written, the index last. :func:`ringtier.safetensors.save_file` is the API to use."""

@@ -1,12 +1,13 @@
-//! `ringtier ckpt ...`: the checkpoint store from the command line (the burst-buffer
-//! experiment, `ringtier bench ckpt`, lives in `ringtier-bench`).
+//! `ringtier ckpt ...`: the checkpoint store from the command line, on the library alone
+//! (`ringtier::store`, through the front door `ringtier::open`); the burst-buffer experiment,
+//! `ringtier bench ckpt`, lives in `ringtier-bench`.
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use ringtier_bench::tiers::{open_store, restore_to_dir};
+use ringtier::open::{Engine, OpenOptions};
+use ringtier::store::{open_store, restore_to_dir};
 use ringtier_migrate::{CheckpointStore, RestoreOptions, RestoreReport};
-use ringtier_uring::{BufferedWrites, Engine};
 
 use crate::args::{CkptAction, CkptArgs, OnFullArg};
 
@@ -22,9 +23,9 @@ async fn restore_latest_to_dir(
     let steps: Vec<u64> = store.list().await?.iter().rev().map(|c| c.step).collect();
     let mut skipped = 0;
     for step in steps {
-        match restore_to_dir(store, step, dir, opts, sync, engine).await {
+        match restore_to_dir(store, step, dir, opts, sync, &OpenOptions::store().with_engine(engine)).await {
             Ok(r) => return Ok((step, r)),
-            Err(e) => match e.downcast_ref::<ringtier_core::Error>() {
+            Err(e) => match Some(&e) {
                 // A part asked for by name that the checkpoint does not have is the user's
                 // input, not a bad copy: said at once.
                 Some(re)
@@ -34,7 +35,11 @@ async fn restore_latest_to_dir(
                     eprintln!("warning: skipping checkpoint {step}, no intact copy: {re}");
                     skipped += 1;
                 }
-                _ => return Err(e.context(format!("restoring checkpoint {step} into {}", dir.display()))),
+                _ => {
+                    return Err(
+                        anyhow::Error::new(e).context(format!("restoring checkpoint {step} into {}", dir.display()))
+                    )
+                }
             },
         }
     }
@@ -57,7 +62,12 @@ fn report_quarantined(store: &CheckpointStore) {
 
 /// `ringtier ckpt ...`.
 pub(crate) fn command(a: CkptArgs) -> Result<()> {
-    ringtier_bench::runtime(2)?.block_on(ckpt_command(a))
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building a tokio runtime")?;
+    rt.block_on(ckpt_command(a))
 }
 
 async fn ckpt_command(a: CkptArgs) -> Result<()> {
@@ -73,7 +83,8 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
     // Looking (ls, restore, verify) opens read-only: it works next to a training process that
     // has the store open, and never runs recovery under that process's feet.
     let read_only = matches!(a.action, CkptAction::Ls | CkptAction::Restore { .. } | CkptAction::Verify { .. });
-    let store = open_store(&a.tiers, a.throttle_last, BufferedWrites::default(), cfg, read_only, a.engine).await?;
+    let store =
+        open_store(&a.tiers, &OpenOptions::store().with_engine(a.engine), a.throttle_last, cfg, read_only).await?;
     match a.action {
         CkptAction::Save { step, parts, direct, no_drain } => {
             let mut files = Vec::new();
@@ -127,7 +138,7 @@ async fn ckpt_command(a: CkptArgs) -> Result<()> {
             let (step, r) = match step {
                 Some(step) => (
                     step,
-                    restore_to_dir(&store, step, &out, &opts, !no_sync, a.engine)
+                    restore_to_dir(&store, step, &out, &opts, !no_sync, &OpenOptions::store().with_engine(a.engine))
                         .await
                         .with_context(|| format!("restoring checkpoint {step} into {}", out.display()))?,
                 ),

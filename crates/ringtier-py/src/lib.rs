@@ -37,6 +37,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transforms::TransformedBatch>()?;
     safetensors::register(m)?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
+    m.add_function(wrap_pyfunction!(tiers::_is_s3_url, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

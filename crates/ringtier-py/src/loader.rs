@@ -114,14 +114,16 @@ pub(crate) fn open_tier_with(
     let engine: ringtier_uring::Engine = engine_name.parse().map_err(|_| {
         errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
     })?;
-    let options = ringtier_uring::DirTierOptions::default()
+    let role = if dataset { ringtier::Role::Dataset } else { ringtier::Role::Store };
+    let options = ringtier::OpenOptions::default()
+        .with_role(role)
         .with_engine(engine)
         .with_uring(uring)
         .with_pool(pool)
         .with_create(create)
-        .with_follow_links(dataset);
-    let opened = ringtier_uring::open_dir_tier(dir, options).py_err()?;
-    if let ringtier_uring::EngineUsed::PosixFallback(why) = &opened.engine {
+        .with_metered(false);
+    let opened = ringtier::open(dir, &options).py_err()?;
+    if let ringtier::open::Backend::Files(ringtier_uring::EngineUsed::PosixFallback(why)) = &opened.backend {
         warn_fallback(why);
     }
     Ok(opened.tier)

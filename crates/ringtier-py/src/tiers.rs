@@ -10,12 +10,21 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use ringtier_core::Tier;
 
-/// The scheme of an S3 tier URL.
-const S3_SCHEME: &str = "s3://";
-
-/// The S3 URL `path` holds, if it names an S3 tier (`s3://...`) rather than a directory.
+/// The S3 URL `path` holds, if it names an S3 tier (`s3://...`) rather than a directory
+/// (`ringtier::open::Location`, the one parser).
 pub(crate) fn s3_url(path: &Path) -> Option<&str> {
-    path.to_str().filter(|s| s.starts_with(S3_SCHEME))
+    if ringtier::open::is_s3_url(path) {
+        path.to_str()
+    } else {
+        None
+    }
+}
+
+/// Whether `path` names an S3 tier rather than a directory (`ringtier.is_s3_url` in Python:
+/// the package recognises URLs where the engine does).
+#[pyfunction]
+pub(crate) fn _is_s3_url(path: &str) -> bool {
+    ringtier::open::is_s3_url(Path::new(path))
 }
 
 /// What the tier is opened for: it decides the checks made at open.
@@ -37,21 +46,18 @@ pub(crate) enum S3Use {
 #[cfg(feature = "s3")]
 const OPEN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Opens the S3 tier `url` and checks, with one LIST, that its bucket exists and the
-/// credentials work: a missing bucket is a `NotFoundError` naming it, refused credentials an
-/// error saying so, an endpoint that does not answer an error after at most 10 s.
+/// Opens the S3 tier `url` through the front door (`ringtier::open`) and checks, with one
+/// LIST, that its bucket exists and the credentials work: a missing bucket is a
+/// `NotFoundError` naming it, refused credentials an error saying so, an endpoint that does
+/// not answer an error after at most 10 s.
 #[cfg(feature = "s3")]
 pub(crate) fn open_s3(url: &str, usage: S3Use) -> PyResult<Arc<dyn Tier>> {
     use crate::errors::IntoPy;
-    let had_concurrency =
-        url.split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("read_concurrency=")));
-    let mut cfg = ringtier_s3::S3Config::from_url(url).py_err()?;
-    if let S3Use::Dataset { depth } = usage {
-        if !had_concurrency {
-            cfg = cfg.with_read_concurrency(depth.max(1));
-        }
-    }
-    let tier = ringtier_s3::S3Tier::new(cfg).py_err()?;
+    let options = match usage {
+        S3Use::Dataset { depth } => ringtier::OpenOptions::dataset().with_read_depth(depth.max(1)),
+        S3Use::Store => ringtier::OpenOptions::store(),
+    };
+    let tier = ringtier::open::s3_tier(url, &options).py_err()?;
     let engine = crate::engine::engine()?;
     Python::attach(|py| crate::engine::wait_plain(py, &engine, tier.check_within(OPEN_DEADLINE)))?.map_err(|e| {
         // The URL in full (its endpoint and settings; it never holds a credential).

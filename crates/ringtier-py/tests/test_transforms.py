@@ -142,6 +142,19 @@ def write_jpegs(root: Path, per_class: Dict[str, int], seed: int = 0) -> Dict[st
     return decoded
 
 
+def draft_reference(jpeg: bytes, region_side: int, size: int) -> np.ndarray:
+    """PIL's decode as the build's decoder sees the image: libjpeg-turbo decodes DCT-scaled
+    (the largest of 1/8, 1/4, 1/2 that keeps a region of `region_side` pixels at least `size`:
+    Pillow's ``draft`` rule, docs/DECODE.md), zune-jpeg at full size."""
+    im = Image.open(io.BytesIO(jpeg))
+    if ringtier.JPEG_DECODER == "libjpeg-turbo":
+        w, h = im.size
+        d = next((d for d in (8, 4, 2) if region_side >= size * d), 1)
+        if d > 1:
+            im.draft("RGB", (w // d, h // d))
+    return np.array(im.convert("RGB"))
+
+
 @pytest.fixture
 def folder(tmp_path: Path):
     root = tmp_path / "folder"
@@ -172,8 +185,13 @@ def test_image_folder_batches_are_decoded_labelled_and_every_sample_once(folder)
         seen += len(images)
     assert seen == len(decoded) == 16
     # Same pixels as the transform of PIL's decode, within the decoder's tolerance, and the
-    # label of each image is its class directory's index (found through the pixels).
-    refs = {k: t(v) for k, v in decoded.items()}
+    # label of each image is its class directory's index (found through the pixels). The
+    # region is the whole image: libjpeg-turbo decodes it DCT-scaled to no less than 48 pixels
+    # a side, so the reference is PIL's decode drafted the same way.
+    refs = {}
+    for k, v in decoded.items():
+        jpeg = (root / k).read_bytes()
+        refs[k] = t(draft_reference(jpeg, min(v.shape[:2]), 48))
     for images, labels in ds:
         for img, lab in zip(images, labels):
             key = min(refs, key=lambda k: float((refs[k] - img).abs().mean()))
@@ -184,9 +202,11 @@ def test_image_folder_batches_are_decoded_labelled_and_every_sample_once(folder)
 def test_jpeg_decode_against_pillow_and_torchvision(folder):
     """End to end (decode included) against PIL decode + torchvision: the transform adds no
     more than the decoder's own difference (docs/DECODE.md: zune-jpeg up to 6 levels, mean
-    under 0.55; libjpeg-turbo as Pillow, 1 level)."""
+    under 0.55; libjpeg-turbo as Pillow, 1 level). Both decode at full size here
+    (``dct_scaling=False``): libjpeg-turbo's DCT-scaled decode is Pillow's ``draft``, compared
+    in ringtier-decode's tests and in the ImageFolder test above."""
     root, decoded = folder
-    pipe = T.compile_transform(T.Compose([T.Resize(64), T.CenterCrop(64)]))
+    pipe = T.Compose([T.Resize(64), T.CenterCrop(64)]).compile(dct_scaling=False)
     keys = sorted(decoded)
     items = [(root / k).read_bytes() for k in keys]
     batch = pipe.submit(items, list(range(len(items)))).wait()

@@ -50,6 +50,16 @@ pub mod stage {
     pub use ringtier_stage::*;
 }
 
+/// The front door: [`open()`] turns a path or URL plus [`OpenOptions`] into a tier (a
+/// directory through io_uring or the thread pool, `s3://` through the S3 tier): the one place
+/// a string becomes a tier.
+pub mod open;
+pub use open::{open, Location, OpenOptions, Opened, Role};
+
+/// Checkpoint stores over paths or URLs and restores into a directory, opened through
+/// [`open()`] (what `ringtier ckpt` runs).
+pub mod store;
+
 // What this machine gives the engine and what it falls back to: the report of `ringtier
 // doctor` (documented in the module itself).
 pub mod doctor;

@@ -27,8 +27,11 @@ def tier_path(path: PathLike) -> str:
 
 
 def is_s3_url(path: str) -> bool:
-    """True when ``path`` names an S3 tier (``s3://...``) rather than a directory."""
-    return path.startswith("s3://")
+    """True when ``path`` names an S3 tier (``s3://...``) rather than a directory, as the engine's
+    one parser (``ringtier::open``) decides."""
+    from ._ringtier import _is_s3_url
+
+    return _is_s3_url(path)
 
 
 __all__ = ["PathLike", "is_s3_url", "tier_path"]

@@ -3,6 +3,7 @@
 mod buffer;
 mod cache;
 mod direct;
+mod doctor;
 mod engine;
 mod errors;
 mod lazy_pool;
@@ -38,6 +39,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     safetensors::register(m)?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(tiers::_is_s3_url, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -42,6 +42,7 @@ from ._ringtier import (
     Sample,
     SaveFuture,
     __version__,
+    doctor,
     metrics_text,
     serve_metrics,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "SaveFuture",
     "ShutdownError",
     "UnsupportedError",
+    "doctor",
     "errors",
     "metrics_text",
     "serve_metrics",

@@ -413,6 +413,12 @@ class CheckpointStore:
 
 def _engine_pid() -> int: ...
 def _is_s3_url(path: str) -> bool: ...
+def doctor(paths: Sequence[Union[str, "os.PathLike[str]"]] = ..., json: bool = False) -> str:
+    """What this machine gives the engine and what it falls back to (io_uring or the thread
+    pool and why, memlock, each path's file system, O_DIRECT, durability and free space, THP,
+    CUDA, the JPEG decoder): one line per finding and a verdict, or JSON with ``json=True``.
+    ``python -m ringtier doctor`` prints it."""
+    ...
 def serve_metrics(addr: str = "127.0.0.1:9464", allow_remote: bool = False) -> str:
     """Serves ringtier's Prometheus metrics on ``addr`` (port 0: a free one); returns the address.
     Call before creating loaders and stores."""

@@ -149,6 +149,9 @@ fn metadata_dict<'py>(py: Python<'py>, m: Option<&BTreeMap<String, String>>) -> 
     Ok(Some(d))
 }
 
+/// One tensor as Python gets it: `(name, file, dtype, shape, begin, end)`.
+type TensorRow = (String, usize, &'static str, Vec<u64>, u64, u64);
+
 /// A writable, C-contiguous buffer of `want` bytes, its pointer taken once.
 struct Dest {
     ptr: *mut u8,
@@ -195,7 +198,7 @@ impl SafetensorsModel {
 
     /// Every tensor as `(name, file, dtype, shape, begin, end)`: file by file, in data order;
     /// `begin`/`end` count from the file's data region.
-    fn tensors(&self) -> PyResult<Vec<(String, usize, &'static str, Vec<u64>, u64, u64)>> {
+    fn tensors(&self) -> PyResult<Vec<TensorRow>> {
         let st = self.st.get()?;
         Ok(st
             .model

@@ -1,0 +1,428 @@
+"""safetensors load and save: ringtier against the loaders a user would otherwise run, on the
+same sharded model, cold, interleaved pair by pair (shared/MEASURING.md).
+
+    sudo python bench/safetensors/bench.py --dir /var/tmp/st-bench --gib 8 --shards 4 --repeats 5 \
+        --out bench/results/safetensors/load-save-8g.json
+
+Load sides (each in a fresh process, page cache dropped before each pass, every page of the
+result touched, wall time from the call to the last page touched):
+  fio        the disk's ceiling: fio O_DIRECT io_uring reads of the shards' bytes, 8 MiB blocks,
+             16 in flight (the depth ringtier uses), buffers page-aligned
+  ringtier   ringtier.safetensors.load_file(index): every shard at depth 16 x 8 MiB, O_DIRECT
+  safetensors  safetensors.torch.load_file per shard (mmap), as transformers does
+  fastsafetensors  SafeTensorsFileLoader(nogds=True, device="cpu") over all shards
+  runai      runai_model_streamer.SafetensorsStreamer over all shards, RUNAI_STREAMER_CONCURRENCY
+             set by --runai-concurrency (swept once beforehand with --sweep-runai)
+  torch.load torch.load of the same tensors saved by torch.save (one file)
+Save sides (the same tensors, in memory before the clock starts; every file durable):
+  fio-write  fio O_DIRECT io_uring writes of the same bytes, 8 MiB blocks, fsync at the end
+  ringtier   ringtier.safetensors.save_file per shard (O_DIRECT, fsync, rename, dir fsync)
+  safetensors  safetensors.torch.save_file per shard, then fsync of each file and the directory
+
+Reported per side: wall seconds, GB/s, user+sys CPU seconds per GiB, peak RSS beyond the
+process after imports (MiB); ratios ringtier/side pair by pair. Needs root for drop_caches
+(falls back to posix_fadvise DONTNEED per file, and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+GIB = 1 << 30
+
+
+# ---------------------------------------------------------------- the model -----------------
+
+
+def model_tensors(gib: float, seed: int = 0):
+    """bf16 matrices of mixed sizes and fp32 vectors/matrices, ~gib GiB, in a fixed order."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    target = int(gib * GIB)
+    sizes = [(4096, 4096), (4096, 11008), (11008, 4096), (1024, 4096), (4096, 1024), (32000, 4096)]
+    out, total, i = {}, 0, 0
+    while total < target:
+        rows, cols = sizes[i % len(sizes)]
+        if total + rows * cols * 2 > target:
+            rows = max(1, (target - total) // (cols * 2))
+        t = torch.randint(0, 1 << 15, (rows, cols), dtype=torch.int16, generator=g).view(torch.bfloat16)
+        out[f"layers.{i // 6}.w{i % 6}.weight"] = t
+        out[f"layers.{i // 6}.w{i % 6}.norm"] = torch.randn(cols, generator=g)
+        total += t.nbytes + cols * 4
+        if i % 9 == 8:
+            out[f"layers.{i // 6}.fp32_proj"] = torch.randn(512, 1024, generator=g)
+            total += 512 * 1024 * 4
+        i += 1
+    return out
+
+
+def shard(tensors, shards: int):
+    """Splits the dict in order into `shards` groups of about equal bytes."""
+    total = sum(t.nbytes for t in tensors.values())
+    per = total / shards
+    groups, cur, acc = [], {}, 0
+    for k, v in tensors.items():
+        if acc >= per * (len(groups) + 1) and len(groups) < shards - 1:
+            groups.append(cur)
+            cur = {}
+        cur[k] = v
+        acc += v.nbytes
+    groups.append(cur)
+    return groups
+
+
+def gen(dirpath: Path, gib: float, shards: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    dirpath.mkdir(parents=True, exist_ok=True)
+    tensors = model_tensors(gib)
+    groups = shard(tensors, shards)
+    weight_map = {}
+    for i, grp in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        save_file(grp, str(dirpath / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in grp})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
+    (dirpath / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    torch.save(tensors, dirpath / "model.pt")
+    os.sync()
+
+
+def shard_files(dirpath: Path):
+    return sorted(str(p) for p in dirpath.glob("model-*.safetensors"))
+
+
+# ---------------------------------------------------------------- children ------------------
+
+
+def touch(tensors) -> int:
+    """Reads one byte of every page of every tensor (the result is really there)."""
+    import torch
+
+    s = 0
+    for t in tensors.values():
+        if t.numel():
+            b = t.reshape(-1).view(torch.uint8)
+            s += int(b[::4096].sum())
+    return s
+
+
+def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
+    import torch  # noqa: F401  (imported before the baseline, as every side needs it)
+
+    files = shard_files(dirpath)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    c0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    keep = []
+    if side == "ringtier":
+        from ringtier import safetensors as rs
+
+        tensors = rs.load_file(dirpath / "model.safetensors.index.json", depth=depth, chunk_bytes=chunk)
+    elif side == "safetensors":
+        from safetensors.torch import load_file
+
+        tensors = {}
+        for f in files:
+            tensors.update(load_file(f))
+    elif side == "fastsafetensors":
+        from fastsafetensors import SafeTensorsFileLoader
+
+        loader = SafeTensorsFileLoader(None, "cpu", nogds=True)
+        loader.add_filenames({0: files})
+        fb = loader.copy_files_to_device()
+        tensors = {k: fb.get_tensor(k) for k in loader.get_keys()}
+        keep.append((loader, fb))
+    elif side == "runai":
+        from runai_model_streamer import SafetensorsStreamer
+
+        tensors = {}
+        with SafetensorsStreamer() as s:
+            s.stream_files(files)
+            for name, t in s.get_tensors():
+                tensors[name] = t
+    elif side == "torch.load":
+        tensors = torch.load(dirpath / "model.pt", weights_only=True)
+    else:
+        raise SystemExit(f"unknown side {side}")
+    checksum = touch(tensors)
+    wall = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_SELF)
+    nbytes = sum(t.nbytes for t in tensors.values())
+    return {
+        "wall_s": wall,
+        "bytes": nbytes,
+        "cpu_s": (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime),
+        "peak_rss_beyond_mib": (c1.ru_maxrss - base_rss) / 1024,
+        "tensors": len(tensors),
+        "checksum": checksum,
+    }
+
+
+def child_save(side: str, dirpath: Path, outdir: Path, gib: float, shards: int) -> dict:
+    import torch  # noqa: F401
+
+    groups = shard(model_tensors(gib), shards)
+    outdir.mkdir(parents=True, exist_ok=True)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    c0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    for i, grp in enumerate(groups):
+        path = outdir / f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        if side == "ringtier":
+            from ringtier import safetensors as rs
+
+            rs.save_file(grp, path, metadata={"format": "pt"})
+        elif side == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(grp, str(path), metadata={"format": "pt"})
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        else:
+            raise SystemExit(f"unknown side {side}")
+    if side == "safetensors":
+        fd = os.open(outdir, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    wall = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "wall_s": wall,
+        "bytes": sum(p.stat().st_size for p in outdir.glob("*.safetensors")),
+        "cpu_s": (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime),
+        "peak_rss_beyond_mib": (c1.ru_maxrss - base_rss) / 1024,
+    }
+
+
+# ---------------------------------------------------------------- the parent ----------------
+
+
+def drop_caches(files) -> str:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in files:
+            fd = os.open(p, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        return "fadvise"
+
+
+def fio_cmd(files, rw: str, depth: int, chunk: int, total: int, outdir: Path = None):
+    if rw == "read":
+        names = ":".join(f.replace(":", "\\:") for f in files)
+        size = []
+    else:
+        names = ":".join(str(outdir / f"fio-{i}") for i in range(len(files)))
+        size = [f"--size={total}", "--end_fsync=1"]
+    return [
+        "fio", "--name=st", f"--rw={rw}", "--direct=1", "--ioengine=io_uring", f"--iodepth={depth}",
+        f"--bs={chunk}", f"--filename={names}", "--iomem_align=4096", "--output-format=json",
+    ] + size
+
+
+def run_fio(cmd, total: int) -> dict:
+    t0 = time.perf_counter()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    job = json.loads(out.stdout)["jobs"][0]
+    io = job["read"] if job["read"]["io_bytes"] else job["write"]
+    return {
+        "wall_s": io["runtime"] / 1000 if io["runtime"] else wall,
+        "bytes": io["io_bytes"],
+        "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+        "peak_rss_beyond_mib": None,
+        "process_wall_s": wall,
+    }
+
+
+def run_child(args, mode: str, side: str, env=None) -> dict:
+    cmd = [sys.executable, str(HERE), mode, side, "--dir", str(args.dir), "--gib", str(args.gib),
+           "--shards", str(args.shards), "--depth", str(args.depth), "--chunk", str(args.chunk)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarize(v):
+    v = [x for x in v if x is not None]
+    if not v:
+        return None
+    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
+
+
+def machine(dirpath: Path) -> dict:
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(dirpath)], capture_output=True, text=True).stdout.strip()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"nproc": os.cpu_count(), "mem_gib": round(mem / GIB, 1), "kernel": platform.release(), "filesystem": fs}
+
+
+def versions() -> dict:
+    out = {}
+    for mod in ("torch", "safetensors", "fastsafetensors", "runai_model_streamer", "ringtier"):
+        try:
+            m = __import__(mod)
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception as e:  # noqa: BLE001
+            out[mod] = f"missing ({type(e).__name__})"
+    try:
+        out["fio"] = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        out["fio"] = "missing"
+    return out
+
+
+def commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE.parent)
+    return r.stdout.strip()
+
+
+def run(args) -> None:
+    files = shard_files(args.dir)
+    if not files:
+        gen(args.dir, args.gib, args.shards)
+        files = shard_files(args.dir)
+    total = sum(os.path.getsize(f) for f in files)
+    all_files = files + [str(args.dir / "model.pt")]
+    load_sides = [s for s in args.load_sides.split(",") if s]
+    save_sides = [s for s in args.save_sides.split(",") if s]
+    env = dict(os.environ, RUNAI_STREAMER_CONCURRENCY=str(args.runai_concurrency))
+    sweep = {}
+    if args.sweep_runai:
+        for c in (4, 8, 16, 32, 64):
+            drop_caches(all_files)
+            r = run_child(args, "child-load", "runai", dict(os.environ, RUNAI_STREAMER_CONCURRENCY=str(c)))
+            sweep[c] = r.get("wall_s")
+            print(f"runai concurrency {c}: {r}", flush=True)
+        best = min((w, c) for c, w in sweep.items() if w)[1]
+        env["RUNAI_STREAMER_CONCURRENCY"] = str(best)
+        args.runai_concurrency = best
+    load = {s: [] for s in load_sides}
+    save = {s: [] for s in save_sides}
+    cold = None
+    outdir = args.dir / "save-out"
+    for r in range(args.repeats):
+        for s in load_sides:
+            cold = drop_caches(all_files)
+            if s == "fio":
+                res = run_fio(fio_cmd(files, "read", args.depth, args.chunk, total), total)
+            else:
+                res = run_child(args, "child-load", s, env)
+            load[s].append(res)
+            print(f"round {r} load {s}: {res}", flush=True)
+        for s in save_sides:
+            shutil.rmtree(outdir, ignore_errors=True)
+            outdir.mkdir(parents=True)
+            drop_caches(all_files)
+            if s == "fio-write":
+                res = run_fio(fio_cmd(files, "write", args.depth, args.chunk, total // len(files), outdir), total)
+            else:
+                res = run_child(args, "child-save", s, env)
+            save[s].append(res)
+            print(f"round {r} save {s}: {res}", flush=True)
+    shutil.rmtree(outdir, ignore_errors=True)
+
+    def side_summary(runs):
+        ok = [x for x in runs if "error" not in x]
+        if not ok:
+            return {"error": runs[0].get("error") if runs else "no run"}
+        return {
+            "wall_s": summarize([x["wall_s"] for x in ok]),
+            "gb_per_s": summarize([x["bytes"] / x["wall_s"] / 1e9 for x in ok]),
+            "cpu_s_per_gib": summarize([x["cpu_s"] / (x["bytes"] / GIB) for x in ok]),
+            "peak_rss_beyond_mib": summarize([x["peak_rss_beyond_mib"] for x in ok]),
+        }
+
+    def ratios(table, ours="ringtier"):
+        out = {}
+        for s, runs in table.items():
+            if s == ours:
+                continue
+            pairs = [(a, b) for a, b in zip(table[ours], runs) if "error" not in a and "error" not in b]
+            if pairs:
+                out[s] = {
+                    "time_ours_over_theirs": summarize([a["wall_s"] / b["wall_s"] for a, b in pairs]),
+                    "cpu_ours_over_theirs": summarize(
+                        [a["cpu_s"] / b["cpu_s"] for a, b in pairs if b["cpu_s"] > 0]
+                    ),
+                }
+        return out
+
+    report = {
+        "schema": "ringtier.bench.safetensors/1",
+        "command": " ".join([sys.executable] + sys.argv),
+        "commit": commit(),
+        "machine": machine(args.dir),
+        "versions": versions(),
+        "config": {
+            "gib": args.gib, "shards": args.shards, "bytes_on_disk": total, "repeats": args.repeats,
+            "depth": args.depth, "chunk_bytes": args.chunk, "runai_concurrency": args.runai_concurrency,
+            "cold": cold, "runai_sweep_wall_s": sweep,
+        },
+        "load": {s: side_summary(v) for s, v in load.items()},
+        "load_ratios": ratios(load) if "ringtier" in load else {},
+        "save": {s: side_summary(v) for s, v in save.items()},
+        "save_ratios": ratios(save) if "ringtier" in save else {},
+        "raw": {"load": load, "save": save},
+    }
+    text = json.dumps({k: report[k] for k in ("config", "load", "load_ratios", "save", "save_ratios")}, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", nargs="?", default="run", choices=["run", "gen", "child-load", "child-save"])
+    ap.add_argument("side", nargs="?", default="")
+    ap.add_argument("--dir", type=Path, required=True, help="where the model lives (made if empty)")
+    ap.add_argument("--gib", type=float, default=2.0, help="model size, GiB (the issue asks for 8; 2 fits a short run)")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=8 << 20)
+    ap.add_argument("--runai-concurrency", type=int, default=16)
+    ap.add_argument("--sweep-runai", action="store_true", help="pick runai's concurrency from 4..64 first")
+    ap.add_argument("--load-sides", default="fio,ringtier,safetensors,fastsafetensors,runai,torch.load")
+    ap.add_argument("--save-sides", default="fio-write,ringtier,safetensors")
+    ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the model directory afterwards")
+    args = ap.parse_args()
+    if args.mode == "gen":
+        gen(args.dir, args.gib, args.shards)
+    elif args.mode == "child-load":
+        print(json.dumps(child_load(args.side, args.dir, args.depth, args.chunk)))
+    elif args.mode == "child-save":
+        print(json.dumps(child_save(args.side, args.dir, args.dir / "save-out", args.gib, args.shards)))
+    else:
+        try:
+            run(args)
+        finally:
+            if not args.keep:
+                shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,9 +10,7 @@ use async_trait::async_trait;
 use ringtier_core::buf::AlignedBuf;
 use ringtier_core::catalog;
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
-use ringtier_core::{
-    BufferPool, Capabilities, ObjectMeta, ObjectWriter, PosixConfig, PosixTier, ReadBatch, Space, Tier, TierLock,
-};
+use ringtier_core::{ObjectWriter, PosixConfig, PosixTier, ReadBatch, Tier};
 use tokio::sync::{Notify, Semaphore};
 
 use super::state::{Admission, Lookup, State, Victim};

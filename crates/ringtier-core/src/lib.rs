@@ -23,6 +23,7 @@ pub mod writes;
 pub use buf::{AlignedBuf, BufferPool, PoolConfig};
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use key::ObjectKey;
+pub use layers::LayeredTier;
 pub use memory::MemoryTier;
 pub use posix::{PosixConfig, PosixTier};
 pub use tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, ReadEntry, Space, Tier, TierLock};

@@ -78,7 +78,7 @@ impl Tier for MemoryTier {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { capacity_bytes: self.capacity, ..Capabilities::default() }
+        Capabilities { capacity_bytes: self.capacity, locks: false, ..Capabilities::default() }
     }
 
     async fn space(&self) -> Result<Option<Space>> {

@@ -26,11 +26,27 @@ pub struct Capabilities {
     pub capacity_bytes: Option<u64>,
     /// `read_batch` submits the whole batch at once rather than one request at a time.
     pub native_batch: bool,
+    /// [`Tier::lock`] takes real locks (it returns `Some` guard): one writer per tier, held
+    /// across processes (file tiers: `flock`; object stores: a conditional-create lease).
+    /// False where `lock` returns `Ok(None)` (the memory tier). A layer reports its inner
+    /// tier's value and forwards `lock` (see [`crate::layers::LayeredTier`]); the conformance
+    /// suite holds every tier and layer to what this says.
+    pub locks: bool,
 }
 
 impl Default for Capabilities {
+    /// No direct I/O, alignment 1, not durable, unbounded, one request at a time; `locks` true:
+    /// most tiers lock (file tiers, object stores), and one that does not says so (the memory
+    /// tier), so a tier that forgets [`Tier::lock`] fails the conformance suite's `locks` check.
     fn default() -> Self {
-        Capabilities { direct_io: false, alignment: 1, durable: false, capacity_bytes: None, native_batch: false }
+        Capabilities {
+            direct_io: false,
+            alignment: 1,
+            durable: false,
+            capacity_bytes: None,
+            native_batch: false,
+            locks: true,
+        }
     }
 }
 
@@ -135,6 +151,11 @@ impl fmt::Debug for TierLock {
 ///
 /// Keys are validated by every method (see [`crate::key`]); a bad key is an
 /// [`ErrorKind::InvalidKey`] error, never a path outside the tier.
+///
+/// Layers (a tier wrapping a tier) implement [`crate::layers::LayeredTier`] instead, which
+/// forwards every method to the inner tier unless the layer changes it. A method added here
+/// is added there too (with its forwarding default and its line in the blanket
+/// implementation); otherwise every layer would silently answer with this trait's default.
 #[async_trait]
 pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// The tier's name, used in errors and as a metric label value (keep it short and fixed).
@@ -155,9 +176,10 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
 
     /// Takes the exclusive advisory lock `name` (one key component) on this tier, held until
     /// the returned guard is dropped; a lock held elsewhere is an [`ErrorKind::Busy`] error
-    /// that says who holds it. `Ok(None)` where the tier has no locks (the default: memory,
-    /// remote stores). File tiers: `flock` on `ROOT/.ringtier-lock-NAME`, which the kernel
-    /// releases when the holding process dies.
+    /// that says who holds it. `Ok(None)` where the tier has no locks (the default: the memory
+    /// tier); [`Capabilities::locks`] says which. File tiers: `flock` on
+    /// `ROOT/.ringtier-lock-NAME`, which the kernel releases when the holding process dies;
+    /// S3: a conditional-create lease. Layers forward it ([`crate::layers::LayeredTier`]).
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         let _ = name;
         Ok(None)
@@ -203,9 +225,9 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// Opens `key` for many positional reads, where the tier has a faster way than reading by
     /// key each time: the io_uring tier opens the file once (O_DIRECT per the file, a fixed
     /// file where registered) instead of an open and a close around every read. `Ok(None)`
-    /// (the default) where it has not: read by key then. The metered layer forwards it,
-    /// counting the reads; layers that change reads (throttle, faults, power cut) keep the
-    /// default, so every read still goes through them.
+    /// (the default) where it has not: read by key then. Layers forward it by default; the
+    /// metered layer wraps the reader, counting its reads; layers that change reads (throttle,
+    /// faults, power cut, cache) answer `Ok(None)`, so every read still goes through them.
     async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
         let _ = key;
         Ok(None)
@@ -215,20 +237,28 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     ///
     /// The default runs the requests one after another through [`Tier::read_at`]; tiers with
     /// a native batch path submit them together.
-    async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {
-        let (keys, entries) = batch.parts_mut();
-        for entry in entries.iter_mut().filter(|e| !e.is_done()) {
-            let Some(buf) = entry.take_buf() else {
-                continue;
-            };
-            let key = entry.key(keys);
-            let start = std::time::Instant::now();
-            let (res, buf) = self.read_at(key, entry.offset(), entry.len(), buf).await;
-            entry.set_latency(start.elapsed());
-            entry.finish(res, buf);
-        }
-        batch
+    async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
+        read_one_at_a_time(self, batch).await
     }
+}
+
+/// Performs every pending request of `batch` one after another through `tier`'s
+/// [`Tier::read_at`], recording each one's latency: [`Tier::read_batch`]'s default, and what a
+/// layer that changes single reads (faults, power cut) uses so that every request of a batch
+/// goes through its `read_at`.
+pub async fn read_one_at_a_time<T: Tier + ?Sized>(tier: &T, mut batch: ReadBatch) -> ReadBatch {
+    let (keys, entries) = batch.parts_mut();
+    for entry in entries.iter_mut().filter(|e| !e.is_done()) {
+        let Some(buf) = entry.take_buf() else {
+            continue;
+        };
+        let key = entry.key(keys);
+        let start = std::time::Instant::now();
+        let (res, buf) = tier.read_at(key, entry.offset(), entry.len(), buf).await;
+        entry.set_latency(start.elapsed());
+        entry.finish(res, buf);
+    }
+    batch
 }
 
 /// One request of a [`ReadBatch`].

@@ -292,13 +292,20 @@ where
     assert!(root.is_dir() && outside.is_dir(), "[{name}] neither root removed");
 }
 
-/// Where the tier has locks: a held lock refuses a second holder with `Busy` (naming the
-/// holder), is free again once dropped, is never listed, and takes only one-component names.
+/// A tier locks exactly when its [`Capabilities::locks`](ringtier_core::Capabilities::locks)
+/// says so: one that does not answers `lock` with `None`; one that does (and every layer over
+/// it, which must forward `lock`) hands out a lock that refuses a second holder with `Busy`
+/// (naming the holder), is free again once dropped, is never listed, and takes only
+/// one-component names.
 pub async fn locks(tier: Arc<dyn Tier>) {
     let t = tier.as_ref();
-    let Some(held) = t.lock("conformance").await.unwrap_or_else(|e| panic!("[{}] lock: {e}", t.name())) else {
-        return; // a tier without locks
+    let says = t.capabilities().locks;
+    let got = t.lock("conformance").await.unwrap_or_else(|e| panic!("[{}] lock: {e}", t.name()));
+    let Some(held) = got else {
+        assert!(!says, "[{}] capabilities().locks is true but lock() returned None: a dropped lock", t.name());
+        return;
     };
+    assert!(says, "[{}] lock() returned a lock but capabilities().locks is false", t.name());
     let e = t.lock("conformance").await.expect_err("a second holder");
     assert_eq!(e.kind(), ErrorKind::Busy, "[{}] {e}", t.name());
     assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "[{}] names the holder: {e}", t.name());
@@ -315,6 +322,29 @@ pub async fn locks(tier: Arc<dyn Tier>) {
             t.name()
         );
     }
+}
+
+/// A layer keeps its inner tier's one-writer guarantee: `layered` (the layer named `layer`,
+/// wrapping `inner`) says it locks exactly when `inner` does, and its locks are `inner`'s own
+/// (a lock taken through the layer refuses `inner`'s own holder and the other way round), so
+/// that a layer that does not forward `lock` fails here. Then the [`locks`] check through the
+/// layer.
+pub async fn layer_keeps_locks(layer: &str, inner: Arc<dyn Tier>, layered: Arc<dyn Tier>) {
+    let name = format!("{layer} over {}", inner.name());
+    let says = layered.capabilities().locks;
+    assert_eq!(says, inner.capabilities().locks, "[{name}] capabilities().locks differs from the inner tier's");
+    let through = layered.lock("layered").await.unwrap_or_else(|e| panic!("[{name}] lock: {e}"));
+    assert_eq!(through.is_some(), says, "[{name}] lock() through the layer");
+    if says {
+        let e = inner.lock("layered").await.expect_err("the inner tier's lock is held through the layer");
+        assert_eq!(e.kind(), ErrorKind::Busy, "[{name}] {e}");
+        drop(through);
+        let held = inner.lock("layered").await.expect("free after drop").expect("held");
+        let e = layered.lock("layered").await.expect_err("held on the inner tier");
+        assert_eq!(e.kind(), ErrorKind::Busy, "[{name}] {e}");
+        drop(held);
+    }
+    locks(layered).await;
 }
 
 /// Bad keys are rejected by every operation, and nothing outside the tier is touched.

@@ -1,45 +1,22 @@
-//! [`CachedTier`] as a [`Tier`]: reads served from a level or the backing tier, writes and
-//! deletes passed through with the cached copy dropped.
+//! [`CachedTier`] as a [`Tier`] layer over its backing tier: reads served from a level or the
+//! backing tier (never through a reader of the backing tier), writes and deletes passed
+//! through with the cached copy dropped; everything else (name, capabilities, stat, list,
+//! locks, space, empty directories, buffer pool) is the backing tier's.
+
+use ringtier_core::layers::LayeredTier;
+use ringtier_core::ObjectReader;
 
 use super::*;
 
 #[async_trait]
-impl Tier for CachedTier {
-    fn name(&self) -> &str {
-        self.inner.backing.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.backing.capabilities()
-    }
-
-    async fn stat(&self, key: &str) -> Result<ObjectMeta> {
-        self.inner.backing.stat(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
-        self.inner.backing.list(prefix).await
+impl LayeredTier for CachedTier {
+    fn inner(&self) -> &dyn Tier {
+        self.inner.backing.as_ref()
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.invalidate(key);
         self.inner.backing.delete(key).await
-    }
-
-    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
-        self.inner.backing.lock(name).await
-    }
-
-    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
-        self.inner.backing.remove_empty_dirs(prefix).await
-    }
-
-    async fn space(&self) -> Result<Option<Space>> {
-        self.inner.backing.space().await
-    }
-
-    fn buffer_pool(&self) -> Option<BufferPool> {
-        self.inner.backing.buffer_pool()
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
@@ -78,6 +55,12 @@ impl Tier for CachedTier {
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         self.invalidate(key);
         self.inner.backing.create(key).await
+    }
+
+    /// Reads by key, so that each is served from the cache or fills it.
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let _ = key;
+        Ok(None)
     }
 
     async fn read_batch(&self, mut batch: ReadBatch) -> ReadBatch {

@@ -5,10 +5,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use metrics::{Counter, Histogram};
 
-use crate::buf::{AlignedBuf, BufferPool};
+use super::LayeredTier;
+use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
-use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::tier::{ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -80,6 +81,7 @@ impl Handles {
 ///
 /// Metric handles are registered when the layer is built, so install the recorder (for
 /// example the Prometheus exporter) first. Recording allocates nothing per operation.
+/// Locks, space, empty directories and the buffer pool are the inner tier's, unmetered.
 pub struct Metered {
     inner: Arc<dyn Tier>,
     handles: Arc<Handles>,
@@ -100,13 +102,9 @@ impl Metered {
 }
 
 #[async_trait]
-impl Tier for Metered {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl LayeredTier for Metered {
+    fn inner(&self) -> &dyn Tier {
+        self.inner.as_ref()
     }
 
     async fn stat(&self, key: &str) -> Result<ObjectMeta> {
@@ -121,22 +119,6 @@ impl Tier for Metered {
         let res = self.inner.list(prefix).await;
         self.handles.record(Op::List, start, &res, 0);
         res
-    }
-
-    async fn space(&self) -> Result<Option<Space>> {
-        self.inner.space().await
-    }
-
-    fn buffer_pool(&self) -> Option<BufferPool> {
-        self.inner.buffer_pool()
-    }
-
-    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
-        self.inner.lock(name).await
-    }
-
-    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
-        self.inner.remove_empty_dirs(prefix).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {

@@ -7,10 +7,11 @@ use tokio::time::Instant;
 
 use async_trait::async_trait;
 
-use crate::buf::{AlignedBuf, BufferPool};
+use super::LayeredTier;
+use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
 
 /// Settings of a [`Throttled`] layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,7 +100,9 @@ impl Shared {
 
 /// Emulates slow storage over any tier: token-bucket bandwidth caps for reads and writes plus
 /// a fixed latency per operation. Needs a tokio runtime with the time driver enabled.
-/// Each wait is recorded in the `ringtier_throttle_wait_seconds` histogram.
+/// Each wait is recorded in the `ringtier_throttle_wait_seconds` histogram. Locks, space,
+/// empty directories and the buffer pool are the inner tier's, unpaced; objects are never
+/// opened for reading past the layer ([`Tier::open_read`] answers `Ok(None)`).
 pub struct Throttled {
     inner: Arc<dyn Tier>,
     shared: Arc<Shared>,
@@ -131,9 +134,9 @@ impl Throttled {
 }
 
 #[async_trait]
-impl Tier for Throttled {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl LayeredTier for Throttled {
+    fn inner(&self) -> &dyn Tier {
+        self.inner.as_ref()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -150,22 +153,6 @@ impl Tier for Throttled {
         self.inner.list(prefix).await
     }
 
-    async fn space(&self) -> Result<Option<Space>> {
-        self.inner.space().await
-    }
-
-    fn buffer_pool(&self) -> Option<BufferPool> {
-        self.inner.buffer_pool()
-    }
-
-    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
-        self.inner.lock(name).await
-    }
-
-    async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
-        self.inner.remove_empty_dirs(prefix).await
-    }
-
     async fn delete(&self, key: &str) -> Result<()> {
         self.shared.pace(None, 0).await;
         self.inner.delete(key).await
@@ -180,6 +167,12 @@ impl Tier for Throttled {
         self.shared.pace(None, 0).await;
         let inner = self.inner.create(key).await?;
         Ok(Box::new(ThrottledWriter { inner, shared: Arc::clone(&self.shared) }))
+    }
+
+    /// Every read is paced by the layer: no reader of the inner tier is handed out.
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let _ = key;
+        Ok(None)
     }
 
     async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {

@@ -7,8 +7,10 @@ use async_trait::async_trait;
 
 use ringtier_core::buf::align_down;
 use ringtier_core::catalog;
+use ringtier_core::layers::LayeredTier;
+use ringtier_core::tier::read_one_at_a_time;
 use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, Error, ObjectMeta, ObjectWriter, Operation, Result, Space, Tier, TierLock,
+    AlignedBuf, Capabilities, Error, ObjectMeta, ObjectReader, ObjectWriter, Operation, ReadBatch, Result, Tier,
 };
 
 /// Which operations a [`FaultRule`] applies to.
@@ -130,6 +132,10 @@ impl Shared {
 /// Injects faults into any tier, by rule, reproducibly from a seed: the layer the reliability
 /// tests use to show that callers retry temporary errors, report permanent ones, and lose no
 /// committed data.
+///
+/// Every read goes through the rules, one request at a time (a batch's requests each count;
+/// no reader of the inner tier is handed out). Locks, space and the buffer pool are the inner
+/// tier's, never faulted.
 pub struct FaultInjecting {
     inner: Arc<dyn Tier>,
     shared: Arc<Shared>,
@@ -165,9 +171,9 @@ impl FaultInjecting {
 }
 
 #[async_trait]
-impl Tier for FaultInjecting {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl LayeredTier for FaultInjecting {
+    fn inner(&self) -> &dyn Tier {
+        self.inner.as_ref()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -186,18 +192,6 @@ impl Tier for FaultInjecting {
             return Err(self.fail(f, Operation::List, prefix));
         }
         self.inner.list(prefix).await
-    }
-
-    async fn space(&self) -> Result<Option<Space>> {
-        self.inner.space().await
-    }
-
-    fn buffer_pool(&self) -> Option<BufferPool> {
-        self.inner.buffer_pool()
-    }
-
-    async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
-        self.inner.lock(name).await
     }
 
     async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {
@@ -230,6 +224,17 @@ impl Tier for FaultInjecting {
         let align = self.inner.capabilities().alignment.max(1) as u64;
         let inner = self.inner.create(key).await?;
         Ok(Box::new(FaultyWriter { inner, shared: Arc::clone(&self.shared), align }))
+    }
+
+    /// Reads by key, so that each goes through the rules.
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Each request through [`LayeredTier::read_at`], so that each counts and may fault.
+    async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
+        read_one_at_a_time(self, batch).await
     }
 }
 

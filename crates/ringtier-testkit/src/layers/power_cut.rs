@@ -48,10 +48,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use ringtier_core::layers::LayeredTier;
 use ringtier_core::ops;
+use ringtier_core::tier::read_one_at_a_time;
 use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, Error, ErrorKind, ObjectMeta, ObjectWriter, Operation, Result, Space, Tier,
-    TierLock,
+    AlignedBuf, Capabilities, Error, ErrorKind, ObjectMeta, ObjectReader, ObjectWriter, Operation, ReadBatch, Result,
+    Space, Tier, TierLock,
 };
 
 /// What survives a power cut on a [`PowerCutTier`] (see the [module docs](self)).
@@ -519,9 +521,9 @@ impl PowerCutTier {
 }
 
 #[async_trait]
-impl Tier for PowerCutTier {
-    fn name(&self) -> &str {
-        &self.name
+impl LayeredTier for PowerCutTier {
+    fn inner(&self) -> &dyn Tier {
+        self.inner.as_ref()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -564,10 +566,6 @@ impl Tier for PowerCutTier {
         op.finish(Operation::Stat, "", res)
     }
 
-    fn buffer_pool(&self) -> Option<BufferPool> {
-        self.inner.buffer_pool()
-    }
-
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {
         let op = match InFlight::start(self, Operation::Read, key) {
             Ok(op) => op,
@@ -590,6 +588,17 @@ impl Tier for PowerCutTier {
             name: self.name.clone(),
         };
         Ok(Box::new(PowerCutWriter { tier, inner, shadow: Vec::new() }))
+    }
+
+    /// Reads by key, so that each fails once the power is out.
+    async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// Each request through [`LayeredTier::read_at`], so that each fails once the power is out.
+    async fn read_batch(&self, batch: ReadBatch) -> ReadBatch {
+        read_one_at_a_time(self, batch).await
     }
 }
 

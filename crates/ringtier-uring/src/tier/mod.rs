@@ -457,6 +457,7 @@ impl Tier for UringTier {
             durable: self.inner.root.durable(),
             capacity_bytes: None,
             native_batch: true,
+            locks: true,
         }
     }
 

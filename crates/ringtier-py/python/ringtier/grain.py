@@ -1,0 +1,218 @@
+"""``ringtier.grain``: a grain data source over ringtier, for JAX input pipelines.
+
+:class:`FileSource` is a grain ``RandomAccessDataSource`` (``__len__``, ``__getitem__``) and a
+``SupportsBatchedReadRandomAccessDataSource`` (``_getitems``: many indices in one call) over
+the files of a directory or an S3 prefix::
+
+    import grain
+    import ringtier.grain
+
+    source = ringtier.grain.FileSource("/data/imagenet/train")
+    ds = grain.MapDataset.source(source).shuffle(seed=0).map(decode).batch(64)
+
+grain asks a source for one index at a time from many threads (``ReadOptions.num_threads``,
+16 by default) in each worker process. The source gathers the requests that arrive while a
+read is in flight into the next read (a group commit: no timer, no added wait for a lone
+request), so concurrent ``__getitem__`` calls become one batched read of many files through
+the engine (io_uring, O_DIRECT where the file system allows it). ``_getitems`` reads its
+indices as one batch directly.
+
+An element is the file's bytes as a ``uint8`` numpy array over the engine's read buffer (no
+copy), or ``(key, array)`` with ``with_keys``. The source is plain data (path, keys, shard) and
+pickles into grain's worker processes, where each opens its own engine.
+
+Sharding: ``shard_index`` of ``shard_count`` keeps every ``shard_count``-th file of the sorted
+key list; by default, where JAX is imported, ``jax.process_index()`` of
+``jax.process_count()``, else the whole dataset. (Or leave the source whole and let grain's
+sampler shard it, ``grain.sharding.ShardByJaxProcess()``.) The shards of one dataset are
+disjoint and together hold every file once. grain is not imported by this module: its source
+protocol is structural.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._ringtier import Loader
+from ._types import PathLike, is_s3_url, tier_path
+from .errors import NotFoundError
+
+
+def process_shard() -> Tuple[int, int]:
+    """``(jax.process_index(), jax.process_count())`` where JAX is imported, else ``(0, 1)``."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 0, 1
+    return int(jax.process_index()), int(jax.process_count())
+
+
+class _Slot:
+    """One request waiting in the group commit."""
+
+    __slots__ = ("key", "event", "value", "error", "lead")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.event = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+        self.lead = False
+
+
+class FileSource:
+    """The files of ``path`` (a directory, its ``.ringtier-manifest.tsv`` when it has one, or
+    ``s3://bucket/prefix?endpoint=...``), or only ``keys``, as a grain data source: index ``i``
+    is the ``i``-th key of this shard (keys sorted).
+
+    ``max_batch``: the most files one batched read takes; ``engine``: ``"auto"``, ``"uring"``
+    or ``"posix"`` (:class:`ringtier.Loader`). A missing or unreadable file raises
+    :class:`ringtier.RingtierError` from ``__getitem__``."""
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        keys: Optional[Sequence[str]] = None,
+        shard_index: Optional[int] = None,
+        shard_count: Optional[int] = None,
+        with_keys: bool = False,
+        max_batch: int = 256,
+        engine: str = "auto",
+    ) -> None:
+        self.path = tier_path(path)
+        if not is_s3_url(self.path) and not os.path.exists(self.path):
+            raise NotFoundError(f"dataset {self.path} does not exist")
+        if (shard_index is None) != (shard_count is None):
+            raise ValueError("give both shard_index and shard_count, or neither (then JAX's process index)")
+        if shard_index is None or shard_count is None:
+            shard_index, shard_count = process_shard()
+        if shard_count < 1 or not 0 <= shard_index < shard_count:
+            raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        if keys is None:
+            keys = Loader(self.path, batch_size=1, shuffle=False, prefetch=0, lazy_pool=True, engine=engine).keys()
+        self.keys: List[str] = sorted(keys)[shard_index::shard_count]
+        self.shard_index, self.shard_count = shard_index, shard_count
+        self.with_keys, self.max_batch, self.engine = with_keys, max_batch, engine
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: List[_Slot] = []
+        self._leading = False
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        for k in ("_lock", "_pending", "_leading"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        # grain's checkpointing of a DataLoader takes the source's repr as its identity.
+        return (
+            f"ringtier.grain.FileSource(path={self.path!r}, files={len(self.keys)}, "
+            f"shard={self.shard_index}/{self.shard_count})"
+        )
+
+    def _key(self, index: Any) -> str:
+        i = int(index)
+        n = len(self.keys)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for a source of {n} files")
+        return self.keys[i]
+
+    def _element(self, key: str, sample: Any) -> Any:
+        data = np.frombuffer(sample, np.uint8) if len(sample) else np.zeros(0, np.uint8)
+        return (key, data) if self.with_keys else data
+
+    def read(self, keys: Sequence[str]) -> List[Any]:
+        """The files ``keys`` read as one batch: the elements, in the order given."""
+        unique = list(dict.fromkeys(keys))
+        got: Dict[str, Any] = {}
+        for at in range(0, len(unique), self.max_batch):
+            part = unique[at : at + self.max_batch]
+            loader = Loader(
+                self.path,
+                keys=part,
+                batch_size=len(part),
+                shuffle=False,
+                prefetch=0,
+                lazy_pool=True,
+                hold=len(part),
+                on_bad="fail",
+                engine=self.engine,
+            )
+            names = loader.keys()
+            for batch in loader.epoch(0):
+                for sample in batch:
+                    got[names[sample.index]] = sample
+        missing = [k for k in unique if k not in got]
+        if missing:
+            raise NotFoundError(f"{len(missing)} file(s) not read, e.g. {missing[0]!r}")
+        return [self._element(k, got[k]) for k in keys]
+
+    def _getitems(self, indices: Sequence[int]) -> List[Any]:
+        """The elements of ``indices``, read as one batch (grain's batched read protocol)."""
+        return self.read([self._key(i) for i in indices])
+
+    def __getitem__(self, index: int) -> Any:
+        """The element of ``index``: read together with the other threads' requests that
+        arrive while a read is in flight."""
+        slot = _Slot(self._key(index))
+        with self._lock:
+            self._pending.append(slot)
+            lead = not self._leading
+            if lead:
+                self._leading = True
+        while not lead:
+            slot.event.wait()
+            if slot.lead and slot.value is None and slot.error is None:
+                slot.lead = False
+                slot.event.clear()
+                lead = True
+            else:
+                break
+        if lead:
+            self._lead()
+        if slot.error is not None:
+            raise slot.error
+        return slot.value
+
+    def _lead(self) -> None:
+        """Reads the pending requests (this thread's first among them) as one batch, then hands
+        the lead to the oldest request still pending, if any."""
+        with self._lock:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+        try:
+            values = self.read([s.key for s in batch])
+            for s, v in zip(batch, values):
+                s.value = v
+        except BaseException as e:  # every waiter of the batch gets the error
+            for s in batch:
+                s.error = e
+        with self._lock:
+            for s in batch:
+                s.event.set()
+            if self._pending:
+                nxt = self._pending[0]
+                nxt.lead = True
+                nxt.event.set()
+            else:
+                self._leading = False
+
+
+__all__ = ["FileSource", "process_shard"]

@@ -1,0 +1,427 @@
+"""ringtier.tensorflow under TensorFlow (CPU): tf.data round trips (every sample exactly once per
+epoch, shards, epochs and resume, decoded batches in both layouts, TFRecord shards TensorFlow
+wrote, WebDataset shards), and the CheckpointManager (save, drain, restore, keep, a second save
+of a step in progress refused, a bad newest step passed over, a SIGKILL during a save)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow")
+
+import ringtier  # noqa: E402
+import ringtier.tensorflow as rtf  # noqa: E402
+from ringtier import transforms as T  # noqa: E402
+
+from conftest import write_dataset  # noqa: E402
+
+
+def keys_of(ds) -> List[str]:
+    return [k.numpy().decode() for k, _ in ds]
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def test_files_every_sample_once_with_its_bytes(dataset):
+    root, files = dataset
+    seen: Dict[str, bytes] = {}
+    for key, data in rtf.dataset(root, with_keys=True, read_batch=32):
+        k = key.numpy().decode()
+        assert k not in seen, f"{k} read twice in one epoch"
+        seen[k] = data.numpy()
+    assert seen == files
+
+
+def test_files_uint8_output_shares_the_bytes(dataset):
+    root, files = dataset
+    got = {k.numpy().decode(): bytes(v.numpy()) for k, v in rtf.dataset(root, with_keys=True, output="uint8")}
+    assert got == files
+    ds = rtf.dataset(root, output="uint8")
+    assert ds.element_spec == tf.TensorSpec((None,), tf.uint8)
+
+
+def test_batches_and_drop_last(dataset):
+    root, files = dataset
+    sizes = [int(b.shape[0]) for b in rtf.dataset(root, batch_size=64)]
+    assert sizes == [64] * (len(files) // 64) + [len(files) % 64]
+    sizes = [int(b.shape[0]) for b in rtf.dataset(root, batch_size=64, drop_last=True)]
+    assert sizes == [64] * (len(files) // 64)
+
+
+def test_each_iteration_is_the_next_epoch_and_set_epoch_replays_one(dataset):
+    root, files = dataset
+    src = rtf.Source(root, with_keys=True, seed=3)
+    ds = src.dataset()
+    e0, e1 = keys_of(ds), keys_of(ds)
+    assert sorted(e0) == sorted(e1) == sorted(files)
+    assert e0 != e1, "two epochs in the same order"
+    assert src.epoch == 2
+    src.set_epoch(1)
+    assert keys_of(ds) == e1
+    # repeat(): one round per epoch, each exactly once.
+    src.set_epoch(0)
+    both = keys_of(ds.repeat(2))
+    assert both == e0 + e1
+    # Another source with the same seed reads the same orders; another seed another.
+    assert keys_of(rtf.dataset(root, with_keys=True, seed=3)) == e0
+    assert keys_of(rtf.dataset(root, with_keys=True, seed=4)) != e0
+
+
+def test_resume_from_a_position(dataset):
+    root, _ = dataset
+    src = rtf.Source(root, with_keys=True, seed=5)
+    full = keys_of(src.dataset())
+    src.set_epoch(0, position=100)
+    assert keys_of(src.dataset()) == full[100:]
+
+
+def test_shuffle_off_reads_in_key_order(dataset):
+    root, files = dataset
+    assert keys_of(rtf.dataset(root, with_keys=True, shuffle=False)) == sorted(files)
+
+
+def test_shards_are_disjoint_and_cover_every_sample(dataset):
+    root, files = dataset
+    parts = [keys_of(rtf.dataset(root, with_keys=True, shard=(i, 3), seed=1)) for i in range(3)]
+    flat = [k for p in parts for k in p]
+    assert len(flat) == len(set(flat)) == len(files)
+    assert set(flat) == set(files)
+    assert all(abs(len(p) - len(files) / 3) <= 1 for p in parts)
+    # A tf.distribute.InputContext shards the same way.
+    ctx = [tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i) for i in range(3)]
+    assert [keys_of(rtf.dataset(root, with_keys=True, input_context=c, seed=1)) for c in ctx] == parts
+    with pytest.raises(ValueError):
+        rtf.dataset(root, shard=(3, 3))
+
+
+def test_distribute_datasets_from_function(dataset):
+    root, files = dataset
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: rtf.dataset(root, batch_size=50, input_context=ctx, output="bytes")
+    )
+    n = sum(int(strategy.experimental_local_results(b)[0].shape[0]) for b in dist)
+    assert n == len(files)
+
+
+def test_labels_inferred_from_class_directories(dataset):
+    root, files = dataset
+    src = rtf.Source(root, with_keys=True, labels="inferred")
+    assert src.class_names == ["d0", "d1", "d2"]
+    for key, data, label in src.dataset():
+        k = key.numpy().decode()
+        assert src.class_names[int(label)] == k.split("/")[0]
+        assert data.numpy() == files[k]
+
+
+def test_missing_directory_and_bad_arguments(tmp_path, dataset):
+    root, _ = dataset
+    with pytest.raises(ringtier.NotFoundError):
+        rtf.dataset(tmp_path / "nope")
+    with pytest.raises(ringtier.InvalidInputError):
+        rtf.dataset(root, layout="HWC")
+    with pytest.raises(ringtier.InvalidInputError):
+        rtf.dataset(root, transform=T.Compose([T.CenterCrop(8)]))  # no batch_size
+    with pytest.raises(ringtier.InvalidInputError):
+        rtf.dataset(root, format="wds")
+
+
+# -- decoded batches --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    """40 JPEGs (48x40, a gradient plus the index) in 4 class directories."""
+    root = tmp_path_factory.mktemp("jpg")
+    for i in range(40):
+        y, x = np.mgrid[0:40, 0:48]
+        img = np.stack([(x * 5 + i) % 256, (y * 6) % 256, np.full_like(x, i * 6)], -1).astype(np.uint8)
+        p = root / f"c{i % 4}" / f"img{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(tf.io.encode_jpeg(img, quality=95).numpy())
+    return root
+
+
+def test_decoded_batches_in_both_layouts_and_dtypes(jpegs):
+    chain = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToDtype("float32", scale=True)])
+    nhwc = list(rtf.dataset(jpegs, batch_size=16, transform=chain, shuffle=False, labels="inferred"))
+    nchw = list(rtf.dataset(jpegs, batch_size=16, transform=chain, shuffle=False, labels="inferred", layout="NCHW"))
+    assert [int(x.shape[0]) for x, _ in nhwc] == [16, 16, 8]
+    assert nhwc[0][0].shape[1:] == (32, 32, 3) and nhwc[0][0].dtype == tf.float32
+    assert nchw[0][0].shape[1:] == (3, 32, 32)
+    for (a, la), (b, lb) in zip(nhwc, nchw):
+        np.testing.assert_array_equal(a.numpy(), np.transpose(b.numpy(), (0, 2, 3, 1)))
+        np.testing.assert_array_equal(la.numpy(), lb.numpy())
+    labels = np.concatenate([lab.numpy() for _, lab in nhwc])
+    # shuffle=False: key order, c0/img000, c0/img004, ..., c1/...: ten of each class in turn.
+    assert labels.tolist() == [c for c in range(4) for _ in range(10)]
+    # Against TensorFlow's own decode (libjpeg either way; resize kernels differ a little).
+    x = nhwc[0][0].numpy()[0]
+    ref = tf.image.resize(tf.io.decode_jpeg(open(jpegs / "c0" / "img000.jpg", "rb").read()), (36, 43), antialias=True)
+    ref = tf.image.resize_with_crop_or_pad(ref, 32, 32).numpy() / 255.0
+    assert np.abs(x - ref).mean() < 0.03
+    u8 = next(iter(rtf.dataset(jpegs, batch_size=8, transform=T.Compose([T.RandomResizedCrop(24)]))))
+    assert u8.dtype == tf.uint8 and u8.shape == (8, 24, 24, 3)
+
+
+def test_decoded_random_crops_depend_on_seed_and_epoch_only(jpegs):
+    chain = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip()])
+
+    def epoch_images(src):
+        return np.concatenate([x.numpy() for x in src.dataset()])
+
+    a = rtf.Source(jpegs, batch_size=8, transform=chain, seed=9, shuffle=False)
+    b = rtf.Source(jpegs, batch_size=8, transform=chain, seed=9, shuffle=False, decode_threads=1)
+    ea, eb = epoch_images(a), epoch_images(b)
+    np.testing.assert_array_equal(ea, eb)
+    assert not np.array_equal(epoch_images(a), ea), "epoch 1 drew the crops of epoch 0"
+
+
+def test_keras_fits_on_a_ringtier_dataset(jpegs):
+    chain = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToDtype("float32", scale=True)])
+    ds = rtf.dataset(jpegs, batch_size=8, transform=chain, labels="inferred")
+    model = tf.keras.Sequential(
+        [tf.keras.Input((16, 16, 3)), tf.keras.layers.Flatten(), tf.keras.layers.Dense(4, activation="softmax")]
+    )
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    hist = model.fit(ds.prefetch(2), epochs=2, verbose=0)
+    assert len(hist.history["loss"]) == 2
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+def test_tfrecords_tensorflow_wrote_every_record_once(tmp_path):
+    root = tmp_path / "tfr"
+    root.mkdir()
+    want = []
+    for s in range(4):
+        with tf.io.TFRecordWriter(str(root / f"part-{s}.tfrecord")) as w:
+            for i in range(25):
+                ex = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[s * 100 + i])),
+                            "data": tf.train.Feature(bytes_list=tf.train.BytesList(value=[os.urandom(i * 37)])),
+                        }
+                    )
+                )
+                w.write(ex.SerializeToString())
+                want.append(ex.SerializeToString())
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "data": tf.io.FixedLenFeature([], tf.string)}
+    got = [r.numpy() for r in rtf.dataset(root, format="tfrecord", seed=2)]
+    assert sorted(got) == sorted(want)
+    ids = [int(tf.io.parse_single_example(r, spec)["id"]) for r in got]
+    assert sorted(ids) == [s * 100 + i for s in range(4) for i in range(25)]
+    # Shards over two pipelines, batched and parsed in the graph.
+    seen = []
+    for i in range(2):
+        ds = rtf.dataset(root, format="tfrecord", shard=(i, 2), batch_size=10)
+        for batch in ds.map(lambda b: tf.io.parse_example(b, spec)["id"]):
+            seen += batch.numpy().tolist()
+    assert sorted(seen) == sorted(ids)
+    # In one global order through the shards' indexes (made on the fly).
+    glob = [r.numpy() for r in rtf.dataset(root, format="tfrecord", order="global", seed=2)]
+    assert sorted(glob) == sorted(want)
+    assert len(rtf.Source(root, format="tfrecord", order="global")) == 100
+
+
+def write_wds(root: Path, shards: int, per_shard: int) -> Dict[str, Dict[str, bytes]]:
+    root.mkdir(parents=True)
+    samples: Dict[str, Dict[str, bytes]] = {}
+    for s in range(shards):
+        with tarfile.open(root / f"shard-{s:03d}.tar", "w") as tar:
+            for i in range(per_shard):
+                key = f"s{s}/k{i:04d}"
+                fields = {"bin": os.urandom(10 + i), "cls": str((s + i) % 3).encode()}
+                samples[key] = fields
+                for ext, data in fields.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return samples
+
+
+def test_webdataset_fields_every_sample_once(tmp_path):
+    samples = write_wds(tmp_path / "wds", 3, 20)
+    got = {}
+    for batch in rtf.dataset(tmp_path / "wds", format="wds", fields=["bin", "cls"], batch_size=7):
+        for k, b, c in zip(batch["__key__"].numpy(), batch["bin"].numpy(), batch["cls"].numpy()):
+            assert k.decode() not in got
+            got[k.decode()] = {"bin": b, "cls": c}
+    assert got == samples
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def model_state(n: int = 1000):
+    v = tf.Variable(tf.zeros((n, 64)))
+    step = tf.Variable(0, dtype=tf.int64)
+    return v, step, tf.train.Checkpoint(v=v, step=step)
+
+
+def test_checkpoint_save_drain_restore(tiers, tmp_path):
+    v, step, ckpt = model_state()
+    with rtf.CheckpointManager(ckpt, tiers, keep_last=1) as m:
+        assert m.restore_or_initialize() is None
+        for s in range(3):
+            v.assign(tf.fill(v.shape, float(s)))
+            step.assign(s)
+            rep = m.save(s)
+            assert rep["step"] == s and rep["bytes"] > v.shape[0] * 64 * 4
+            assert rep["blocking_seconds"] >= rep["tf_write_seconds"]
+            assert sorted(rep["files"]) == ["ckpt.data-00000-of-00001", "ckpt.index"]
+        m.drain()
+        listed = m.store.list()
+        assert [c["step"] for c in listed] == [0, 1, 2]
+        assert all(any(t.endswith(tiers[1]) for t in c["tiers"]) for c in listed), listed
+        # keep_last=1: only the newest is still on the fast tier.
+        assert [c["step"] for c in listed if any(t.endswith(tiers[0]) for t in c["tiers"])] == [2]
+        assert not os.listdir(m.staging_dir), "staging files left behind"
+    v.assign(tf.zeros(v.shape))
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        assert m.restore_or_initialize() == 2
+        m.last_status.assert_consumed()
+        assert float(v[0, 0]) == 2.0 and int(step) == 2
+        assert m.restore(1) == 1 and float(v[5, 5]) == 1.0
+    # Only the slow tier left (the fast one lost): restores from it.
+    import shutil
+
+    shutil.rmtree(tiers[0])
+    os.makedirs(tiers[0])
+    v.assign(tf.zeros(v.shape))
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        assert m.restore() == 2 and float(v[1, 1]) == 2.0
+
+
+def test_restore_or_initialize_calls_init_fn(tiers):
+    _, _, ckpt = model_state(4)
+    called = []
+    with rtf.CheckpointManager(ckpt, tiers, init_fn=lambda: called.append(1)) as m:
+        assert m.restore_or_initialize() is None
+    assert called == [1]
+
+
+def test_second_save_of_a_step_in_progress_is_refused(tiers):
+    v, _, ckpt = model_state(20000)  # ~5 MB
+    with rtf.CheckpointManager(ckpt, tiers, drain_bytes_per_sec=None) as m:
+        fut = m.save(7, wait=False)
+        with pytest.raises(ringtier.BusyError):
+            m.save(7)
+        assert fut.result()["step"] == 7
+        with pytest.raises(ringtier.AlreadyExistsError):
+            m.save(7)
+        # step=None: the one after the newest.
+        assert m.save()["step"] == 8
+        assert m.steps == [7, 8]
+
+
+def test_max_to_keep_deletes_old_steps_everywhere(tiers):
+    _, _, ckpt = model_state(10)
+    with rtf.CheckpointManager(ckpt, tiers, max_to_keep=2) as m:
+        for s in range(5):
+            m.save(s)
+        m.drain()
+        assert m.steps == [3, 4]
+
+
+def test_a_bad_newest_step_is_passed_over(tiers):
+    v, step, ckpt = model_state(100)
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        for s in (1, 2):
+            v.assign(tf.fill(v.shape, float(s)))
+            m.save(s)
+        m.drain()
+    # Bit rot in every copy of step 2's data file.
+    for tier in tiers:
+        for p in Path(tier).rglob("ckpt.data-00000-of-00001"):
+            if "00000000000000000002" in str(p):
+                b = bytearray(p.read_bytes())
+                b[len(b) // 2] ^= 0xFF
+                p.write_bytes(bytes(b))
+    v.assign(tf.zeros(v.shape))
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        with pytest.warns(RuntimeWarning, match="checkpoint 2 skipped"):
+            assert m.restore_or_initialize() == 1
+        assert float(v[3, 3]) == 1.0
+
+
+SAVER = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    import ringtier.tensorflow as rtf
+    v = tf.Variable(tf.zeros((4096, 1024)))  # 16 MiB
+    step = tf.Variable(0, dtype=tf.int64)
+    m = rtf.CheckpointManager(tf.train.Checkpoint(v=v, step=step), sys.argv[1:3], keep_last=2)
+    s = 0
+    while True:
+        v.assign(tf.fill(v.shape, float(s)))
+        step.assign(s)
+        print("saving", s, flush=True)
+        m.save(s)
+        print("saved", s, flush=True)
+        s += 1
+    """
+)
+
+
+def test_sigkill_during_a_save_leaves_the_newest_intact_step_restorable(tiers, tmp_path):
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    p = subprocess.Popen([sys.executable, str(script), *tiers], stdout=subprocess.PIPE, text=True)
+    saved = []
+    try:
+        assert p.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            what, s = line.split()
+            if what == "saved":
+                saved.append(int(s))
+            # Killed while saving the fourth step (after TensorFlow started writing it).
+            elif int(s) == 3:
+                time.sleep(0.05)
+                break
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == -signal.SIGKILL
+    assert saved[:3] == [0, 1, 2], saved
+    v, step, ckpt = model_state(1)
+    v = tf.Variable(tf.zeros((4096, 1024)))
+    ckpt = tf.train.Checkpoint(v=v, step=step)
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        got = m.restore_or_initialize()
+        assert got is not None and got >= saved[-1], (got, saved)
+        assert int(step) == got
+        np.testing.assert_array_equal(v.numpy()[::512, ::128], np.full((8, 8), float(got), np.float32))
+        m.last_status.assert_consumed()
+        # The writer's staging files are gone and the store saves on.
+        assert m.save(got + 1)["step"] == got + 1
+
+
+def test_module_imports_without_importing_tensorflow():
+    code = "import sys, ringtier.tensorflow; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().lower()) is False

@@ -74,11 +74,6 @@ def mixed(seed=0):
     return t
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    return tmp_path
-
-
 def test_every_torch_dtype_round_trips_both_ways_and_byte_identical(tmp_path):
     tensors = {}
     for i, (name, dt) in enumerate(DTYPES.items()):
@@ -122,7 +117,7 @@ def test_mixed_model_both_ways_and_with_posix_engine(tmp_path):
         except ringtier.RingtierError as e:
             assert engine == "uring", e  # io_uring refused here: only an explicit ask fails
             continue
-        assert list(got) == list(st.load_file(tmp_path / "a.safetensors"))  or set(got) == set(t)
+        assert set(got) == set(t)
         for k in t:
             same(got[k], t[k])
     rs.save_file(t, tmp_path / "b.safetensors", engine="posix")

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The paper's read micro-benchmark inside TensorFlow: tf.data's own readers against
+ringtier.tensorflow.dataset, on the same files, cold, interleaved, pair by pair.
+
+Each pass runs in its own process under /usr/bin/time (wall of the pass itself, user+sys CPU
+and peak RSS of the process), after every file is evicted from the page cache
+(posix_fadvise DONTNEED per file; `--drop-caches` as root: sync + drop_caches). Per repeat:
+ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike.
+
+--format files (the paper's 16,384 files; `ringtier gen --preset imagenet --dir D`):
+  tf.data:  list_files(D/*/*, shuffle, seed) -> map(read_file, num_parallel_calls=k)
+            -> map(strings.length) -> batch(64) -> prefetch(2)          (k swept, AUTOTUNE too)
+  ringtier: ringtier.tensorflow.dataset(D, batch_size=64) (tf.string, shuffled, seeded)
+            -> map(strings.length) -> prefetch(2)
+--format jpeg (decode and augmentation in both: `ringtier gen --format jpeg --dir D`):
+  tf.data:  list_files -> map(read_file + decode_jpeg + random crop + resize 224 + flip,
+            num_parallel_calls=k) -> batch(64) -> prefetch(2)
+  ringtier: dataset(D, batch_size=64, transform=RandomResizedCrop(224)+flip, uint8) -> prefetch(2)
+--format tfrecord (shards; `ringtier gen --format tfrecord --shards 64 --dir D`):
+  tf.data:  from_tensor_slices(shards) -> interleave(TFRecordDataset, cycle_length=k,
+            num_parallel_calls=k) -> map(strings.length) -> batch(1024) -> prefetch(2)
+  ringtier: dataset(D, format="tfrecord", batch_size=1024) -> map(strings.length) -> prefetch(2)
+
+usage: PYTHONPATH=PKG target/tf-venv/bin/python bench/tensorflow/read.py --dir D --format files
+       [--repeats 5] [--parallel 1,16,autotune] [--json OUT.json]
+"""
+
+import argparse
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchlib import evict, fs_type, summary  # noqa: E402
+
+CHILD = r"""
+import json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+side, fmt, d, k = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+par = tf.data.AUTOTUNE if k == "autotune" else int(k)
+t0 = time.perf_counter()
+if side == "ringtier":
+    import ringtier.tensorflow as rtf
+    if fmt == "files":
+        ds = rtf.dataset(d, batch_size=64, seed=0).map(tf.strings.length)
+    elif fmt == "jpeg":
+        from ringtier import transforms as T
+        ds = rtf.dataset(d, batch_size=64, seed=0, transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
+    else:
+        ds = rtf.dataset(d, format="tfrecord", batch_size=1024, seed=0).map(tf.strings.length)
+else:
+    if fmt in ("files", "jpeg"):
+        ds = tf.data.Dataset.list_files(os.path.join(d, "*", "*"), shuffle=True, seed=0)
+        if fmt == "files":
+            ds = ds.map(lambda f: tf.strings.length(tf.io.read_file(f)), num_parallel_calls=par).batch(64)
+        else:
+            def load(f):
+                img = tf.io.decode_jpeg(tf.io.read_file(f), channels=3)
+                shape = tf.shape(img)
+                begin, size, _ = tf.image.sample_distorted_bounding_box(
+                    shape, tf.zeros([0, 0, 4]), area_range=(0.08, 1.0), aspect_ratio_range=(0.75, 1.333),
+                    min_object_covered=0.0, use_image_if_no_bounding_boxes=True, seed=0)
+                img = tf.slice(img, begin, size)
+                img = tf.image.resize(img, (224, 224), antialias=True)
+                img = tf.image.random_flip_left_right(img, seed=0)
+                return tf.cast(img, tf.uint8)
+            ds = ds.map(load, num_parallel_calls=par).batch(64)
+    else:
+        files = sorted(tf.io.gfile.glob(os.path.join(d, "*.tfrecord")))
+        ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+            lambda f: tf.data.TFRecordDataset(f, buffer_size=4 << 20), cycle_length=(4 if k == "autotune" else int(k)),
+            num_parallel_calls=par, deterministic=False).map(tf.strings.length).batch(1024)
+ds = ds.prefetch(2)
+n = b = 0
+for x in ds:
+    n += int(x.shape[0])
+    if fmt != "jpeg":
+        b += int(tf.reduce_sum(tf.cast(x, tf.int64)))
+print(json.dumps({"samples": n, "payload_bytes": b, "wall": time.perf_counter() - t0}))
+"""
+
+
+def timed(cmd, env):
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
+        out = subprocess.run(["/usr/bin/time", "-o", t.name, "-f", "%e %U %S %M"] + cmd,
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            sys.exit(f"{cmd} failed: {out.stderr[-3000:]}")
+        _wall, user, sys_, rss = t.read().split()[-4:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), float(user) + float(sys_), int(rss) * 1024
+
+
+def cold(files, drop):
+    if drop:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    else:
+        evict(files)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--format", choices=["files", "jpeg", "tfrecord"], default="files")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--parallel", default="1,16,autotune")
+    ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.format == "tfrecord":
+        files = sorted(glob.glob(os.path.join(a.dir, "*.tfrecord")))
+    else:
+        files = sorted(f for f in glob.glob(os.path.join(a.dir, "*", "*")) if os.path.isfile(f))
+    total = sum(os.path.getsize(f) for f in files)
+    env = dict(os.environ)
+    sides = ["ringtier"] + [f"tf.data {k}" for k in a.parallel.split(",")]
+    runs = {s: [] for s in sides}
+    for r in range(a.repeats):
+        for s in sides:
+            cold(files, a.drop_caches)
+            side, k = ("ringtier", "0") if s == "ringtier" else ("tf", s.split()[1])
+            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k], env)
+            if res["samples"] != (len(files) if a.format != "tfrecord" else res["samples"]):
+                sys.exit(f"{s}: {res['samples']} samples, not {len(files)}")
+            runs[s].append({"mb_per_sec": total / res["wall"] / 1e6, "images_per_sec": res["samples"] / res["wall"],
+                            "wall_seconds": res["wall"], "cpu_seconds_per_gib": cpu / (total / 2**30),
+                            "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
+        print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
+              file=sys.stderr, flush=True)
+    tf_sides = [s for s in sides if s != "ringtier"]
+    best = max(tf_sides, key=lambda s: statistics.median(x["mb_per_sec"] for x in runs[s]))
+    ratio = [o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs["ringtier"], runs[best])]
+    cpu_ratio = [o["cpu_seconds_per_gib"] / t["cpu_seconds_per_gib"] for o, t in zip(runs["ringtier"], runs[best])]
+    import ringtier
+
+    report = {
+        "schema": "ringtier.bench.tensorflow.read/1",
+        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
+                    "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "filesystem": fs_type(a.dir)},
+        "ringtier_jpeg_decoder": ringtier.JPEG_DECODER,
+        "format": a.format, "files": len(files), "bytes": total, "repeats": a.repeats,
+        "cold": "drop_caches" if a.drop_caches else "posix_fadvise DONTNEED per file",
+        "best_tf_data": best,
+        "ringtier_over_best_tf_data_mb_per_sec": summary(ratio),
+        "ringtier_over_best_tf_data_cpu_per_gib": summary(cpu_ratio),
+        "sides": {s: {"mb_per_sec": summary([x["mb_per_sec"] for x in v]),
+                      "images_per_sec": summary([x["images_per_sec"] for x in v]),
+                      "cpu_seconds_per_gib": summary([x["cpu_seconds_per_gib"] for x in v]),
+                      "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in v), "runs": v} for s, v in runs.items()},
+    }
+    for s, v in report["sides"].items():
+        m, c = v["mb_per_sec"], v["cpu_seconds_per_gib"]
+        print(f"{s:<20} {m['min']:8.1f} {m['median']:8.1f} {m['max']:8.1f} MB/s  {c['median']:6.2f} CPU s/GiB  "
+              f"peak RSS {v['peak_rss_bytes_max'] / 2**20:7.1f} MiB")
+    print(f"ringtier / {best}: {summary(ratio)['median']:.2f}x MB/s (min {min(ratio):.2f}, max {max(ratio):.2f}); "
+          f"CPU per GiB {summary(cpu_ratio)['median']:.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ import ast
 import ctypes
 import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -140,6 +141,22 @@ def runtime_members(cls: type) -> Tuple[Dict[str, Any], set]:
     return methods, data
 
 
+def has_constructor(cls: type) -> bool:
+    """Whether the class has a ``#[new]``. Before Python 3.10 every PyO3 class has a ``__new__``
+    of its own, which for a class without one refuses to create an instance."""
+    if "__new__" not in vars(cls):
+        return False
+    if sys.version_info >= (3, 10):
+        return True
+    try:
+        cls.__new__(cls)
+    except TypeError as e:
+        return not ("cannot create" in str(e) or "No constructor defined" in str(e))
+    except Exception:
+        pass
+    return True
+
+
 def runtime_signature(obj: Any, bound: bool) -> Optional[inspect.Signature]:
     """The signature the module states for `obj` (None where it states none); `bound` drops
     the leading `self`."""
@@ -227,7 +244,7 @@ def drift(module: Any, stub_text: str) -> List[str]:
             if sig is not None:
                 problems += compare_params(f"{cname}.{m}", stub.methods[m], sig, bound=True)
         # The constructor: stated in the stub exactly when the class has one.
-        constructible = "__new__" in vars(cls)
+        constructible = has_constructor(cls)
         if constructible != ("__init__" in stub.methods):
             problems.append(
                 f"{cname}: the module {'has' if constructible else 'has no'} constructor, the stub "

@@ -142,9 +142,9 @@ impl CachedTier {
             return Err(Error::new(ErrorKind::InvalidInput, "a node cache needs the sampler of at least one rank"));
         }
         let mut keys = Keys::default();
-        for (i, s) in dataset.samples().iter().enumerate() {
-            keys.ids.entry(s.key.clone()).or_insert(i as u32);
-            keys.names.push(s.key.clone());
+        for (i, s) in dataset.iter().enumerate() {
+            keys.ids.entry(s.key.to_string()).or_insert(i as u32);
+            keys.names.push(s.key.to_string());
             keys.sizes.push(s.size);
         }
         Self::build(Arc::clone(dataset.tier()), cfg, keys, samplers, None)
@@ -173,9 +173,9 @@ impl CachedTier {
                 )),
             };
         let mut keys = Keys::default();
-        for (i, s) in dataset.samples().iter().enumerate() {
-            keys.ids.entry(s.key.clone()).or_insert(i as u32);
-            keys.names.push(s.key.clone());
+        for (i, s) in dataset.iter().enumerate() {
+            keys.ids.entry(s.key.to_string()).or_insert(i as u32);
+            keys.names.push(s.key.to_string());
             keys.sizes.push(s.size);
         }
         let shared = if cfg.policy == CachePolicy::None {

@@ -17,6 +17,7 @@ use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::fs::{FsRoot, StagedFile, StagedGuard};
 use crate::key::validate_key;
+use crate::listing::{ListOptions, Listing};
 use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 use crate::writes::WritesInFlight;
 
@@ -242,6 +243,10 @@ impl Tier for PosixTier {
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         self.inner.root.run_on(&self.inner.pool, Operation::List, prefix, self.name(), FsRoot::list).await
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        self.inner.root.list_with_on(&self.inner.pool, prefix, options, self.name()).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {

@@ -132,6 +132,13 @@ pub(crate) fn mtime(st: &libc::stat) -> Option<std::time::SystemTime> {
 /// The names in the open directory `dir` (without `.` and `..`), read through a duplicate of
 /// the descriptor so that `dir` stays open and usable.
 pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
+    read_dir_entries(dir).map(|entries| entries.into_iter().map(|(name, _)| name).collect())
+}
+
+/// The entries of the open directory `dir` (without `.` and `..`) with their `d_type`
+/// (`DT_REG`, `DT_DIR`, `DT_LNK`, ...; `DT_UNKNOWN` where the file system does not say), read
+/// with `getdents64` through a duplicate of the descriptor so that `dir` stays open and usable.
+pub(crate) fn read_dir_entries(dir: RawFd) -> io::Result<Vec<(CString, u8)>> {
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an open descriptor returns a new one or -1.
     let dup = unsafe { libc::fcntl(dir, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
@@ -153,7 +160,7 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
         return Err(e);
     }
-    let mut names = Vec::new();
+    let mut entries = Vec::new();
     let result = loop {
         // readdir reports errors only through errno.
         // SAFETY: __errno_location returns this thread's errno.
@@ -165,16 +172,16 @@ pub(crate) fn read_dir_names(dir: RawFd) -> io::Result<Vec<CString>> {
             break if e.raw_os_error().unwrap_or(0) == 0 { Ok(()) } else { Err(e) };
         }
         // SAFETY: readdir returned an entry whose d_name is NUL-terminated and valid until the
-        // next readdir on dirp; it is copied out at once.
-        let name = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
+        // next readdir on dirp; it and d_type are copied out at once.
+        let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type) };
         let bytes = name.to_bytes();
         if bytes != b"." && bytes != b".." {
-            names.push(name.to_owned());
+            entries.push((name.to_owned(), d_type));
         }
     };
     // SAFETY: dirp is open; closedir closes it and its descriptor.
     unsafe { libc::closedir(dirp) };
-    result.map(|()| names)
+    result.map(|()| entries)
 }
 
 /// An all-zero `open_how` with `flags | O_CLOEXEC`, `mode` (only with `O_CREAT`) and

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::buf::{AlignedBuf, BufferPool};
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::validate_key;
+use crate::listing::{ListOptions, Listing};
 
 /// What a tier can do, as plain data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +171,18 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
     /// Committed objects whose key starts with `prefix` (a plain string prefix), sorted by key.
     /// Staged, uncommitted objects are never listed.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
+
+    /// Committed objects whose key starts with `prefix`, sorted by key, as one arena of keys and
+    /// sizes ([`Listing`]), listed as `options` says: leaving out (and recording) entries that
+    /// cannot be listed instead of failing, learning sizes from directory entries instead of a
+    /// stat per file, using a cached listing. The default lists with [`Tier::list`]: every
+    /// size exact, nothing to skip (a tier whose listing has no bad entries of its own, such
+    /// as memory or an object store). File tiers implement all of it
+    /// ([`crate::fs::FsRoot::list_with`]); layers forward it.
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        let _ = options;
+        Ok(Listing::from_objects(self.list(prefix).await?))
+    }
 
     /// Removes a committed object. Deleting a missing object is a `NotFound` error.
     async fn delete(&self, key: &str) -> Result<()>;

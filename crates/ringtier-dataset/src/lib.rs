@@ -21,7 +21,7 @@ pub mod fuzzing {
 }
 mod sampler;
 
-pub use dataset::{Dataset, Sample};
+pub use dataset::{Dataset, Sample, SampleRef, Samples};
 pub use sampler::Sampler;
 
 /// What a reader does with a sample it cannot use (unreadable, wrong size, bad checksum,

@@ -19,7 +19,7 @@ pub use materialize::{materialized_prefix, materialized_prefix_cropped, Material
 pub use pieces::DEFAULT_MAX_READ;
 pub use ringtier_cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
 pub use ringtier_dataset::Sampler;
-pub use ringtier_dataset::{Dataset, OnBadSample, Sample};
+pub use ringtier_dataset::{Dataset, OnBadSample, Sample, SampleRef, Samples};
 pub use ringtier_decode::{
     center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo, JpegDecoder,
     Layout, Normalize, SampleRng, JPEG_DECODER, MAX_JPEG_DIMENSION,

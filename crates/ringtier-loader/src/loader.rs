@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::config::LoaderConfig;
 use crate::materialize::{materialized_prefix_cropped, sample_key, Materialize};
+use crate::pieces::Want;
 use ringtier_cache::CachedTier;
 use ringtier_dataset::Dataset;
 use ringtier_dataset::Sampler;
@@ -237,6 +238,11 @@ impl Loader {
         self.shared.cache.as_ref().map(|(c, _)| c)
     }
 
+    /// The dataset read (its tier: the cache's, when one is configured).
+    pub fn dataset(&self) -> &Dataset {
+        &self.shared.dataset
+    }
+
     /// Samples this rank reads per epoch.
     pub fn samples_per_epoch(&self) -> usize {
         self.sampler.len()
@@ -315,9 +321,11 @@ impl Reserve {
             // Stored samples first, then the misses: a whole batch's worth.
             b
         } else {
-            let samples = shared.dataset.samples();
+            let ds = &shared.dataset;
             let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
-            crate::pieces::buffers_needed(chunk.iter().map(|&i| samples[i as usize].size), piece, b)
+            // A size not known is planned as one buffer; more are taken as the read learns it.
+            let size = |i: u32| ds.sample(i as usize).known_size().unwrap_or(0);
+            crate::pieces::buffers_needed(chunk.iter().map(|&i| size(i)), piece, b)
         };
         let mut reserve = Reserve { raw: Vec::with_capacity(raw_count), outputs: Vec::new() };
         for _ in 0..raw_count {
@@ -478,18 +486,15 @@ impl Iterator for BlockingEpoch {
 
 async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reserve: Reserve) -> Result<Batch> {
     let Reserve { raw: mut reserve, outputs: mut output_reserve } = reserve;
-    let samples = shared.dataset.samples();
+    let ds = &shared.dataset;
     let piece = crate::pieces::piece_size(shared.pool.buf_size(), shared.pool.align());
     let t = Instant::now();
     // With a materialized copy, its samples first; only the misses are read as JPEGs.
     let mut stored: Vec<Option<AlignedBuf>> = chunk.iter().map(|_| None).collect();
     let mut stored_bytes = 0u64;
     if let Some((m, prefix)) = &shared.materialized {
-        let keys: Vec<ringtier_dataset::Sample> = chunk
-            .iter()
-            .map(|&i| ringtier_dataset::Sample { key: sample_key(prefix, i), size: m.sample_bytes(), crc32c: None })
-            .collect();
-        let refs: Vec<&ringtier_dataset::Sample> = keys.iter().collect();
+        let keys: Vec<String> = chunk.iter().map(|&i| sample_key(prefix, i)).collect();
+        let refs: Vec<Want<'_>> = keys.iter().map(|k| Want::exact(k, m.sample_bytes())).collect();
         let got =
             crate::pieces::read_whole(m.tier.as_ref(), &shared.pool, &refs, piece, shared.cfg.batch_size, &mut reserve)
                 .await;
@@ -501,7 +506,19 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
         }
     }
     let misses: Vec<u32> = chunk.iter().zip(&stored).filter(|(_, s)| s.is_none()).map(|(&i, _)| i).collect();
-    let wanted: Vec<&ringtier_dataset::Sample> = misses.iter().map(|&i| &samples[i as usize]).collect();
+    // Sizes from a cached listing are hints and unknown ones are learned: the file wins.
+    let hints = ds.sizes_are_hints();
+    let wanted: Vec<Want<'_>> = misses
+        .iter()
+        .map(|&i| {
+            let s = ds.sample(i as usize);
+            if hints {
+                Want::hint(s.key, s.size)
+            } else {
+                Want::exact(s.key, s.size)
+            }
+        })
+        .collect();
     // Whole samples, each read in pieces no larger than a pooled buffer.
     let read = crate::pieces::read_whole(
         shared.dataset.tier().as_ref(),
@@ -537,7 +554,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
     };
     let mut raw = Vec::with_capacity(chunk.len());
     for (res, &i) in read.into_iter().zip(&misses) {
-        let s = &samples[i as usize];
+        let s = ds.sample(i as usize);
         match res {
             Ok(buf) => {
                 if shared.cfg.verify && s.crc32c.is_some_and(|c| c != checksum(buf.as_slice())) {
@@ -614,7 +631,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
                         out.indices.push(i);
                         out.samples.push(SampleData::Decoded(pixels));
                     }
-                    Err(e) => bad(&mut out, format!("{}: {e}", samples[i as usize].key))?,
+                    Err(e) => bad(&mut out, format!("{}: {e}", ds.key(i as usize)))?,
                 }
             }
             out.decode_seconds = t.elapsed().as_secs_f64();

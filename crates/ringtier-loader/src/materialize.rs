@@ -119,7 +119,7 @@ pub fn materialized_prefix_cropped(dataset: &Dataset, size: u32, crop: Crop) -> 
         // stored: `Materialize::with_crop` refuses it).
         _ => {}
     }
-    for s in dataset.samples() {
+    for s in dataset.iter() {
         eat(s.key.as_bytes());
         eat(&[0]);
         eat(&s.size.to_le_bytes());

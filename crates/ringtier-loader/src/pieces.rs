@@ -8,9 +8,7 @@
 //! at once, however large the samples.
 
 use ringtier_core::buf::AlignedBuf;
-use ringtier_core::{BufferPool, ReadBatch, Tier};
-
-use ringtier_dataset::Sample;
+use ringtier_core::{BufferPool, ReadBatch, Tier, UNKNOWN_SIZE};
 
 /// Largest read when [`crate::LoaderConfig::read_size`] is 0: samples up to this size are read
 /// with one request, larger ones in requests of this size.
@@ -35,6 +33,28 @@ pub(crate) fn buffers_needed(sizes: impl ExactSizeIterator<Item = u64>, piece: u
     requests.min(max_buffers.max(samples))
 }
 
+/// One sample to read whole: its key and size, and whether the size is exact (a file of
+/// another size is an error naming it) or a hint or [`UNKNOWN_SIZE`] (the file is read to its
+/// end, whatever its size now).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Want<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) size: u64,
+    pub(crate) exact: bool,
+}
+
+impl<'a> Want<'a> {
+    /// A sample of exactly `size` bytes.
+    pub(crate) fn exact(key: &'a str, size: u64) -> Self {
+        Want { key, size, exact: size != UNKNOWN_SIZE }
+    }
+
+    /// A sample whose size is a hint, or unknown.
+    pub(crate) fn hint(key: &'a str, size: u64) -> Self {
+        Want { key, size, exact: false }
+    }
+}
+
 /// One request: a piece of one sample.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -42,9 +62,8 @@ struct Piece {
     sample: usize,
     offset: u64,
     len: usize,
-    /// Whether the sample is read in more than one piece.
-    split: bool,
-    /// The sample's last piece (asks for one byte more, to notice a file that grew).
+    /// The last piece planned for the sample (asks for one byte more than its size, to notice a
+    /// file that grew; a sample of unknown size is planned one buffer at a time).
     last: bool,
 }
 
@@ -52,8 +71,28 @@ struct Piece {
 enum Progress {
     Pending,
     Whole(AlignedBuf),
-    Assembling(AlignedBuf),
+    /// Assembled from pieces: the buffer, and the bytes filled.
+    Assembling(AlignedBuf, usize),
     Failed(String),
+}
+
+/// The pieces of a sample of `size` bytes (exact or a hint) at most `piece` bytes each, the last
+/// one asking for a byte more; one piece of `piece` bytes for an unknown size.
+fn plan(sample: usize, size: u64, piece: usize, out: &mut std::collections::VecDeque<Piece>) {
+    if size == UNKNOWN_SIZE {
+        out.push_back(Piece { sample, offset: 0, len: piece, last: true });
+        return;
+    }
+    let mut offset = 0u64;
+    loop {
+        let rest = size - offset;
+        if rest <= piece as u64 {
+            out.push_back(Piece { sample, offset, len: rest as usize + 1, last: true });
+            return;
+        }
+        out.push_back(Piece { sample, offset, len: piece, last: false });
+        offset += piece as u64;
+    }
 }
 
 /// Reads every sample of `samples` whole through `tier`, into buffers from `pool`, with
@@ -61,94 +100,97 @@ enum Progress {
 /// `max_buffers` pooled buffers held at once (at least `samples.len()`, and the pool must be
 /// able to give that many). Buffers come from `reserve` first (taken from the pool before the
 /// batch started, see [`buffers_needed`]), then from the pool; a split sample's piece buffer goes
-/// back to `reserve` once copied out. Returns, per sample in order, its bytes (the buffer's
+/// back to `reserve` once copied out. A sample of exact size must have that size; one whose
+/// size is a hint or unknown is read until a read comes back short (its end), in more requests
+/// when it is larger than planned. Returns, per sample in order, its bytes (the buffer's
 /// window) or why it could not be read (naming the key and byte offset).
 pub(crate) async fn read_whole(
     tier: &dyn Tier,
     pool: &BufferPool,
-    samples: &[&Sample],
+    samples: &[Want<'_>],
     piece: usize,
     max_buffers: usize,
     reserve: &mut Vec<AlignedBuf>,
 ) -> Vec<Result<AlignedBuf, String>> {
     // Whole samples keep their buffer, so a wave always has one left while a split one waits.
     let max_buffers = max_buffers.max(samples.len());
-    let mut requests = Vec::with_capacity(samples.len());
+    let mut pending = std::collections::VecDeque::with_capacity(samples.len());
     for (i, s) in samples.iter().enumerate() {
-        let split = s.size > piece as u64;
-        let mut offset = 0u64;
-        loop {
-            let rest = s.size - offset;
-            if rest <= piece as u64 {
-                requests.push(Piece { sample: i, offset, len: rest as usize + 1, split, last: true });
-                break;
-            }
-            requests.push(Piece { sample: i, offset, len: piece, split, last: false });
-            offset += piece as u64;
-        }
+        plan(i, s.size, piece, &mut pending);
     }
     let mut progress: Vec<Progress> = samples.iter().map(|_| Progress::Pending).collect();
+    // Where a sample of inexact size ends, once a read came back short.
+    let mut ends: Vec<Option<u64>> = vec![None; samples.len()];
     let mut kept = 0usize;
-    let mut next = 0usize;
-    while next < requests.len() {
+    while !pending.is_empty() {
         // Whole samples keep their pooled buffer; the wave may use what is left.
-        let wave_len = max_buffers.saturating_sub(kept).max(1).min(requests.len() - next);
-        let wave = &requests[next..next + wave_len];
-        next += wave_len;
+        let wave_len = max_buffers.saturating_sub(kept).max(1).min(pending.len());
+        let wave: Vec<Piece> = pending.drain(..wave_len).collect();
         let mut batch = ReadBatch::with_capacity(wave.len(), wave.len() * 32);
-        for p in wave {
+        for p in &wave {
             let buf = match reserve.pop() {
                 Some(b) => b,
                 None => pool.acquire().await,
             };
-            batch.push(&samples[p.sample].key, p.offset, p.len, buf);
+            batch.push(samples[p.sample].key, p.offset, p.len, buf);
         }
         let mut batch = tier.read_batch(batch).await;
-        for ((key, _, res, buf), p) in batch.drain().zip(wave) {
+        for ((key, _, res, buf), p) in batch.drain().zip(&wave) {
             let s = samples[p.sample];
-            if matches!(progress[p.sample], Progress::Failed(_)) {
+            let past_end = ends[p.sample].is_some_and(|end| p.offset >= end);
+            if matches!(progress[p.sample], Progress::Failed(_)) || past_end {
+                // A piece past the end of a file that shrank: nothing to keep.
+                if let Some(mut buf) = buf {
+                    buf.clear();
+                    reserve.push(buf);
+                }
                 continue;
             }
-            let want = if p.last { s.size - p.offset } else { p.len as u64 };
-            let mut buf = match (res, buf) {
-                (Ok(n), Some(buf)) if n as u64 == want => buf,
-                (Ok(n), _) => {
+            let (n, buf) = match (res, buf) {
+                (Ok(n), Some(buf)) => (n, buf),
+                (Ok(_), None) => {
+                    progress[p.sample] = Progress::Failed(format!("{key}: the tier kept the buffer"));
+                    continue;
+                }
+                (Err(e), buf) => {
+                    progress[p.sample] = Progress::Failed(format!("{key}: {e} (at byte {})", p.offset));
+                    if let Some(mut buf) = buf {
+                        buf.clear();
+                        reserve.push(buf);
+                    }
+                    continue;
+                }
+            };
+            if s.exact {
+                let want = if p.last { s.size - p.offset } else { p.len as u64 };
+                if n as u64 != want {
                     let got = p.offset + n as u64;
                     let more = if n as u64 > want { " or more" } else { "" };
                     progress[p.sample] = Progress::Failed(format!(
                         "{key}: size mismatch, expected {} bytes, read {got}{more} (at byte {})",
                         s.size, p.offset
                     ));
+                    let mut buf = buf;
+                    buf.clear();
+                    reserve.push(buf);
                     continue;
                 }
-                (Err(e), _) => {
-                    progress[p.sample] = Progress::Failed(format!("{key}: {e} (at byte {})", p.offset));
-                    continue;
-                }
-            };
-            if !p.split {
+            } else if n < p.len {
+                ends[p.sample] = Some(p.offset + n as u64);
+            } else if p.last {
+                // Larger than planned (a file that grew, a size that was a hint or unknown):
+                // read on from where this piece ended.
+                pending.push_back(Piece { sample: p.sample, offset: p.offset + n as u64, len: piece, last: true });
+            }
+            let whole = p.offset == 0 && p.last && (s.exact || n < p.len);
+            if whole && matches!(progress[p.sample], Progress::Pending) {
                 kept += 1;
                 progress[p.sample] = Progress::Whole(buf);
                 continue;
             }
-            if matches!(progress[p.sample], Progress::Pending) {
-                match AlignedBuf::new(s.size as usize, pool.align()) {
-                    Ok(whole) => progress[p.sample] = Progress::Assembling(whole),
-                    Err(e) => {
-                        progress[p.sample] = Progress::Failed(format!("{key}: {e}"));
-                        continue;
-                    }
-                }
-            }
-            if let Progress::Assembling(whole) = &mut progress[p.sample] {
-                let start = p.offset as usize;
-                let data = buf.as_slice();
-                whole.capacity_mut()[start..start + data.len()].copy_from_slice(data);
-                if p.last {
-                    if let Err(e) = whole.set_window(0, s.size as usize) {
-                        progress[p.sample] = Progress::Failed(format!("{key}: {e}"));
-                    }
-                }
+            let mut buf = buf;
+            if let Err(why) = assemble(&mut progress[p.sample], s, p.offset as usize, buf.as_slice(), pool.align()) {
+                progress[p.sample] = Progress::Failed(format!("{key}: {why}"));
             }
             // `buf` is free again for the next wave.
             buf.clear();
@@ -159,11 +201,37 @@ pub(crate) async fn read_whole(
         .into_iter()
         .zip(samples)
         .map(|(p, s)| match p {
-            Progress::Whole(b) | Progress::Assembling(b) => Ok(b),
+            Progress::Whole(b) => Ok(b),
+            Progress::Assembling(mut b, filled) => match b.set_window(0, filled) {
+                Ok(()) => Ok(b),
+                Err(e) => Err(format!("{}: {e}", s.key)),
+            },
             Progress::Failed(why) => Err(why),
             Progress::Pending => Err(format!("{}: not read", s.key)),
         })
         .collect()
+}
+
+/// Copies `data`, read at `offset` of sample `s`, into its assembled buffer (allocated at its
+/// size, or grown by doubling when the size was a hint or unknown).
+fn assemble(progress: &mut Progress, s: Want<'_>, offset: usize, data: &[u8], align: usize) -> Result<(), String> {
+    let end = offset + data.len();
+    if matches!(progress, Progress::Pending) {
+        let capacity =
+            if s.exact { s.size as usize } else { end.max(if s.size == UNKNOWN_SIZE { 0 } else { s.size as usize }) };
+        *progress = Progress::Assembling(AlignedBuf::new(capacity.max(end), align).map_err(|e| e.to_string())?, 0);
+    }
+    let Progress::Assembling(whole, filled) = progress else {
+        return Ok(());
+    };
+    if end > whole.capacity() {
+        let mut bigger = AlignedBuf::new(end.max(whole.capacity() * 2), align).map_err(|e| e.to_string())?;
+        bigger.capacity_mut()[..*filled].copy_from_slice(&whole.capacity_mut()[..*filled]);
+        *whole = bigger;
+    }
+    whole.capacity_mut()[offset..end].copy_from_slice(data);
+    *filled = (*filled).max(end);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -187,13 +255,13 @@ mod tests {
             let data: Vec<u8> = (0..n).map(|j| (j * 31 + i * 7) as u8).collect();
             let key = format!("s{i}");
             ops::put(&tier, &key, &data, 1 << 16).await.expect("put");
-            samples.push(Sample { key, size: n as u64, crc32c: None });
+            samples.push((key, n as u64));
         }
         // Buffers of 3 pages: pieces of 8 KiB. The five whole samples keep theirs, and the
         // three split ones (1.1 MB in all) go through the 3 buffers left.
         let pool = BufferPool::new(PoolConfig::new(3 * 4096, sizes.len(), 4096)).expect("pool");
         let piece = piece_size(pool.buf_size(), 4096);
-        let refs: Vec<&Sample> = samples.iter().collect();
+        let refs: Vec<Want<'_>> = samples.iter().map(|(k, n)| Want::exact(k, *n)).collect();
         let out = read_whole(&tier, &pool, &refs, piece, sizes.len(), &mut Vec::new()).await;
         for ((i, &n), res) in sizes.iter().enumerate().zip(out) {
             let buf = res.expect("read");
@@ -211,7 +279,7 @@ mod tests {
         let mut samples = Vec::new();
         for (i, &n) in sizes.iter().enumerate() {
             ops::put(&tier, &format!("r{i}"), &vec![i as u8 + 1; n], 1 << 16).await.expect("put");
-            samples.push(Sample { key: format!("r{i}"), size: n as u64, crc32c: None });
+            samples.push((format!("r{i}"), n as u64));
         }
         let pool = BufferPool::new(PoolConfig::new(2 * 4096, 6, 4096)).expect("pool");
         let piece = piece_size(pool.buf_size(), 4096);
@@ -221,7 +289,7 @@ mod tests {
         let mut reserve: Vec<AlignedBuf> = (0..need).map(|_| pool.try_acquire().expect("free")).collect();
         // The pool's last buffer is taken away: the read must make do with the reserve.
         let last = pool.try_acquire().expect("sixth");
-        let refs: Vec<&Sample> = samples.iter().collect();
+        let refs: Vec<Want<'_>> = samples.iter().map(|(k, n)| Want::exact(k, *n)).collect();
         let out = tokio::time::timeout(
             std::time::Duration::from_secs(10),
             read_whole(&tier, &pool, &refs, piece, 5, &mut reserve),
@@ -243,13 +311,56 @@ mod tests {
         let tier = MemoryTier::new();
         ops::put(&tier, "big", &vec![1u8; 20_000], 1 << 16).await.expect("put");
         let pool = BufferPool::new(PoolConfig::new(2 * 4096, 4, 4096)).expect("pool");
-        let shrunk = Sample { key: "big".into(), size: 30_000, crc32c: None };
-        let grown = Sample { key: "big".into(), size: 10_000, crc32c: None };
-        let out = read_whole(&tier, &pool, &[&shrunk, &grown], 4096, 4, &mut Vec::new()).await;
+        let shrunk = Want::exact("big", 30_000);
+        let grown = Want::exact("big", 10_000);
+        let out = read_whole(&tier, &pool, &[shrunk, grown], 4096, 4, &mut Vec::new()).await;
         let e0 = out[0].as_ref().expect_err("shrunk");
         assert!(e0.contains("big: size mismatch, expected 30000 bytes, read 20000"), "{e0}");
         let e1 = out[1].as_ref().expect_err("grown");
         assert!(e1.contains("read 10001 or more (at byte 8192)"), "{e1}");
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sizes_that_are_hints_or_unknown_are_learned_from_the_reads() {
+        let tier = MemoryTier::new();
+        let sizes = [0usize, 1, 4095, 4096, 8191, 8192, 8193, 100_000, 1_000_003];
+        for (i, &n) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..n).map(|j| (j * 13 + i) as u8).collect();
+            ops::put(&tier, &format!("h{i}"), &data, 1 << 16).await.expect("put");
+        }
+        let keys: Vec<String> = (0..sizes.len()).map(|i| format!("h{i}")).collect();
+        // Buffers of 3 pages: pieces of 8 KiB.
+        let pool = BufferPool::new(PoolConfig::new(3 * 4096, sizes.len() + 2, 4096)).expect("pool");
+        let piece = piece_size(pool.buf_size(), 4096);
+        // Unknown, right, too small and too large hints: the files win every time.
+        let hints: [Box<dyn Fn(usize) -> u64>; 4] = [
+            Box::new(|_| UNKNOWN_SIZE),
+            Box::new(|n| n as u64),
+            Box::new(|n| n as u64 / 3),
+            Box::new(|n| n as u64 * 2 + 5),
+        ];
+        for (h, hint) in hints.iter().enumerate() {
+            let wants: Vec<Want<'_>> = keys.iter().zip(sizes).map(|(k, n)| Want::hint(k, hint(n))).collect();
+            let mut reserve: Vec<AlignedBuf> = (0..sizes.len()).map(|_| pool.try_acquire().expect("free")).collect();
+            let out = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                read_whole(&tier, &pool, &wants, piece, sizes.len(), &mut reserve),
+            )
+            .await
+            .expect("never waits for the pool");
+            for ((i, &n), res) in sizes.iter().enumerate().zip(out) {
+                let buf = res.unwrap_or_else(|e| panic!("hints {h}: sample {i} of {n} bytes: {e}"));
+                let want: Vec<u8> = (0..n).map(|j| (j * 13 + i) as u8).collect();
+                assert_eq!(buf.len(), n, "hints {h}: sample {i}");
+                assert_eq!(buf.as_slice(), &want[..], "hints {h}: sample {i} of {n} bytes");
+            }
+            drop(reserve);
+            assert_eq!(pool.in_use(), 0, "hints {h}: every pooled buffer went back");
+        }
+        // A file that is gone is an error naming it, whatever the hint.
+        let out = read_whole(&tier, &pool, &[Want::hint("gone", UNKNOWN_SIZE)], piece, 1, &mut Vec::new()).await;
+        let e = out[0].as_ref().expect_err("gone");
+        assert!(e.starts_with("gone: not_found"), "{e}");
     }
 }

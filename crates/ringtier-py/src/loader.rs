@@ -13,7 +13,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringtier_core::error::{Error, ErrorKind};
-use ringtier_core::{BufferPool, Tier};
+use ringtier_core::{BufferPool, ListOptions, Tier};
 use ringtier_loader::manifest::MANIFEST_FILE;
 use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
 use ringtier_uring::UringConfig;
@@ -129,12 +129,34 @@ pub(crate) fn open_tier_with(
     Ok(opened.tier)
 }
 
+/// The samples of a loader (for keys by index) and the path they were listed from.
+#[derive(Debug, Clone)]
+struct Keys {
+    dataset: ringtier_loader::Samples,
+    /// What the listing left out, (key, reason), and the warning naming it.
+    skipped: Arc<Vec<(String, String)>>,
+    summary: Option<String>,
+    /// Bytes of the samples' keys and sizes.
+    listing_bytes: usize,
+}
+
+/// Warns (a Python `RuntimeWarning`) with `msg`; a filter that turns warnings into errors
+/// prints it instead of failing the call.
+pub(crate) fn warn_runtime(py: Python<'_>, msg: &str) {
+    let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+    let msg = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    if let Err(e) = PyErr::warn(py, &category, &msg, 1) {
+        e.print(py);
+    }
+}
+
 /// Everything of a loader that must stay in its process.
 #[derive(Debug)]
 struct LoaderState {
     engine: Arc<Engine>,
     loader: Arc<ringtier_loader::Loader>,
-    keys: Arc<Vec<String>>,
+    /// The samples (keys by index; shared with the loader, not copied).
+    keys: Keys,
     /// Raw samples Python holds now.
     held: Arc<AtomicUsize>,
 }
@@ -193,7 +215,8 @@ impl Loader {
     #[new]
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
         drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="auto", hold=None,
-        keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None, lazy_pool=false))]
+        keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None, lazy_pool=false,
+        warn_skipped=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -217,6 +240,7 @@ impl Loader {
         materialize_size: Option<u32>,
         materialize_for: Option<PyRef<'_, crate::transforms::TransformPipeline>>,
         lazy_pool: bool,
+        warn_skipped: bool,
     ) -> PyResult<Self> {
         let mut cfg = loader_config(
             batch_size,
@@ -266,11 +290,24 @@ impl Loader {
         // samples Python keeps.
         let lister = open_tier(&dir, engine, None, false, true)?;
         let alignment = lister.capabilities().alignment;
+        // One bad entry (a dangling link, a loop, a directory that cannot be read) is left out
+        // and named once under on_bad="skip", and an error naming it under "fail".
+        let on_bad = cfg.on_bad;
+        let listing = ListOptions::default().with_skip_bad(on_bad == OnBadSample::Skip);
         let dataset = match keys {
-            Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys(lister, keys))?,
-            None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir(lister, &dir))?,
+            Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_with(lister, keys, on_bad))?,
+            None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir_with(lister, &dir, listing))?,
         }
         .py_err()?;
+        let origin = dir.display().to_string();
+        let skipped: Vec<(String, String)> =
+            dataset.skipped().iter().map(|s| (s.key.clone(), s.error.to_string())).collect();
+        let summary =
+            (!skipped.is_empty()).then(|| ringtier_loader::Dataset::skipped_summary(dataset.skipped(), &origin));
+        if let (true, Some(msg)) = (warn_skipped, &summary) {
+            warn_runtime(py, msg);
+        }
+        let listing_bytes = dataset.heap_bytes();
         if dataset.is_empty() {
             return Err(errors::invalid(format!("no samples in {}", dir.display())));
         }
@@ -290,14 +327,10 @@ impl Loader {
             open_tier(&dir, engine, pool, false, true)?
         };
         let dataset = dataset.with_tier(tier);
-        let keys: Vec<String> = dataset.samples().iter().map(|s| s.key.clone()).collect();
+        let keys = Keys { dataset: dataset.samples(), skipped: Arc::new(skipped), summary, listing_bytes };
         let loader = ringtier_loader::Loader::new(dataset, cfg).py_err()?;
-        let state = LoaderState {
-            engine: eng.clone(),
-            loader: Arc::new(loader),
-            keys: Arc::new(keys),
-            held: Arc::new(AtomicUsize::new(0)),
-        };
+        let state =
+            LoaderState { engine: eng.clone(), loader: Arc::new(loader), keys, held: Arc::new(AtomicUsize::new(0)) };
         Ok(Loader { state: ForkGuarded::new("Loader", state), batch_size, decode })
     }
 
@@ -311,7 +344,7 @@ impl Loader {
             engine: Arc::clone(&st.engine),
             epoch: inner,
             pool: st.loader.buffer_pool().clone(),
-            keys: Arc::clone(&st.keys),
+            keys: st.keys.clone(),
             held: Arc::clone(&st.held),
         };
         Ok(Epoch {
@@ -331,7 +364,28 @@ impl Loader {
 
     /// The dataset's keys, indexed by sample index.
     fn keys(&self) -> PyResult<Vec<String>> {
-        Ok(self.state.get()?.keys.as_ref().clone())
+        let ds = &self.state.get()?.keys.dataset;
+        Ok((0..ds.len()).filter_map(|i| ds.key(i)).map(str::to_string).collect())
+    }
+
+    /// The entries the listing left out under on_bad="skip" (a dangling link, a link loop, a
+    /// directory that cannot be read), as (key, reason) pairs.
+    #[getter]
+    fn skipped(&self) -> PyResult<Vec<(String, String)>> {
+        Ok(self.state.get()?.keys.skipped.as_ref().clone())
+    }
+
+    /// The warning naming the entries the listing left out, or None when it left none out.
+    #[getter]
+    fn skipped_summary(&self) -> PyResult<Option<String>> {
+        Ok(self.state.get()?.keys.summary.clone())
+    }
+
+    /// Bytes the dataset's keys and sizes hold (the listing's memory: about the key's bytes
+    /// plus 16 per sample).
+    #[getter]
+    fn listing_bytes(&self) -> PyResult<usize> {
+        Ok(self.state.get()?.keys.listing_bytes)
     }
 
     /// Buffers in the sample pool.
@@ -364,7 +418,7 @@ impl Loader {
         match self.state.get() {
             Ok(st) => format!(
                 "ringtier.Loader(samples={}, per_epoch={}, batch_size={}, pool_buffers={})",
-                st.keys.len(),
+                st.keys.dataset.len(),
                 st.loader.samples_per_epoch(),
                 self.batch_size,
                 st.loader.buffer_pool().count()
@@ -379,7 +433,7 @@ struct EpochState {
     engine: Arc<Engine>,
     epoch: ringtier_loader::Epoch,
     pool: BufferPool,
-    keys: Arc<Vec<String>>,
+    keys: Keys,
     held: Arc<AtomicUsize>,
 }
 
@@ -439,13 +493,13 @@ impl Epoch {
             Some(Ok(b)) => b,
         };
         self.position += batch.indices.len() + batch.skipped.len();
-        let keys = Arc::clone(&st.keys);
+        let keys = st.keys.dataset.clone();
         let held = Arc::clone(&st.held);
         let shape = self.decode.map(|s| (s as usize, s as usize, 3usize));
         let mut samples = Vec::with_capacity(batch.samples.len());
         for (data, &index) in batch.samples.into_iter().zip(&batch.indices) {
             let counted = matches!(data, SampleData::Raw(_)).then(|| Arc::clone(&held));
-            samples.push(Py::new(py, Sample::new(data, index, Arc::clone(&keys), counted, shape))?);
+            samples.push(Py::new(py, Sample::new(data, index, keys.clone(), counted, shape))?);
         }
         Ok(Some(Batch {
             epoch: batch.epoch,
@@ -571,7 +625,8 @@ pub(crate) struct Sample {
     /// Dataset index.
     #[pyo3(get)]
     index: u32,
-    keys: Arc<Vec<String>>,
+    /// The samples of its dataset (its key, by index).
+    keys: ringtier_loader::Samples,
     /// The loader's count of raw samples Python holds (raw samples only).
     counted: Option<Arc<AtomicUsize>>,
     /// (height, width, channels) of a decoded sample.
@@ -586,7 +641,7 @@ impl Sample {
     fn new(
         data: SampleData,
         index: u32,
-        keys: Arc<Vec<String>>,
+        keys: ringtier_loader::Samples,
         counted: Option<Arc<AtomicUsize>>,
         shape: Option<(usize, usize, usize)>,
     ) -> Self {
@@ -622,7 +677,7 @@ impl Sample {
     /// The sample's key on its tier.
     #[getter]
     fn key(&self) -> String {
-        self.keys.get(self.index as usize).cloned().unwrap_or_default()
+        self.keys.key(self.index as usize).unwrap_or_default().to_string()
     }
 
     fn __len__(&self) -> usize {

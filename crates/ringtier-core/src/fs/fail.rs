@@ -14,6 +14,9 @@ pub struct FsFailPoints {
     fired: AtomicU64,
     /// Only renames of keys ending with this (empty: any).
     suffix: std::sync::Mutex<String>,
+    /// Entries a listing meets that fail (opening a directory, or the stat of any other
+    /// entry), with their errno, every time.
+    listing: std::sync::Mutex<Vec<(String, i32)>>,
 }
 
 impl FsFailPoints {
@@ -28,6 +31,21 @@ impl FsFailPoints {
         *self.suffix.lock().unwrap_or_else(|p| p.into_inner()) = suffix.to_string();
         self.errno.store(errno as u32, Ordering::SeqCst);
         self.dir_fsync.store(times, Ordering::SeqCst);
+    }
+
+    /// From now on, every listing that meets the entry `key` fails on it with `errno`: opening
+    /// it when it is a directory (`EACCES`: a directory that cannot be read), its stat
+    /// otherwise (`ELOOP`, `EIO`). What a test running as root cannot make the kernel do.
+    pub fn fail_listing(&self, key: &str, errno: i32) {
+        self.listing.lock().unwrap_or_else(|p| p.into_inner()).push((key.to_string(), errno));
+    }
+
+    /// The errno armed for the listing entry `key`, counting it as fired.
+    pub(super) fn listing_errno(&self, key: &str) -> Option<i32> {
+        let armed = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+        let errno = armed.iter().find(|(k, _)| k == key).map(|&(_, e)| e)?;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        Some(errno)
     }
 
     /// Faults fired so far.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use crate::blocking::BlockingPool;
 
 use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::key::{validate_key, validate_prefix, RESERVED_PREFIX};
+use crate::key::{validate_key, RESERVED_PREFIX};
 use crate::tier::{ObjectMeta, Space};
 
 use crate::sys as at;
@@ -42,6 +42,7 @@ pub mod trace;
 #[cfg(feature = "fs-trace")]
 use trace::{FsOp, FsTrace};
 
+mod listing;
 mod staging;
 pub use staging::{StagedFile, StagedGuard};
 
@@ -333,6 +334,27 @@ impl FsRoot {
         pool.run(move || f(&root, &k)).await.map_err(|e| e.context(op, key, tier))
     }
 
+    /// [`FsRoot::list_with`] on `pool`, with the tier's error context (and the tier's name on
+    /// each entry a lenient listing left out).
+    pub async fn list_with_on(
+        self: &Arc<Self>,
+        pool: &BlockingPool,
+        prefix: &str,
+        options: crate::listing::ListOptions,
+        tier: &str,
+    ) -> Result<crate::listing::Listing> {
+        let (root, p) = (Arc::clone(self), prefix.to_string());
+        let mut listing = pool
+            .run(move || root.list_with(&p, options))
+            .await
+            .map_err(|e| e.context(Operation::List, prefix, tier))?;
+        for s in listing.take_skipped() {
+            let error = s.error.with_tier(tier);
+            listing.push_skipped(s.key, error);
+        }
+        Ok(listing)
+    }
+
     /// `fstatat` of `name` in `dir` (a directory of this root at `rel_dir`), following a link
     /// only when following links; a link otherwise is an error naming it.
     fn stat_in(&self, dir: RawFd, name: &str, rel: &str) -> Result<libc::stat> {
@@ -357,109 +379,6 @@ impl FsRoot {
                 .with_key(key));
         }
         Ok(ObjectMeta { key: key.to_string(), size: st.st_size as u64, modified: at::mtime(&st) })
-    }
-
-    /// Committed objects whose key starts with `prefix`, sorted. In a root that does not
-    /// follow links, a link met on the way is an error that names it.
-    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
-        validate_prefix(prefix)?;
-        let list_err = |e: Error| e.with_operation(Operation::List);
-        // Start at the deepest directory the prefix names completely.
-        let dir_part = match prefix.rfind('/') {
-            Some(i) => &prefix[..i],
-            None => "",
-        };
-        let start = match self.dir_fd(dir_part, false, false) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == ErrorKind::NotFound && !dir_part.is_empty() => return Ok(Vec::new()),
-            Err(e) => return Err(list_err(e).with_key(prefix)),
-        };
-        let mut out = Vec::new();
-        // (directory, its key, the (device, inode) of it and of the directories above it:
-        // a linked directory met again below itself is a loop).
-        let ancestors = match at::fstat(start.as_raw_fd()) {
-            Ok(st) if self.follow_links => vec![(st.st_dev, st.st_ino)],
-            _ => Vec::new(),
-        };
-        let mut stack = vec![(start, dir_part.to_string(), ancestors)];
-        while let Some((dir, rel, ancestors)) = stack.pop() {
-            let names = at::read_dir_names(dir.as_raw_fd()).map_err(|e| list_err(Error::from(e)).with_key(prefix))?;
-            for name in names {
-                let Ok(name) = name.into_string() else { continue };
-                if name.starts_with(RESERVED_PREFIX) {
-                    continue;
-                }
-                let key = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-                // Descend only where keys below can still match the prefix.
-                let wanted_dir = prefix.starts_with(&format!("{key}/"))
-                    || key.starts_with(prefix)
-                    || format!("{key}/").starts_with(prefix);
-                if !wanted_dir && !key.starts_with(prefix) {
-                    continue;
-                }
-                let st = match self.stat_in(dir.as_raw_fd(), &name, &key) {
-                    Ok(st) => st,
-                    // Deleted between readdir and stat: not listed.
-                    Err(e) if e.kind() == ErrorKind::NotFound && e.os_code() == Some(libc::ENOENT) => {
-                        if self.follow_links && self.is_link_at(dir.as_raw_fd(), &name) {
-                            return Err(Error::new(
-                                ErrorKind::NotFound,
-                                format!("broken symbolic link: {}", self.root.join(&key).display()),
-                            )
-                            .with_operation(Operation::List)
-                            .with_key(key));
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(list_err(e)),
-                };
-                if at::is_dir(&st) {
-                    if !wanted_dir {
-                        continue;
-                    }
-                    let id = (st.st_dev, st.st_ino);
-                    if self.follow_links && ancestors.contains(&id) {
-                        return Err(Error::new(
-                            ErrorKind::InvalidInput,
-                            format!(
-                                "symbolic link loop: {} leads back to a directory it is in",
-                                self.root.join(&key).display()
-                            ),
-                        )
-                        .with_operation(Operation::List)
-                        .with_key(key));
-                    }
-                    let c = at::c_name(&name).map_err(|e| list_err(Error::from(e)).with_key(key.as_str()))?;
-                    let sub = match at::openat2(
-                        dir.as_raw_fd(),
-                        &c,
-                        libc::O_RDONLY | libc::O_DIRECTORY,
-                        0,
-                        self.resolve_flags(),
-                    ) {
-                        Ok(fd) => fd,
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(list_err(self.explain_eloop(&key, e))),
-                    };
-                    let mut below = ancestors.clone();
-                    if self.follow_links {
-                        below.push(id);
-                    }
-                    stack.push((sub, key, below));
-                } else if at::is_file(&st) && key.starts_with(prefix) {
-                    out.push(ObjectMeta { key, size: st.st_size as u64, modified: at::mtime(&st) });
-                }
-            }
-        }
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
-    }
-
-    fn is_link_at(&self, dir: RawFd, name: &str) -> bool {
-        at::c_name(name)
-            .ok()
-            .and_then(|c| at::fstatat(dir, &c, libc::AT_SYMLINK_NOFOLLOW).ok())
-            .is_some_and(|st| at::is_link(&st))
     }
 
     /// Takes the exclusive advisory lock `name` on the root: `flock` on

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 
 use crate::buf::{AlignedBuf, BufferPool};
 use crate::error::Result;
+use crate::listing::{ListOptions, Listing};
 use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 /// A layer: a tier that wraps an inner [`Tier`] and is a tier itself (the model is opendal's
@@ -77,6 +78,11 @@ pub trait LayeredTier: Send + Sync + fmt::Debug + 'static {
     /// [`Tier::list`]; default: forwarded.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         self.inner().list(prefix).await
+    }
+
+    /// [`Tier::list_with`]; default: forwarded.
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        self.inner().list_with(prefix, options).await
     }
 
     /// [`Tier::delete`]; default: forwarded.
@@ -159,6 +165,15 @@ impl<L: LayeredTier> Tier for L {
         Self: 'f,
     {
         LayeredTier::list(self, prefix)
+    }
+
+    fn list_with<'s, 'k, 'f>(&'s self, prefix: &'k str, options: ListOptions) -> BoxFuture<'f, Result<Listing>>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        LayeredTier::list_with(self, prefix, options)
     }
 
     fn delete<'s, 'k, 'f>(&'s self, key: &'k str) -> BoxFuture<'f, Result<()>>
@@ -273,6 +288,8 @@ mod tests {
             assert_eq!(ops::get(inner.as_ref(), "a/b").await.expect("get"), b"hello");
             assert_eq!(layer.stat("a/b").await.expect("stat").size, 5);
             assert_eq!(layer.list("a/").await.expect("list").len(), 1);
+            let listed = layer.list_with("a/", ListOptions::default().with_skip_bad(true)).await.expect("list_with");
+            assert_eq!(listed.iter().collect::<Vec<_>>(), [("a/b", 5)]);
             let mut batch = ReadBatch::new();
             batch.push("a/b", 0, 5, AlignedBuf::new(4096, 4096).expect("buf"));
             let batch = layer.read_batch(batch).await;

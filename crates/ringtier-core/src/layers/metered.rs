@@ -9,6 +9,7 @@ use super::LayeredTier;
 use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
+use crate::listing::{ListOptions, Listing};
 use crate::tier::{ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
 
 #[derive(Clone, Copy)]
@@ -117,6 +118,13 @@ impl LayeredTier for Metered {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         let start = Instant::now();
         let res = self.inner.list(prefix).await;
+        self.handles.record(Op::List, start, &res, 0);
+        res
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        let start = Instant::now();
+        let res = self.inner.list_with(prefix, options).await;
         self.handles.record(Op::List, start, &res, 0);
         res
     }

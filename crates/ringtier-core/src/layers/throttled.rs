@@ -11,6 +11,7 @@ use super::LayeredTier;
 use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
+use crate::listing::{ListOptions, Listing};
 use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
 
 /// Settings of a [`Throttled`] layer.
@@ -151,6 +152,11 @@ impl LayeredTier for Throttled {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         self.shared.pace(None, 0).await;
         self.inner.list(prefix).await
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        self.shared.pace(None, 0).await;
+        self.inner.list_with(prefix, options).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {

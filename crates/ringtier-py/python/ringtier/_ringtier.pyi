@@ -84,6 +84,11 @@ class Loader:
     refused, with one ``RuntimeWarning``), ``"uring"`` (an error where refused) or ``"posix"``; ``hold`` samples Python may keep beyond the
     loader's pipeline (default ``batch_size``); ``keys`` to read only those files.
 
+    ``on_bad`` also decides an entry the listing cannot use (a dangling symbolic link, a link
+    loop, a directory that cannot be read): ``"skip"`` leaves it out, names it in one
+    ``RuntimeWarning`` (``warn_skipped=False``: only in :attr:`skipped_summary`) and counts it
+    in ``ringtier_loader_samples_skipped_total``; ``"fail"`` raises an error naming it.
+
     ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the dataset's tier.
     ``materialize``: a directory (created when missing) where the first epoch stores each
     decoded, resized image (``materialize_size`` pixels square; default the decoded size, or at
@@ -125,6 +130,7 @@ class Loader:
         materialize_size: Optional[int] = None,
         materialize_for: Optional["TransformPipeline"] = None,
         lazy_pool: bool = False,
+        warn_skipped: bool = True,
     ) -> None: ...
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,
@@ -135,6 +141,17 @@ class Loader:
         """The batches of ``epoch``, from ``position`` (samples already consumed) on."""
     def keys(self) -> List[str]:
         """Every sample's key, by dataset index."""
+    @property
+    def skipped(self) -> List[Tuple[str, str]]:
+        """The entries the listing left out under ``on_bad="skip"`` (a dangling link, a link
+        loop, a directory that cannot be read, a file whose stat fails with ``keys=``), as
+        ``(key, reason)``."""
+    @property
+    def skipped_summary(self) -> Optional[str]:
+        """The warning naming the entries the listing left out, or None."""
+    @property
+    def listing_bytes(self) -> int:
+        """Bytes the dataset's keys and sizes hold: the keys' bytes plus 16 per sample."""
     @property
     def pool_buffers(self) -> int: ...
     @property

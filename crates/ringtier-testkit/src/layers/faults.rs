@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use ringtier_core::buf::align_down;
 use ringtier_core::catalog;
 use ringtier_core::layers::LayeredTier;
+use ringtier_core::listing::{ListOptions, Listing};
 use ringtier_core::tier::read_one_at_a_time;
 use ringtier_core::{
     AlignedBuf, Capabilities, Error, ObjectMeta, ObjectReader, ObjectWriter, Operation, ReadBatch, Result, Tier,
@@ -192,6 +193,13 @@ impl LayeredTier for FaultInjecting {
             return Err(self.fail(f, Operation::List, prefix));
         }
         self.inner.list(prefix).await
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        if let Some(f) = self.shared.check(FaultOp::Metadata) {
+            return Err(self.fail(f, Operation::List, prefix));
+        }
+        self.inner.list_with(prefix, options).await
     }
 
     async fn remove_empty_dirs(&self, prefix: &str) -> Result<()> {

@@ -49,6 +49,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use ringtier_core::layers::LayeredTier;
+use ringtier_core::listing::{ListOptions, Listing};
 use ringtier_core::ops;
 use ringtier_core::tier::read_one_at_a_time;
 use ringtier_core::{
@@ -540,6 +541,12 @@ impl LayeredTier for PowerCutTier {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         let op = InFlight::start(self, Operation::List, prefix)?;
         let res = self.inner.list(prefix).await;
+        op.finish(Operation::List, prefix, res)
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        let op = InFlight::start(self, Operation::List, prefix)?;
+        let res = self.inner.list_with(prefix, options).await;
         op.finish(Operation::List, prefix, res)
     }
 

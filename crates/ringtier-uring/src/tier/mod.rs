@@ -16,7 +16,8 @@ use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedFile, StagedGuard};
 use ringtier_core::key::validate_key;
 use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock,
+    AlignedBuf, BufferPool, Capabilities, ListOptions, Listing, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch,
+    Space, Tier, TierLock,
 };
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
@@ -476,6 +477,10 @@ impl Tier for UringTier {
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         self.inner.root.run_on(&self.inner.meta, Operation::List, prefix, self.name(), FsRoot::list).await
+    }
+
+    async fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        self.inner.root.list_with_on(&self.inner.meta, prefix, options, self.name()).await
     }
 
     async fn delete(&self, key: &str) -> Result<()> {

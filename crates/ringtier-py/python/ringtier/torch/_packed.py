@@ -30,7 +30,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-_warned = False
+# The kinds of warning given in this process by copies of datasets without a shared flag.
+_warned: set = set()
 
 WORKERS_WARNING = (
     "ringtier: this dataset runs in a DataLoader worker (num_workers > 0). ringtier's engine has "
@@ -46,31 +47,32 @@ class WarnOnce:
     made with the dataset), so that the warning comes once per dataset, not once per worker
     and epoch. Pickled outside process start-up (a copy of the dataset), it starts unset."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "workers") -> None:
         import multiprocessing
 
         self._flag: Any = multiprocessing.Value("b", 0)
+        self._kind = kind
 
     def __getstate__(self) -> dict:
         from multiprocessing import context
 
         # Inherited by a spawned worker: keep the shared byte; any other pickle: a fresh flag.
-        return {"_flag": self._flag if context.get_spawning_popen() is not None else None}
+        return {"_flag": self._flag if context.get_spawning_popen() is not None else None, "_kind": self._kind}
 
     def __setstate__(self, state: dict) -> None:
         self._flag = state["_flag"]
+        self._kind = state.get("_kind", "workers")
 
     def warn(self, message: str = WORKERS_WARNING) -> bool:
         """Warns (a ``RuntimeWarning``) unless this flag already did; True when it warned."""
-        global _warned
         if self._flag is not None:
             with self._flag.get_lock():  # two workers starting together warn once
                 if self._flag.value:
                     return False
                 self._flag.value = 1
-        elif _warned:
+        elif self._kind in _warned:
             return False
-        _warned = True
+        _warned.add(self._kind)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         return True
 

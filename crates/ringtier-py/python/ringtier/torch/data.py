@@ -135,6 +135,7 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         self.position = 0
         self._loader: Optional[Tuple[int, Tuple[int, int], Loader]] = None
         self._workers_warning = WarnOnce()
+        self._skipped_warning = WarnOnce("skipped")  # the listing's left-out entries, once per dataset
         self._ring = SlotRing()  # the workers' reusable shared memory for packed batches
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
@@ -163,7 +164,11 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             # every worker has a pool of its own, and faulting each one in before the first
             # batch made 4 workers' first epoch 0.36x the speed of 0 workers (src/lazy_pool.rs).
             options["lazy_pool"] = get_worker_info() is not None
-            loader = Loader(self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], **options)
+            loader = Loader(
+                self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], warn_skipped=False, **options
+            )
+            if loader.skipped_summary is not None:
+                self._skipped_warning.warn(f"ringtier: {loader.skipped_summary}")
             self._loader = (pid, shard, loader)
         return self._loader[2]
 
@@ -172,7 +177,10 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         rank, world = rank_world(self.rank, self.world_size)
         # Counting needs neither the cache nor the materialized copy (nor their directories).
         options = {k: v for k, v in self.options.items() if k not in ("cache", "materialize", "materialize_size")}
-        return len(Loader(self.path, batch_size=self.read_batch, rank=rank, world_size=world, **options))
+        loader = Loader(self.path, batch_size=self.read_batch, rank=rank, world_size=world, warn_skipped=False, **options)
+        if loader.skipped_summary is not None:
+            self._skipped_warning.warn(f"ringtier: {loader.skipped_summary}")
+        return len(loader)
 
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """This process's cache totals (hits, misses, prefetches, per level); None without

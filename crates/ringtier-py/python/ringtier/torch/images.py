@@ -21,6 +21,7 @@ from .._ringtier import Loader, TransformPipeline
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
+from ._packed import WarnOnce
 from ._world import rank_world
 
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
@@ -320,8 +321,10 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self.batch_size, self.seed, self.depth = batch_size, seed, depth
         self.decode_threads, self.pin_memory, self.on_bad = decode_threads, pin_memory, on_bad
         self.rank, self.world_size = rank, world_size
+        # on_bad also decides a file the listing cannot use (a dangling link): left out and
+        # named once, or an error naming it.
         self.options: Dict[str, Any] = dict(
-            prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last, engine=engine, on_bad="skip"
+            prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last, engine=engine, on_bad=on_bad
         )
         if materialize is not None and transform is None:
             raise InvalidInputError("materialize= stores the transform's split point: give transform=")
@@ -334,6 +337,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             self.options["on_bad"] = on_bad
         self.epoch = 0
         self._state: Optional[Tuple[int, Tuple[int, int], Loader, Optional[TransformPipeline], torch.Tensor]] = None
+        self._skipped_warning = WarnOnce("skipped")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
@@ -361,9 +365,12 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 keys=keys,
                 hold=self.batch_size * (self.depth + 1),
                 lazy_pool=get_worker_info() is not None,  # as ringtier.torch.IterableDataset
+                warn_skipped=False,
                 **split,
                 **self.options,
             )
+            if loader.skipped_summary is not None:
+                self._skipped_warning.warn(f"ringtier: {loader.skipped_summary}")
             by_key = dict(self.samples)
             labels = torch.tensor([by_key[k] for k in loader.keys()], dtype=torch.int64)
             self._state = (pid, shard, loader, pipe, labels)

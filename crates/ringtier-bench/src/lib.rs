@@ -38,7 +38,6 @@ pub use harness::runtime::runtime;
 pub use paper::PaperArgs;
 pub use randread::RandReadArgs;
 pub use read::args::{DemoArgs, ReadArgs};
-pub use read::records::IndexArgs;
 pub use s3::S3BenchArgs;
 pub use stage::StageArgs;
 pub use train::TrainArgs;
@@ -105,11 +104,6 @@ pub fn demo(args: DemoArgs) -> Result<()> {
 /// `ringtier gen`: a synthetic dataset with a manifest.
 pub fn gen(args: GenArgs) -> Result<()> {
     dataset::gen(args)
-}
-
-/// `ringtier index`: `SHARD.idx` beside every record shard.
-pub fn index(args: IndexArgs) -> Result<()> {
-    read::records::index_command(args)
 }
 
 /// Parses sizes such as `4096`, `128k`, `1M`, `2G` (binary multiples).

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ringtier_bench::{parse_size, BenchCommand, DemoArgs, GenArgs, IndexArgs, PaperArgs, TuneArgs};
+use ringtier_bench::{parse_size, BenchCommand, DemoArgs, GenArgs, PaperArgs, TuneArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -84,6 +84,29 @@ pub(crate) enum MetricsCommand {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct IndexArgs {
+    /// The directory of shards.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// The shards' format: tfrecord (`*.tfrecord`, `*.tfrecords`) or wds (`*.tar`).
+    #[arg(long, value_enum)]
+    pub(crate) format: IndexFormat,
+    /// Engine reading the shards: `auto` (io_uring where the kernel allows it, the thread pool
+    /// where it is refused), `uring` or `posix`.
+    #[arg(long, default_value = "auto")]
+    pub(crate) engine: ringtier::open::Engine,
+}
+
+/// Record shard formats `ringtier index` reads.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum IndexFormat {
+    /// TFRecord shards.
+    Tfrecord,
+    /// WebDataset tar shards.
+    Wds,
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct CkptArgs {
     /// Tier directories, fastest first, comma-separated (created when missing); a tier may be
     /// an S3 URL, `s3://bucket/prefix[?endpoint=URL&region=R]`, credentials from AWS_* variables.
@@ -111,7 +134,7 @@ pub(crate) struct CkptArgs {
     /// where it is refused, with a warning), `uring` (an error where refused) or `posix`. The
     /// files are the same whichever engine wrote them.
     #[arg(long, default_value = "auto")]
-    pub(crate) engine: ringtier_uring::Engine,
+    pub(crate) engine: ringtier::open::Engine,
     #[command(subcommand)]
     pub(crate) action: CkptAction,
 }

@@ -9,6 +9,7 @@
 mod args;
 mod ckpt;
 mod doctor;
+mod index;
 
 use anyhow::Result;
 use clap::Parser;
@@ -63,7 +64,7 @@ fn run(command: Command) -> Result<()> {
         Command::Paper(a) => ringtier_bench::paper(a),
         Command::Demo(a) => ringtier_bench::demo(a),
         Command::Gen(a) => ringtier_bench::gen(a),
-        Command::Index(a) => ringtier_bench::index(a),
+        Command::Index(a) => index::command(a),
         Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),
         Command::Tune(a) => ringtier_bench::tune(a),

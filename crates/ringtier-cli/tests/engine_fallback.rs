@@ -59,6 +59,21 @@ fn everything_works_without_io_uring(refusal: Refusal, why: &str) {
     let r = Some(refusal);
     run(r, &["gen", "--preset", "caltech101", "--files", "120", "--classes", "4", "--dir", s(&ds)]);
 
+    // Record shards: generated and indexed through the thread pool.
+    let tf = dir.path().join("tf");
+    run(
+        r,
+        &["gen", "--preset", "caltech101", "--files", "60", "--format", "tfrecord", "--shards", "2", "--dir", s(&tf)],
+    );
+    let out = run(r, &["index", "--dir", s(&tf), "--format", "tfrecord"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("indexed 60 records"), "{out:?}");
+    let idx = std::fs::read_dir(&tf)
+        .expect("tf")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "idx"))
+        .count();
+    assert_eq!(idx, 2, "one SHARD.idx per shard");
+
     // bench read: the thread pool alone, the io_uring engines skipped with the reason.
     let json = dir.path().join("read.json");
     let out = run(r, &["bench", "read", "--repeats", "1", "--concurrency", "1,2", "--dir", s(&ds), "--json", s(&json)]);

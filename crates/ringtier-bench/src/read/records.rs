@@ -5,14 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use ringtier_core::Tier;
 use ringtier_loader::records::{RecordConfig, RecordFormat, RecordIndex, RecordLoader, Shard};
 use ringtier_loader::OnBadSample;
-use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::UringConfig;
 use serde::Serialize;
 
 use super::args::ReadArgs;
@@ -61,11 +59,13 @@ pub(crate) fn open_shards(
     cfg: RecordConfig,
     rt: &tokio::runtime::Runtime,
 ) -> Result<(Vec<Shard>, RecordLoader)> {
-    let options = UringTierOptions::default().with_name("records".to_string()).with_follow_links(true);
-    let tier: Arc<dyn Tier> = Arc::new(
-        UringTier::with_options(dir, UringConfig::default().with_queue_depth(depth as u32), options)
-            .context("opening the io_uring tier")?,
-    );
+    // Through the front door: io_uring where the kernel allows it, the thread pool otherwise.
+    let options = ringtier::open::OpenOptions::dataset()
+        .with_uring(UringConfig::default().with_queue_depth(depth as u32))
+        .with_name("records")
+        .with_metered(false);
+    let tier: Arc<dyn Tier> =
+        ringtier::open(dir, &options).with_context(|| format!("opening the shards in {}", dir.display()))?.tier;
     let shards: Vec<Shard> = rt.block_on(ringtier_loader::records::list_shards(tier.as_ref(), format))?;
     let loader = RecordLoader::new(tier, shards.clone(), format, cfg)?;
     Ok((shards, loader))
@@ -105,28 +105,6 @@ fn write_index(path: &Path, idx: &RecordIndex) -> Result<()> {
     let tmp = path.with_extension(format!("idx.tmp-{}", std::process::id()));
     std::fs::write(&tmp, idx.to_text()).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
-
-/// `ringtier index`: writes `SHARD.idx` for every shard.
-pub(crate) fn index_command(a: IndexArgs) -> Result<()> {
-    let Some(format) = a.format.records() else { bail!("--format must be tfrecord or wds") };
-    let rt = crate::runtime(2)?;
-    let (shards, loader) = open_shards(&a.dir, format, 8, RecordConfig::default(), &rt)?;
-    let t0 = Instant::now();
-    let mut records = 0;
-    for (i, s) in shards.iter().enumerate() {
-        let idx = rt.block_on(loader.build_index(i))?;
-        records += idx.entries.len();
-        write_index(&index_path(&a.dir, s), &idx)?;
-    }
-    println!(
-        "indexed {records} records in {} {} shards in {:.1} s ({}/SHARD.idx)",
-        shards.len(),
-        format.as_str(),
-        t0.elapsed().as_secs_f64(),
-        a.dir.display()
-    );
     Ok(())
 }
 
@@ -328,15 +306,4 @@ pub(crate) fn bench(a: &ReadArgs) -> Result<()> {
     );
     write_json(a.io.json.as_deref(), &report)?;
     Ok(())
-}
-
-/// Arguments of `ringtier index`.
-#[derive(Args, Debug)]
-pub struct IndexArgs {
-    /// The directory of shards.
-    #[arg(long)]
-    pub(crate) dir: PathBuf,
-    /// The shards' format: tfrecord (`*.tfrecord`, `*.tfrecords`) or wds (`*.tar`).
-    #[arg(long, value_enum)]
-    pub(crate) format: ReadFormat,
 }

@@ -10,8 +10,9 @@
 //!   is the round trip's (save bytes + restore bytes over both times), with save and restore
 //!   apart as extra columns; a save is one operation, so there is no latency distribution.
 //!
-//! Every workload reads (and writes) through an io_uring tier set up by [`uring_config`] from
-//! the configuration's knobs.
+//! Every workload reads (and writes) through io_uring set up from the configuration's knobs:
+//! the read micro-benchmark's [`reader`], the loader's and the store's tier by
+//! [`uring_config`].
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -23,8 +24,10 @@ use ringtier_uring::{DirectIoPolicy, UringConfig};
 use serde::Serialize;
 
 use super::space::Config;
+use super::trace::Tracer;
+use crate::dataset::Dataset;
 use crate::harness::{files_under, Cold, Meter, Rng, GIB};
-use crate::read::pass::{quantile, PassResult};
+use crate::read::pass::{order_of, quantile, Engine, Knobs, Order, PassResult, Reader};
 
 /// The workload of a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -132,6 +135,61 @@ pub(crate) fn uring_config(c: &Config, direct_ok: bool) -> UringConfig {
         .with_register_files(c.flag("register_files"))
         .with_max_read_bytes(u32::try_from(c.num("read_size")).unwrap_or(u32::MAX))
         .with_direct_io(if direct { DirectIoPolicy::Auto } else { DirectIoPolicy::Off })
+}
+
+/// The read micro-benchmark's engine at a configuration: io_uring, buffered where `io` =
+/// buffered or where the file system has no direct I/O (`direct_ok` false).
+pub(crate) fn read_engine(c: &Config, direct_ok: bool) -> Engine {
+    if c.get("io") == Some("buffered") || !direct_ok {
+        Engine::UringBuffered
+    } else {
+        Engine::UringDirect
+    }
+}
+
+/// The read micro-benchmark's engine knobs at a configuration.
+pub(crate) fn read_knobs(c: &Config) -> Knobs {
+    Knobs {
+        read_size: c.num("read_size") as usize,
+        sqpoll: c.sqpoll().is_some(),
+        sqpoll_idle_ms: c.sqpoll().unwrap_or(50),
+        coop_taskrun: c.flag("coop_taskrun"),
+        defer_taskrun: c.flag("defer_taskrun"),
+        register_buffers: c.flag("register_buffers"),
+        register_files: c.flag("register_files"),
+        ..Knobs::default()
+    }
+}
+
+/// The read micro-benchmark's reader over `ds`, set up with the configuration.
+pub(crate) fn reader(c: &Config, ds: &Dataset, direct_ok: bool) -> Result<Reader> {
+    Reader::new(
+        read_engine(c, direct_ok),
+        c.num("depth").max(1) as usize,
+        c.num("rings").max(1) as usize,
+        ds,
+        read_knobs(c),
+    )
+}
+
+/// One pass of the read workload at a configuration: the files of `ds` in a shuffled order
+/// (from `seed`), each read whole; a tracer (if any) follows the reader's new threads. The
+/// caller makes the files cold first.
+pub(crate) fn read_pass(
+    rt: &tokio::runtime::Runtime,
+    ds: Option<&Dataset>,
+    c: &Config,
+    direct_ok: bool,
+    seed: u64,
+    tracer: Option<&Tracer>,
+) -> Result<PassResult> {
+    let ds = ds.context("the read workload needs a dataset")?;
+    let reader = reader(c, ds, direct_ok).with_context(|| format!("setting up {c}"))?;
+    if let Some(t) = tracer {
+        t.follow_new_threads();
+    }
+    let order = order_of(ds, Order::Shuffled, seed)?;
+    rt.block_on(reader.pass(ds, &order))
 }
 
 /// The loader workload's shape.

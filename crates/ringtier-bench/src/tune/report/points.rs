@@ -1,7 +1,7 @@
-//! What `tune` hands back: per configuration the bandwidth, IOPS, CPU per GiB and latency
-//! p50/p99/p99.9 (min/median/max over repeats); the Pareto front of bandwidth (up), CPU per
-//! GiB (down) and p99 (down); the best configuration as a `bench read` command line and a
-//! loader configuration; a table (text and Markdown), JSON, and two SVG plots: the front
+//! The measured points of a sweep: per configuration the bandwidth, IOPS, CPU per GiB and
+//! latency p50/p99/p99.9 (min/median/max over repeats); the Pareto front of bandwidth (up),
+//! CPU per GiB (down) and p99 (down); the best configuration as a `bench read` command line
+//! and a loader configuration; a table (text and Markdown) and two SVG plots: the front
 //! (bandwidth against CPU per GiB, p99 in the label) and latency CDFs.
 
 use std::path::Path;
@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 use serde::Serialize;
 
-use super::space::Config;
 use crate::harness::{Summary, Table};
+use crate::tune::space::Config;
 
 /// One configuration's measurements.
 #[derive(Debug, Clone, Serialize)]

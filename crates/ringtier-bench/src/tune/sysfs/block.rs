@@ -1,23 +1,14 @@
 //! Block-layer settings of the device under the data (`/sys/block/DEV/queue/*`): read,
-//! changed for a configuration, and always put back. Every original value is recorded before
-//! the first write in one process-wide list; it is restored by the guard's drop (normal end,
-//! error, panic unwinding), by a panic hook (a panic on any thread), and by a thread that
-//! waits for SIGINT, SIGTERM and SIGHUP (Ctrl-C), which restores and then exits with 128 +
-//! the signal. A setting the kernel does not let us write (not root, a read-only sysfs, an
-//! attribute the driver fixes) is a note in the report, never an error.
-
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once};
+//! changed for a configuration, and always put back through the journal of originals
+//! ([`super`]: a guard, a panic hook and a signal thread restore them). A setting the kernel
+//! does not let us write (not root, a read-only sysfs, an attribute the driver fixes) is a
+//! note in the report, never an error.
 
 use anyhow::Result;
 use serde::Serialize;
 
+use super::{set_recorded, write_value, RestoreGuard};
 use crate::harness::blockdev::{active_choice, read_value, BlockDevice};
-
-/// Original values to put back: (file, value), in the order first changed.
-static ORIGINALS: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
-static HOOKS: Once = Once::new();
 
 /// A setting that could not be written, and why.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -30,99 +21,6 @@ pub(crate) struct ReadOnly {
 #[derive(Debug)]
 pub(crate) struct BlockSettings {
     pub(crate) device: BlockDevice,
-}
-
-/// Restores every recorded original when dropped.
-#[derive(Debug)]
-pub(crate) struct RestoreGuard(());
-
-impl RestoreGuard {
-    /// A guard that restores every recorded original (block or system setting) when dropped.
-    pub(crate) fn new() -> RestoreGuard {
-        RestoreGuard(())
-    }
-}
-
-impl Drop for RestoreGuard {
-    fn drop(&mut self) {
-        restore_all();
-    }
-}
-
-/// Puts every changed setting back (newest change first is not needed: each file has one
-/// original); returns how many were restored. Safe to call more than once.
-pub(crate) fn restore_all() -> usize {
-    let list = match ORIGINALS.lock() {
-        Ok(mut l) => std::mem::take(&mut *l),
-        Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-    };
-    let mut n = 0;
-    for (path, value) in list.iter().rev() {
-        match write_value(path, value) {
-            Ok(()) => n += 1,
-            Err(e) => eprintln!("tune: could not restore {} to {value:?}: {e}", path.display()),
-        }
-    }
-    if n > 0 {
-        eprintln!("tune: restored {n} kernel setting(s) (block queue, transparent huge pages)");
-    }
-    n
-}
-
-/// [`restore_all`], run between configurations (it says so only when it restored something).
-pub(crate) fn restore_all_quiet() {
-    restore_all();
-}
-
-/// Writes `value` to the kernel setting `path`, whose value now is `orig`, recording `orig`
-/// first (the first time this file is changed) so that [`restore_all`] puts it back. Used for
-/// the device's queue settings and for system settings a comparison needs for a while.
-pub(crate) fn set_recorded(path: &Path, orig: &str, value: &str) -> Result<()> {
-    {
-        let mut list = ORIGINALS.lock().unwrap_or_else(|p| p.into_inner());
-        if !list.iter().any(|(p, _)| p == path) {
-            list.push((path.to_path_buf(), orig.to_string()));
-        }
-    }
-    write_value(path, value).map_err(|e| anyhow::anyhow!("setting {} to {value:?} (was {orig:?}): {e}", path.display()))
-}
-
-fn write_value(path: &Path, value: &str) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(path)?;
-    f.write_all(value.as_bytes())?;
-    f.flush()
-}
-
-/// Installs, once per process, the panic hook and the signal thread that restore the
-/// settings. Call it before any other thread starts: SIGINT, SIGTERM and SIGHUP are blocked
-/// in the calling thread (and so in every thread it starts later) and taken by the waiter.
-pub(crate) fn install_restorers() {
-    HOOKS.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            restore_all();
-            previous(info);
-        }));
-        use nix::sys::signal::{SigSet, Signal};
-        let mut set = SigSet::empty();
-        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-            set.add(s);
-        }
-        if set.thread_block().is_err() {
-            eprintln!("tune: could not block signals; Ctrl-C will not restore block settings");
-            return;
-        }
-        let spawned = std::thread::Builder::new().name("ringtier-tune-signals".into()).spawn(move || {
-            if let Ok(sig) = set.wait() {
-                eprintln!("tune: {sig}, restoring the kernel settings it changed");
-                restore_all();
-                std::process::exit(128 + sig as i32);
-            }
-        });
-        if spawned.is_err() {
-            let _ = set.thread_unblock();
-        }
-    });
 }
 
 impl BlockSettings {
@@ -163,8 +61,9 @@ impl BlockSettings {
     }
 
     /// Sets each `(name, value)`, recording the original first; restoration is by
-    /// [`restore_all`] (the guard, the hooks). A value the kernel rejects is an error naming
-    /// the setting (the device's other settings are then restored by the guard).
+    /// [`restore_all`](super::restore_all) (the guard, the hooks). A value the kernel rejects
+    /// is an error naming the setting (the device's other settings are then restored by the
+    /// guard).
     pub(crate) fn apply(&self, settings: &[(&str, String)]) -> Result<()> {
         for (name, value) in settings {
             let path = self.device.queue_dir.join(name);
@@ -197,6 +96,9 @@ impl BlockSettings {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::path::Path;
+
+    use super::super::restore_all;
     use super::*;
 
     /// A fake sysfs tree with one disk, `254:7`, and its queue settings.
@@ -221,12 +123,9 @@ pub(crate) mod tests {
         BlockSettings::new(crate::harness::blockdev::device_by_number(254, 7, sys).expect("device"))
     }
 
-    /// Serializes the tests that use the process-wide list of originals.
-    pub(crate) static LOCK: Mutex<()> = Mutex::new(());
-
     #[test]
     fn settings_are_restored_after_a_panic_and_at_the_guards_end() {
-        let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let _l = super::super::tests::LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let sys = fake_sysfs();
         let s = settings(sys.path());
         let q = s.device.queue_dir.clone();
@@ -250,7 +149,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_read_only_setting_is_reported_not_an_error() {
-        let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let _l = super::super::tests::LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let sys = fake_sysfs();
         let s = settings(sys.path());
         let f = s.device.queue_dir.join("nr_requests");

@@ -148,9 +148,15 @@ async fn one_run(
         let _ = std::fs::remove_dir_all(d);
     }
     let store_cfg = StoreConfig::default().with_keep_last(cfg.keep_last).with_on_full(OnFull::Wait);
-    let store =
-        open_store(&[fast.clone(), slow.clone()], cfg.layer_bps(slow_bps), cfg.buffered_writes, store_cfg, false, ringtier_uring::Engine::Auto)
-            .await?;
+    let store = open_store(
+        &[fast.clone(), slow.clone()],
+        cfg.layer_bps(slow_bps),
+        cfg.buffered_writes,
+        store_cfg,
+        false,
+        ringtier_uring::Engine::Auto,
+    )
+    .await?;
     let rss0 = peak_rss_bytes();
     let start = Instant::now();
     let mut blocking = Vec::new();

@@ -83,9 +83,15 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
     eprintln!("restore: saving a {:.0} MB checkpoint of {} parts and draining it", cfg.size as f64 / 1e6, cfg.parts);
     let store_cfg = StoreConfig::default().with_keep_last(1);
     rt.block_on(async {
-        let store =
-            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), false, ringtier_uring::Engine::Auto)
-                .await?;
+        let store = open_store(
+            &[fast.clone(), slow.clone()],
+            None,
+            BufferedWrites::default(),
+            store_cfg.clone(),
+            false,
+            ringtier_uring::Engine::Auto,
+        )
+        .await?;
         let parts = names
             .iter()
             .zip(&part_sizes)
@@ -107,10 +113,24 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
     // job's tensors are, and counted in the "before" of every pass.
     let mut dst: Vec<Vec<u8>> = part_sizes.iter().map(|&s| vec![1u8; s as usize]).collect();
     let stores = rt.block_on(async {
-        let both =
-            open_store(&[fast.clone(), slow.clone()], None, BufferedWrites::default(), store_cfg.clone(), true, ringtier_uring::Engine::Auto).await?;
-        let slow_only =
-            open_store(std::slice::from_ref(&slow), None, BufferedWrites::default(), store_cfg.clone(), true, ringtier_uring::Engine::Auto).await?;
+        let both = open_store(
+            &[fast.clone(), slow.clone()],
+            None,
+            BufferedWrites::default(),
+            store_cfg.clone(),
+            true,
+            ringtier_uring::Engine::Auto,
+        )
+        .await?;
+        let slow_only = open_store(
+            std::slice::from_ref(&slow),
+            None,
+            BufferedWrites::default(),
+            store_cfg.clone(),
+            true,
+            ringtier_uring::Engine::Auto,
+        )
+        .await?;
         anyhow::Ok((both, slow_only))
     })?;
     let mut how_cold = ColdMethod::Warm;

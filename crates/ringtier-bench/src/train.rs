@@ -104,8 +104,15 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Train
             }
             let cfg_store = StoreConfig::default().with_keep_last(1);
             Some(
-                crate::tiers::open_store(&dirs, cfg.ckpt_slow_bytes_per_sec, Default::default(), cfg_store, false, ringtier_uring::Engine::Auto)
-                    .await?,
+                crate::tiers::open_store(
+                    &dirs,
+                    cfg.ckpt_slow_bytes_per_sec,
+                    Default::default(),
+                    cfg_store,
+                    false,
+                    ringtier_uring::Engine::Auto,
+                )
+                .await?,
             )
         }
         _ => None,

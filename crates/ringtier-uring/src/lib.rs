@@ -10,8 +10,6 @@ mod probe;
 mod tier;
 
 pub use config::{BufferedWrites, DirectIoPolicy, UringConfig};
-pub use engine::{
-    open_dir_tier, uring_availability, DirTier, DirTierOptions, Engine, EngineUsed, UringRefusal,
-};
+pub use engine::{open_dir_tier, uring_availability, DirTier, DirTierOptions, Engine, EngineUsed, UringRefusal};
 pub use probe::{probe_kernel, KernelFeatures};
 pub use tier::{UringFile, UringStats, UringTier, UringTierOptions};

@@ -49,7 +49,8 @@ pub(super) fn drain(d: DrainArgs) -> Result<()> {
     // The checkpoint of a repeat, saved to the fast tier only, before its first side runs; the
     // drain to S3 starts when the store opens with S3 as its next tier (recovery queues it).
     let cfg = |rep: usize| StoreConfig::default().with_prefix(format!("ck{rep}"));
-    let fast = || crate::tiers::dir_tier(&fast_dir, "fast", None, BufferedWrites::default(), ringtier_uring::Engine::Auto);
+    let fast =
+        || crate::tiers::dir_tier(&fast_dir, "fast", None, BufferedWrites::default(), ringtier_uring::Engine::Auto);
     let part_file =
         |rep: usize| fast_dir.join(format!("ck{rep}")).join(format!("{:020}", 1)).join("parts").join("model");
     let mut saved: Option<usize> = None;

@@ -437,7 +437,13 @@ pub(crate) fn read(r: &ReadSweep) -> Result<S3Report> {
                 }
             }
             ReadSide::Files(depth) => {
-                let file_tier = crate::tiers::dir_tier(&ds_dir, "pfs", None, BufferedWrites::default(), ringtier_uring::Engine::Auto)?;
+                let file_tier = crate::tiers::dir_tier(
+                    &ds_dir,
+                    "pfs",
+                    None,
+                    BufferedWrites::default(),
+                    ringtier_uring::Engine::Auto,
+                )?;
                 let slow: Arc<dyn Tier> =
                     Arc::new(Throttled::new(file_tier, Throttle::bandwidth(u64::MAX).with_latency(latency)));
                 cold_method = cold.pass_dirs(&[&work])?;

@@ -83,7 +83,7 @@ impl CheckpointStore {
     ) -> Result<Option<DirectRestored>> {
         let mut sink = InPlace { parts: Vec::new() };
         let opts = RestoreOptions { parts: None, ..opts.clone() };
-        match self.inner.restore_plan(step, &opts, None, None, &mut sink, Some(targets)).await {
+        match self.inner.run_restore(RestoreRequest::new(step, &opts).into_targets(targets), &mut sink).await {
             Ok(report) => Ok(Some(DirectRestored {
                 step,
                 tier: report.tier_summary(),

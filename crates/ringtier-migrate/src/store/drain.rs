@@ -77,7 +77,8 @@ impl Inner {
     /// `None` when it verifies or cannot be asked now.
     pub(super) async fn source_is_bad(&self, step: u64, from: usize) -> Option<String> {
         let mut sink = super::sinks::DiscardSink;
-        match self.restore_plan(step, &RestoreOptions::default(), None, Some(from), &mut sink, None).await {
+        let opts = RestoreOptions::default();
+        match self.run_restore(RestoreRequest::new(step, &opts).only(from), &mut sink).await {
             Ok(_) => None,
             Err(e) if is_bad_copy(&e) => Some(e.to_string()),
             Err(_) => None,

@@ -9,6 +9,8 @@
 //! * [`evict`]: removing drained faster copies, manifest first;
 //! * [`read`]: the one read path (chunks in flight, in order) and [`RestoreSink`];
 //! * [`restore`]: list, restore into sinks, load, verify, with fallback to slower copies;
+//! * [`restore_request`]: the one restore path under them: a [`RestoreRequest`] (which copies,
+//!   what of each part, which buffers) and how it runs;
 //! * [`heal`]: checking copies, quarantine, repair from an intact copy, deleting a step.
 
 use crate::manifest::{CheckpointManifest, PartMeta, FORMAT, VERSION};
@@ -33,6 +35,7 @@ mod heal;
 mod part;
 mod read;
 mod restore;
+mod restore_request;
 mod save;
 mod sinks;
 
@@ -48,6 +51,7 @@ pub use part::{Part, PartData, SeekRead};
 use read::{ChunkReads, Span};
 pub use read::{PartInfo, RestoreSink};
 pub use restore::{is_bad_copy, CheckpointInfo, RestoreOptions, RestoreReport, Restored};
+use restore_request::RestoreRequest;
 pub use save::SaveReport;
 use save::*;
 pub use sinks::{BufferSink, FnSink, RestoreEvent, TierSink};

@@ -163,7 +163,7 @@ impl CheckpointStore {
         let len = dst.len() as u64;
         let mut sink = BufferSink::new(vec![(name.to_string(), dst)]);
         let opts = RestoreOptions::default().with_parts(Some(vec![name.to_string()]));
-        self.inner.restore_plan(step, &opts, Some((offset, len)), None, &mut sink, None).await
+        self.inner.run_restore(RestoreRequest::new(step, &opts).range(offset, len), &mut sink).await
     }
 
     /// Streams checkpoint `step` (or the parts [`RestoreOptions::parts`] names) into `sink`:
@@ -179,7 +179,7 @@ impl CheckpointStore {
         sink: &mut S,
         opts: &RestoreOptions,
     ) -> Result<RestoreReport> {
-        self.inner.restore_plan(step, opts, None, None, sink, None).await
+        self.inner.run_restore(RestoreRequest::new(step, opts), sink).await
     }
 
     /// Verifies every committed copy of `step`, each on its own (no fallback between them):
@@ -192,8 +192,8 @@ impl CheckpointStore {
             match inner.is_committed(t, step).await {
                 Ok(true) => {
                     let mut sink = DiscardSink;
-                    let res =
-                        inner.restore_plan(step, &RestoreOptions::default(), None, Some(t), &mut sink, None).await;
+                    let opts = RestoreOptions::default();
+                    let res = inner.run_restore(RestoreRequest::new(step, &opts).only(t), &mut sink).await;
                     out.push((inner.tiers[t].name().to_string(), res.map(|_| ())));
                 }
                 Ok(false) => {}
@@ -276,240 +276,5 @@ impl RestoreReport {
             }
         }
         names.join(", ")
-    }
-}
-
-impl Inner {
-    /// The restore itself: which parts, from which tiers, in what order; fallbacks per part.
-    /// `range` reads `[offset, offset + len)` of the one selected part (unchecked: no
-    /// checksum covers a range); `only` reads from that tier alone (verification).
-    pub(super) async fn restore_plan<S: RestoreSink>(
-        &self,
-        step: u64,
-        opts: &RestoreOptions,
-        range: Option<(u64, u64)>,
-        only: Option<usize>,
-        sink: &mut S,
-        direct: Option<Arc<dyn ReadTargets>>,
-    ) -> Result<RestoreReport> {
-        let started = Instant::now();
-        // The tiers that may hold a copy, fastest first. Slower ones are asked only when a
-        // faster copy is missing or bad: a restore from the fast tier neither waits for nor
-        // fails on a slow tier that is unreachable (S3 down).
-        let mut held: Vec<usize> = (0..self.tiers.len()).filter(|&t| only.is_none_or(|o| o == t)).collect();
-        // The manifest: from the fastest copy whose manifest reads.
-        let mut fallbacks = Vec::new();
-        let mut unreachable: Option<Error> = None;
-        let mut manifest = None;
-        while let Some(&t) = held.first() {
-            match self.manifest(t, step).await {
-                Ok(m) => {
-                    manifest = Some(m);
-                    break;
-                }
-                // Not committed on this tier.
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    held.remove(0);
-                }
-                Err(e) => {
-                    self.m.fallbacks[t].increment(1);
-                    fallbacks.push(format!("copy on tier {:?} unusable: {e}", self.tiers[t].name()));
-                    if unreachable.is_none() && e.is_temporary() {
-                        unreachable = Some(e);
-                    }
-                    held.remove(0);
-                }
-            }
-        }
-        let Some(manifest) = manifest else {
-            if fallbacks.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!("no committed copy of checkpoint {step} on any tier"),
-                )
-                .with_operation(Operation::Read));
-            }
-            let msg = format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; "));
-            // A tier that could not be asked (temporarily) may still hold a good copy: the
-            // error is temporary then, so a caller can retry.
-            return Err(match unreachable {
-                Some(e) => Error::new(e.kind(), msg),
-                None => Error::new(ErrorKind::Corrupt, msg),
-            });
-        };
-        // The parts asked for, in save order.
-        let mut selected: Vec<PartInfo> = Vec::new();
-        if let Some(names) = &opts.parts {
-            for n in names {
-                if !manifest.parts.iter().any(|p| &p.name == n) {
-                    let have: Vec<&str> = manifest.parts.iter().map(|p| p.name.as_str()).collect();
-                    return Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!("checkpoint {step} has no part {n:?} (its parts: {})", have.join(", ")),
-                    ));
-                }
-            }
-        }
-        for (index, p) in manifest.parts.iter().enumerate() {
-            if opts.parts.as_ref().is_none_or(|names| names.contains(&p.name)) {
-                selected.push(PartInfo {
-                    index,
-                    name: p.name.clone(),
-                    size: p.size,
-                    crc32c: p.crc32c,
-                    start: 0,
-                    end: p.size,
-                });
-            }
-        }
-        if let Some((offset, len)) = range {
-            let [p] = selected.as_mut_slice() else {
-                return Err(Error::new(ErrorKind::InvalidInput, "a range read names exactly one part"));
-            };
-            match offset.checked_add(len) {
-                Some(end) if end <= p.size => (p.start, p.end) = (offset, end),
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::OutOfRange,
-                        format!("bytes {offset}..{offset}+{len} of part {:?} ({} bytes)", p.name, p.size),
-                    ))
-                }
-            }
-        }
-        sink.prepare(&selected).await?;
-        let first = held[0];
-        let spans = selected
-            .iter()
-            .map(|p| Span {
-                tier: Arc::clone(&self.tiers[first]),
-                key: self.part_key(step, &p.name),
-                start: p.start,
-                end: p.end,
-            })
-            .collect();
-        let mut reads = ChunkReads::new(spans, opts.chunk_bytes, opts.depth);
-        let pooled = direct.is_none();
-        if pooled {
-            let kept = std::mem::take(&mut *self.read_buffers.lock().unwrap_or_else(|p| p.into_inner()));
-            reads.seed(kept);
-        }
-        if let Some(targets) = direct {
-            // Each part's destination is allocated for the size its copy on this tier has
-            // (stat), never more than what the manifest claims: a manifest that lies about a
-            // size never allocates it.
-            let mut sizes = Vec::with_capacity(selected.len());
-            for p in &selected {
-                let meta = self.tiers[first].stat(&self.part_key(step, &p.name)).await?;
-                sizes.push(meta.size);
-            }
-            if !targets.prepare(&selected, &sizes, reads.align())? {
-                return Err(Error::new(ErrorKind::Unsupported, DIRECT_DECLINED));
-            }
-            reads.set_targets(targets);
-        }
-        // Per selected part: position in `held` of the copy being read.
-        let mut source = vec![0usize; selected.len()];
-        let mut current: Option<usize> = None;
-        let mut crc = 0u32;
-        let mut bytes = 0u64;
-        let mut sources = Vec::with_capacity(selected.len());
-        while let Some(chunk) = reads.next().await {
-            let i = chunk.span;
-            let part = &selected[i];
-            if current != Some(i) {
-                current = Some(i);
-                crc = 0;
-                sink.begin(part).await?;
-            }
-            let (start, end) = (part.start, part.end);
-            let failure = match chunk.result {
-                Ok(n) => {
-                    let mut failure = None;
-                    if let Some(buf) = chunk.buf {
-                        crc = crc32c::crc32c_append(crc, &buf.as_slice()[..n]);
-                        let (res, buf) =
-                            if n > 0 { sink.write(part, chunk.offset - start, buf).await } else { (Ok(()), buf) };
-                        reads.recycle(buf);
-                        if let Err(e) = res {
-                            sink.discard(part).await;
-                            return Err(e);
-                        }
-                    }
-                    if chunk.offset + n as u64 == end {
-                        let whole = start == 0 && end == part.size;
-                        if whole && crc != part.crc32c {
-                            failure = Some(Error::new(
-                                ErrorKind::Corrupt,
-                                format!(
-                                    "part {:?}: checksum mismatch (crc32c {crc:08x}, manifest {:08x})",
-                                    part.name, part.crc32c
-                                ),
-                            ));
-                        } else {
-                            if let Err(e) = sink.finish(part).await {
-                                sink.discard(part).await;
-                                return Err(e);
-                            }
-                            bytes += end - start;
-                            sources.push((part.name.clone(), reads.span(i).tier.name().to_string()));
-                            current = None;
-                        }
-                    }
-                    failure
-                }
-                Err(e) => {
-                    if let Some(buf) = chunk.buf {
-                        reads.recycle(buf);
-                    }
-                    Some(e)
-                }
-            };
-            let Some(e) = failure else { continue };
-            // This copy of the part is bad: the next tier's, if it agrees with the manifest.
-            sink.discard(part).await;
-            current = None;
-            let t = held[source[i]];
-            self.m.fallbacks[t].increment(1);
-            fallbacks.push(format!("part {:?} on tier {:?}: {e}", part.name, self.tiers[t].name()));
-            let next = loop {
-                source[i] += 1;
-                let Some(&t2) = held.get(source[i]) else { break None };
-                match self.manifest(t2, step).await {
-                    Ok(m)
-                        if m.parts
-                            .iter()
-                            .any(|p| p.name == part.name && p.size == part.size && p.crc32c == part.crc32c) =>
-                    {
-                        break Some(t2)
-                    }
-                    Ok(_) => fallbacks.push(format!(
-                        "part {:?} on tier {:?}: its manifest disagrees with the faster copy's",
-                        part.name,
-                        self.tiers[t2].name()
-                    )),
-                    Err(e) => fallbacks.push(format!("copy on tier {:?} unusable: {e}", self.tiers[t2].name())),
-                }
-            };
-            let Some(t2) = next else {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!("checkpoint {step}: every copy failed: {}", fallbacks.join("; ")),
-                ));
-            };
-            tracing::warn!(step, part = part.name.as_str(), "reading a slower copy: {e}");
-            reads.restart(i, Arc::clone(&self.tiers[t2]), self.part_key(step, &part.name)).await;
-        }
-        for f in &fallbacks {
-            tracing::warn!("checkpoint {step}: {f}");
-        }
-        if pooled {
-            let mut kept = self.read_buffers.lock().unwrap_or_else(|p| p.into_inner());
-            for b in reads.take_free() {
-                if kept.len() < READ_BUFFERS_KEPT {
-                    kept.push(b);
-                }
-            }
-        }
-        Ok(RestoreReport { step, bytes, sources, fallbacks, seconds: started.elapsed().as_secs_f64() })
     }
 }

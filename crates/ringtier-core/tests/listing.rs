@@ -113,3 +113,75 @@ async fn a_root_that_does_not_follow_links_skips_them_when_lenient() {
     }
     assert_eq!(listing.skipped().len(), 6);
 }
+
+/// Waits out the window in which a directory's change may share its timestamp tick with a
+/// listing (a listing of directories changed this recently is not cached).
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_listing_is_used_only_while_every_directory_is_unchanged() {
+    let (_outer, root) = dataset();
+    let (t, _fail) = tier(&root);
+    let cached = ListOptions::default().with_skip_bad(true).with_stat_files(false).with_cache(true);
+    let cache = root.join(ringtier_core::fs::LISTING_CACHE_FILE);
+    // Just written: a directory changed within two seconds is not cached.
+    let first = t.list_with("", cached).await.expect("list");
+    assert!(!first.from_cache() && !cache.exists());
+    settle();
+    let first = t.list_with("", cached).await.expect("list");
+    assert!(!first.from_cache() && cache.exists(), "written after the listing");
+    let again = t.list_with("", cached).await.expect("from the cache");
+    assert!(again.from_cache() && again.sizes_are_hints());
+    assert_eq!(again.iter().collect::<Vec<_>>(), first.iter().collect::<Vec<_>>());
+    let keys = |l: &ringtier_core::Listing| l.skipped().iter().map(|s| s.key.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&again), keys(&first), "entries left out are remembered");
+    // The cache is never listed, and a strict listing does not use a cache that left entries out.
+    assert!(again.iter().all(|(k, _)| !k.contains(".ringtier")));
+    assert!(t.list_with("", ListOptions::default().with_cache(true)).await.is_err());
+    // Sizes asked for: a cache without them is not used.
+    let with_sizes = ListOptions::default().with_skip_bad(true).with_cache(true);
+    assert!(!t.list_with("", with_sizes).await.expect("list").from_cache());
+
+    // A file added in a class directory: that directory's times changed.
+    write(&root.join("b/new.bin"), b"new");
+    let stale = t.list_with("", cached).await.expect("list");
+    assert!(!stale.from_cache());
+    assert!(stale.iter().any(|(k, _)| k == "b/new.bin"));
+    settle();
+    t.list_with("", cached).await.expect("list again, cached");
+    assert!(t.list_with("", cached).await.expect("list").from_cache());
+    // An entry of the root added or removed: the root's entries are read again.
+    write(&root.join("c/5.bin"), b"5");
+    let stale = t.list_with("", cached).await.expect("list");
+    assert!(!stale.from_cache() && stale.iter().any(|(k, _)| k == "c/5.bin"));
+    settle();
+    t.list_with("", cached).await.expect("list again, cached");
+    std::fs::remove_file(root.join("x1")).expect("rm");
+    let stale = t.list_with("", cached).await.expect("list");
+    assert!(!stale.from_cache());
+    assert!(!stale.skipped().iter().any(|s| s.key == "x1"));
+    settle();
+    t.list_with("", cached).await.expect("list again, cached");
+    // A directory replaced by another of the same name (a new inode).
+    std::fs::rename(root.join("c"), root.join("c-old")).expect("mv");
+    write(&root.join("c/6.bin"), b"6");
+    std::fs::rename(root.join("c-old"), _outer.path().join("c-old")).expect("mv");
+    assert!(!t.list_with("", cached).await.expect("list").from_cache());
+    settle();
+    t.list_with("", cached).await.expect("list again, cached");
+
+    // A damaged cache is not used (and is written again); nor is one that is a link.
+    let mut bytes = std::fs::read(&cache).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&cache, &bytes).expect("damage");
+    assert!(!t.list_with("", cached).await.expect("list").from_cache());
+    assert!(t.list_with("", cached).await.expect("list").from_cache(), "rewritten");
+    let good = _outer.path().join("good-cache");
+    std::fs::rename(&cache, &good).expect("mv");
+    std::os::unix::fs::symlink(&good, &cache).expect("link");
+    let listed = t.list_with("", cached).await.expect("list");
+    assert!(!listed.from_cache(), "a cache that is a link is not followed");
+}

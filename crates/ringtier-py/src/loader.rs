@@ -136,8 +136,18 @@ struct Keys {
     /// What the listing left out, (key, reason), and the warning naming it.
     skipped: Arc<Vec<(String, String)>>,
     summary: Option<String>,
-    /// Bytes of the samples' keys and sizes.
-    listing_bytes: usize,
+    /// How the samples were listed.
+    listing: ListingInfo,
+}
+
+/// What `Loader.listing` reports.
+#[derive(Debug, Clone)]
+struct ListingInfo {
+    samples: usize,
+    bytes: usize,
+    from_cache: bool,
+    sizes: &'static str,
+    buffer_bytes: u64,
 }
 
 /// Warns (a Python `RuntimeWarning`) with `msg`; a filter that turns warnings into errors
@@ -216,7 +226,7 @@ impl Loader {
     #[pyo3(signature = (path, *, batch_size=64, prefetch=2, shuffle=true, seed=0, rank=0, world_size=1,
         drop_last=false, decode=None, decode_threads=2, verify=false, on_bad="skip", engine="auto", hold=None,
         keys=None, cache=None, materialize=None, materialize_size=None, materialize_for=None, lazy_pool=false,
-        warn_skipped=true))]
+        warn_skipped=true, stat_files=false, listing_cache=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -241,6 +251,8 @@ impl Loader {
         materialize_for: Option<PyRef<'_, crate::transforms::TransformPipeline>>,
         lazy_pool: bool,
         warn_skipped: bool,
+        stat_files: bool,
+        listing_cache: bool,
     ) -> PyResult<Self> {
         let mut cfg = loader_config(
             batch_size,
@@ -293,7 +305,13 @@ impl Loader {
         // One bad entry (a dangling link, a loop, a directory that cannot be read) is left out
         // and named once under on_bad="skip", and an error naming it under "fail".
         let on_bad = cfg.on_bad;
-        let listing = ListOptions::default().with_skip_bad(on_bad == OnBadSample::Skip);
+        // Sizes are learned from the reads unless asked for (or needed: a cache plans by them, a
+        // materialized store is named by them); the listing is cached beside the dataset.
+        let stat_files = stat_files || cfg.cache.is_some() || cfg.materialize.is_some();
+        let listing = ListOptions::default()
+            .with_skip_bad(on_bad == OnBadSample::Skip)
+            .with_stat_files(stat_files)
+            .with_cache(listing_cache);
         let dataset = match keys {
             Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_with(lister, keys, on_bad))?,
             None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir_with(lister, &dir, listing))?,
@@ -307,7 +325,20 @@ impl Loader {
         if let (true, Some(msg)) = (warn_skipped, &summary) {
             warn_runtime(py, msg);
         }
-        let listing_bytes = dataset.heap_bytes();
+        let sizes = if !dataset.sizes_known() {
+            "learned"
+        } else if dataset.sizes_are_hints() {
+            "hints"
+        } else {
+            "exact"
+        };
+        let listing = ListingInfo {
+            samples: dataset.len(),
+            bytes: dataset.heap_bytes(),
+            from_cache: dataset.from_cache(),
+            sizes,
+            buffer_bytes: dataset.max_size(),
+        };
         if dataset.is_empty() {
             return Err(errors::invalid(format!("no samples in {}", dir.display())));
         }
@@ -327,7 +358,7 @@ impl Loader {
             open_tier(&dir, engine, pool, false, true)?
         };
         let dataset = dataset.with_tier(tier);
-        let keys = Keys { dataset: dataset.samples(), skipped: Arc::new(skipped), summary, listing_bytes };
+        let keys = Keys { dataset: dataset.samples(), skipped: Arc::new(skipped), summary, listing };
         let loader = ringtier_loader::Loader::new(dataset, cfg).py_err()?;
         let state =
             LoaderState { engine: eng.clone(), loader: Arc::new(loader), keys, held: Arc::new(AtomicUsize::new(0)) };
@@ -381,11 +412,20 @@ impl Loader {
         Ok(self.state.get()?.keys.summary.clone())
     }
 
-    /// Bytes the dataset's keys and sizes hold (the listing's memory: about the key's bytes
-    /// plus 16 per sample).
+    /// How the dataset was listed: samples, bytes its keys and sizes hold (the key's bytes
+    /// plus 16 per sample), from_cache (the `.ringtier-listing` beside it was current), sizes
+    /// ("exact": stat'd; "hints": from the cache; "learned": from the reads) and max_size (the
+    /// largest size known or estimated, which the buffers are sized by).
     #[getter]
-    fn listing_bytes(&self) -> PyResult<usize> {
-        Ok(self.state.get()?.keys.listing_bytes)
+    fn listing<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let l = &self.state.get()?.keys.listing;
+        let d = PyDict::new(py);
+        d.set_item("samples", l.samples)?;
+        d.set_item("bytes", l.bytes)?;
+        d.set_item("from_cache", l.from_cache)?;
+        d.set_item("sizes", l.sizes)?;
+        d.set_item("max_size", l.buffer_bytes)?;
+        Ok(d)
     }
 
     /// Buffers in the sample pool.

@@ -95,7 +95,8 @@ def test_files_removed_or_truncated_after_listing_are_skipped(tmp_path: Path):
     root = tmp_path / "ds"
     files = write_dataset(root, 200)
     for engine in ("posix", "uring"):
-        loader = ringtier.Loader(root, batch_size=16, shuffle=False, engine=engine)
+        # Held to the sizes listed (stat_files): a file that changed is skipped and named.
+        loader = ringtier.Loader(root, batch_size=16, shuffle=False, engine=engine, stat_files=True)
         gone, short = "d0/f00000.bin", "d1/f00001.bin"
         saved = {k: (root / k).read_bytes() for k in (gone, short)}
         (root / gone).unlink()
@@ -216,3 +217,41 @@ def test_image_folder_skips_a_dangling_link(tmp_path: Path):
     with pytest.raises(FileNotFoundError) as e:
         list(failing)
     assert "a/dead.jpg" in str(e.value)
+
+
+def test_sizes_learned_from_the_reads_and_a_cached_listing(tmp_path: Path):
+    """Without stat_files the files win: one truncated or grown after the listing is read as
+    it is now. The listing is cached beside the dataset once its directories are two seconds
+    old, used while they are unchanged, and never trusted over the files."""
+    import time
+
+    root = tmp_path / "ds"
+    files = write_dataset(root, 120)
+    first = ringtier.Loader(root, batch_size=16, engine="posix")
+    assert first.listing["sizes"] == "learned" and not first.listing["from_cache"]
+    assert first.listing["bytes"] <= 120 * (16 + 16) + 64
+    time.sleep(2.1)
+    ringtier.Loader(root, batch_size=16, engine="posix")  # lists and writes the cache
+    assert (root / ".ringtier-listing").exists()
+    cached = ringtier.Loader(root, batch_size=16, engine="posix")
+    assert cached.listing["from_cache"] and cached.listing["sizes"] == "learned", cached.listing
+    # A listing that wants sizes does not use a cache without them: it stats, and caches them.
+    assert not ringtier.Loader(root, engine="posix", stat_files=True).listing["from_cache"]
+    for engine in ("posix", "uring"):
+        loader = ringtier.Loader(root, batch_size=16, engine=engine)
+        assert loader.listing["from_cache"] and loader.listing["sizes"] == "hints", loader.listing
+        assert loader.listing["max_size"] == max(len(v) for v in files.values())
+        # Rewritten in place (the directory's times do not change): the files win.
+        grown, short = "d0/f00000.bin", "d1/f00001.bin"
+        saved = {k: (root / k).read_bytes() for k in (grown, short)}
+        (root / grown).write_bytes(saved[grown] * 3 + b"x" * 70_000)
+        (root / short).write_bytes(saved[short][:7])
+        want = dict(files, **{grown: (root / grown).read_bytes(), short: (root / short).read_bytes()})
+        assert read_all(loader) == want, engine
+        for k, v in saved.items():
+            (root / k).write_bytes(v)
+    # A file added: its directory changed, the cache is not used.
+    (root / "d2" / "new.bin").write_bytes(b"new")
+    loader = ringtier.Loader(root, batch_size=16, engine="posix")
+    assert not loader.listing["from_cache"] and len(loader.keys()) == 121
+    assert ringtier.Loader(root, engine="posix", listing_cache=False, stat_files=True).listing["sizes"] == "exact"

@@ -73,6 +73,7 @@ impl FsRoot {
             prefix,
             true,
             false,
+            None,
             &mut |key, st| {
                 out.push(ObjectMeta {
                     key: key.to_string(),
@@ -92,6 +93,14 @@ impl FsRoot {
     /// cached listing `ROOT/.ringtier-listing` used when it is current, and written otherwise
     /// (whole-root listings only).
     pub fn list_with(&self, prefix: &str, options: ListOptions) -> Result<Listing> {
+        let use_cache = options.cache && prefix.is_empty();
+        if use_cache {
+            if let Some(listing) = super::listing_cache::load(self, options) {
+                return Ok(listing);
+            }
+        }
+        let started = std::time::SystemTime::now();
+        let mut root_entries = Vec::new();
         let mut listing = Listing::new();
         let mut skipped = Vec::new();
         let lenient = options.skip_bad;
@@ -99,6 +108,7 @@ impl FsRoot {
             prefix,
             options.stat_files,
             lenient,
+            use_cache.then_some(&mut root_entries),
             &mut |key, st| listing.push(key, st.map_or(UNKNOWN_SIZE, |s| s.st_size as u64)),
             &mut |key, e| {
                 if lenient {
@@ -114,7 +124,10 @@ impl FsRoot {
         }
         listing.sort();
         listing.shrink_to_fit();
-        let _ = stamps;
+        if use_cache {
+            root_entries.sort();
+            super::listing_cache::store(self, &listing, options.stat_files, &stamps, &root_entries, started);
+        }
         Ok(listing)
     }
 
@@ -123,12 +136,15 @@ impl FsRoot {
     /// the directory entry said it is a regular file) and `bad` for each entry that cannot be
     /// listed (an error naming it; `bad`'s error ends the walk). `report_names`: names that
     /// are not UTF-8 go to `bad` too (otherwise they are passed over: no key can name them).
-    /// Returns the stamps of the directories read.
+    /// `root_entries`: where to record the entries of the root itself (name and `d_type`,
+    /// reserved names left out), when the walk starts there. Returns the stamps of the
+    /// directories read.
     pub(crate) fn walk(
         &self,
         prefix: &str,
         stat_files: bool,
         report_names: bool,
+        mut root_entries: Option<&mut super::listing_cache::RootEntries>,
         file: &mut dyn FnMut(&str, Option<&libc::stat>),
         bad: &mut dyn FnMut(String, Error) -> Result<()>,
     ) -> Result<Vec<DirStamp>> {
@@ -191,6 +207,11 @@ impl FsRoot {
                 };
                 if name.starts_with(RESERVED_PREFIX) {
                     continue;
+                }
+                if rel.is_empty() {
+                    if let Some(r) = root_entries.as_deref_mut() {
+                        r.push((name.clone(), d_type));
+                    }
                 }
                 key.clear();
                 if !rel.is_empty() {

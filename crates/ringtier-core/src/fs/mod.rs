@@ -43,7 +43,9 @@ pub mod trace;
 use trace::{FsOp, FsTrace};
 
 mod listing;
+mod listing_cache;
 mod staging;
+pub use listing_cache::{LISTING_CACHE_FILE, MAX_CACHE_BYTES};
 pub use staging::{StagedFile, StagedGuard};
 
 /// Name of the staging directory inside a file tier's root.

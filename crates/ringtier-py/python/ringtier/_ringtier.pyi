@@ -89,6 +89,16 @@ class Loader:
     ``RuntimeWarning`` (``warn_skipped=False``: only in :attr:`skipped_summary`) and counts it
     in ``ringtier_loader_samples_skipped_total``; ``"fail"`` raises an error naming it.
 
+    Listing (docs/SCALE.md): directories are read with their entries' types, without a stat per
+    file; sizes are learned from the reads (the buffers are sized from 256 stats spread over the
+    dataset; a larger file takes more than one read), so a file truncated after the listing is
+    read as it is now. ``stat_files=True`` stats every file and holds each to its listed size (a
+    file that changed is skipped and named); ``cache=`` and ``materialize=`` imply it.
+    ``listing_cache`` (default True): the listing is kept in ``DIR/.ringtier-listing`` (where the
+    directory is writable) and used while every directory it was made from is unchanged
+    (entries, inode, modification and change times); its sizes are hints, never trusted over
+    the files.
+
     ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the dataset's tier.
     ``materialize``: a directory (created when missing) where the first epoch stores each
     decoded, resized image (``materialize_size`` pixels square; default the decoded size, or at
@@ -131,6 +141,8 @@ class Loader:
         materialize_for: Optional["TransformPipeline"] = None,
         lazy_pool: bool = False,
         warn_skipped: bool = True,
+        stat_files: bool = False,
+        listing_cache: bool = True,
     ) -> None: ...
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,
@@ -150,8 +162,12 @@ class Loader:
     def skipped_summary(self) -> Optional[str]:
         """The warning naming the entries the listing left out, or None."""
     @property
-    def listing_bytes(self) -> int:
-        """Bytes the dataset's keys and sizes hold: the keys' bytes plus 16 per sample."""
+    def listing(self) -> Dict[str, Any]:
+        """How the dataset was listed: ``samples``, ``bytes`` its keys and sizes hold (the
+        keys' bytes plus 16 per sample), ``from_cache`` (the ``.ringtier-listing`` beside it
+        was current), ``sizes`` (``"exact"``: stat'd; ``"hints"``: from the cache;
+        ``"learned"``: from the reads) and ``max_size`` (the largest size known or estimated,
+        which the read buffers are sized by)."""
     @property
     def pool_buffers(self) -> int: ...
     @property

@@ -53,6 +53,11 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     crosses to the main process as one :class:`PackedBatch` (one shared-memory tensor plus
     offsets, used like the list it replaces), not one tensor per sample.
 
+    Listing (docs/SCALE.md): without a per-file stat, cached in ``DIR/.ringtier-listing`` and
+    used while its directories are unchanged (``stat_files``, ``listing_cache``: see
+    :class:`ringtier.Loader`). A dangling link, a link loop or a directory that cannot be read
+    is left out and named in one ``RuntimeWarning`` per dataset.
+
     ``cache``: a :class:`ringtier.Cache` (or a dict of its arguments) in front of the dataset:
     policy ``lru``, ``static``, ``clairvoyant`` or ``none``, a capacity in memory or in a
     directory (docs/CACHE.md). ``materialize=DIR`` (with ``decode``): the first epoch stores
@@ -94,6 +99,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         materialize_size: Optional[int] = None,
         transform: Any = None,
         pin_memory: Optional[bool] = None,
+        stat_files: bool = False,
+        listing_cache: bool = True,
     ) -> None:
         super().__init__()
         # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
@@ -117,6 +124,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             verify=verify,
             engine=engine,
             hold=hold,
+            stat_files=stat_files,
+            listing_cache=listing_cache,
         )
         if cache is not None:
             self.options["cache"] = _checked_cache(cache)

@@ -7,7 +7,7 @@
 //! typed JSON reports with a schema version, tables, SVG plots, the tokio runtime, and the
 //! baselines' helper scripts (built in, written to the run's directory). Each experiment is a
 //! module that says only what it measures. The `ringtier` binary dispatches here:
-//! [`bench()`], [`paper`], [`demo`], [`gen`] and [`index`].
+//! [`bench()`], [`paper`], [`demo`] and [`tune`].
 
 #![forbid(unsafe_code)]
 
@@ -32,7 +32,6 @@ use clap::Subcommand;
 
 pub use cache::CacheBenchArgs;
 pub use ckpt::BenchCkptArgs;
-pub use dataset::{GenArgs, ShapeArgs};
 pub use decode::DecodeBenchArgs;
 pub use harness::runtime::runtime;
 pub use paper::PaperArgs;
@@ -101,31 +100,8 @@ pub fn demo(args: DemoArgs) -> Result<()> {
     read::demo(args)
 }
 
-/// `ringtier gen`: a synthetic dataset with a manifest.
-pub fn gen(args: GenArgs) -> Result<()> {
-    dataset::gen(args)
-}
-
-/// Parses sizes such as `4096`, `128k`, `1M`, `2G` (binary multiples).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m = match s[i..].to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1u64 << 40,
-                other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
-            };
-            (&s[..i], m)
-        }
-        None => (s, 1),
-    };
-    let n: u64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
-}
+/// Parses sizes such as `4096`, `128k`, `1M`, `2G` (binary multiples): the generator's.
+pub use ringtier::gen::parse_size;
 
 #[cfg(test)]
 mod tests {

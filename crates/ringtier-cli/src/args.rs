@@ -1,11 +1,13 @@
-//! The command line: the top-level commands and the arguments of `ringtier ckpt`. The
-//! benchmarks' arguments (and `gen`, `index`, `demo`, `paper`) live with their code in
-//! `ringtier-bench`; `main.rs` dispatches.
+//! The command line: the top-level commands and the arguments of the product's commands
+//! (`ckpt`, `gen`, `index`, `doctor`), which run on the facade `ringtier`. The experiments'
+//! arguments (`bench`, `paper`, `tune`, `demo`) live with their code in `ringtier-bench`;
+//! `main.rs` dispatches.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ringtier_bench::{parse_size, BenchCommand, DemoArgs, GenArgs, PaperArgs, TuneArgs};
+use ringtier::gen::{parse_size, Preset, ShapeArgs};
+use ringtier_bench::{BenchCommand, DemoArgs, PaperArgs, TuneArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -81,6 +83,27 @@ pub(crate) struct DoctorArgs {
 pub(crate) enum MetricsCommand {
     /// Print the catalog as Markdown (docs/METRICS.md).
     Catalog,
+}
+
+/// Arguments of `ringtier gen`.
+#[derive(Args, Debug)]
+pub(crate) struct GenArgs {
+    /// Directory to write the dataset into (created); or an S3 prefix,
+    /// `s3://bucket/prefix[?endpoint=URL]` (credentials from AWS_* variables): the dataset is
+    /// generated in a temporary directory and uploaded there, one object per file.
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    /// Dataset shape: imagenet (16,384 files, median 112 KB), caltech101 (9,144, median 12 KB).
+    #[arg(long, value_enum, default_value = "imagenet")]
+    pub(crate) preset: Preset,
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
+    /// Regenerate over an existing dataset.
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Shards of `--format tfrecord|wds` (sample i goes to shard i mod shards).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) shards: usize,
 }
 
 #[derive(Args, Debug)]

@@ -1,7 +1,8 @@
 //! `ringtier`: the paper's experiments, benchmarks against fio and a thread pool, and the
 //! checkpoint store, from the command line. With no arguments it runs the paper's three
-//! experiments on embedded defaults. Arguments are in `args.rs`; the benchmarks, the paper and
-//! the dataset generator live in `ringtier-bench`, the store in `ringtier-migrate`; this file
+//! experiments on embedded defaults. Arguments are in `args.rs`; the product's commands
+//! (`ckpt`, `gen`, `index`, `doctor`) have a module each here and run on the facade
+//! `ringtier`; the benchmarks, the paper and the tuning lab live in `ringtier-bench`; this file
 //! dispatches.
 
 #![forbid(unsafe_code)]
@@ -9,6 +10,7 @@
 mod args;
 mod ckpt;
 mod doctor;
+mod gen;
 mod index;
 
 use anyhow::Result;
@@ -63,7 +65,7 @@ fn run(command: Command) -> Result<()> {
     match command {
         Command::Paper(a) => ringtier_bench::paper(a),
         Command::Demo(a) => ringtier_bench::demo(a),
-        Command::Gen(a) => ringtier_bench::gen(a),
+        Command::Gen(a) => gen::command(a),
         Command::Index(a) => index::command(a),
         Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),

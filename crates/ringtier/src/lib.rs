@@ -50,6 +50,15 @@ pub mod stage {
     pub use ringtier_stage::*;
 }
 
+/// Synthetic datasets, deterministic from a seed: [`DatasetSpec`](gen::DatasetSpec) and its
+/// presets, files or real JPEGs ([`generate`](gen::generate)), TFRecord and WebDataset shards
+/// ([`generate_shards`](gen::generate_shards)), each with a manifest; the flags of a shape
+/// (`ShapeArgs`, feature `clap`) and the upload to S3 (`upload_dir`, feature `s3`). What
+/// `ringtier gen` runs. This is the crate `ringtier-gen`.
+pub mod gen {
+    pub use ringtier_gen::*;
+}
+
 /// The front door: [`open()`] turns a path or URL plus [`OpenOptions`] into a tier (a
 /// directory through io_uring or the thread pool, `s3://` through the S3 tier): the one place
 /// a string becomes a tier.

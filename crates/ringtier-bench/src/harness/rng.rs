@@ -1,4 +1,5 @@
-//! A small seedable generator, so datasets and access orders are reproducible.
+//! A small seedable generator, so access orders and payloads are reproducible. (Generated
+//! datasets draw from the same stream in `ringtier::gen`.)
 
 /// A small seedable generator (xorshift64*), so datasets and access orders are reproducible.
 #[derive(Debug, Clone)]
@@ -17,11 +18,13 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
+    #[cfg(test)]
     pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Standard normal (Box-Muller).
+    #[cfg(test)]
     pub(crate) fn normal(&mut self) -> f64 {
         let u1 = self.next_f64().max(f64::MIN_POSITIVE);
         let u2 = self.next_f64();

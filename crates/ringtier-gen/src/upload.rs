@@ -1,0 +1,52 @@
+//! A generated dataset copied to an S3 prefix, one object per file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use ringtier_s3::S3Tier;
+
+/// Uploads the dataset generated in `local` to `tier`, one object per file, keys relative to
+/// `local`, 32 puts in flight; every file but the manifest, whose `.ringtier` name is reserved:
+/// the objects are the dataset. Returns (objects, bytes). Runs on a tokio runtime.
+pub async fn upload_dir(local: &Path, tier: &S3Tier) -> Result<(usize, u64)> {
+    let mut files: Vec<PathBuf> = files_under(local)?
+        .into_iter()
+        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".ringtier")))
+        .collect();
+    files.sort();
+    let (mut tasks, mut bytes) = (Vec::new(), 0u64);
+    for f in &files {
+        let key = f.strip_prefix(local)?.to_string_lossy().into_owned();
+        let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        bytes += data.len() as u64;
+        let t = tier.clone();
+        tasks.push(tokio::spawn(async move { t.put_object(&key, data.into()).await.map(|_| ()) }));
+        if tasks.len() >= 32 {
+            for t in tasks.drain(..) {
+                t.await??;
+            }
+        }
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok((files.len(), bytes))
+}
+
+/// Every file under `dir`, recursively (directories descended as met).
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for ent in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let ent = ent.with_context(|| format!("listing {}", dir.display()))?;
+            if ent.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&ent.path(), out)?;
+            } else {
+                out.push(ent.path());
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out)?;
+    Ok(out)
+}

@@ -6,6 +6,7 @@ mod direct;
 mod doctor;
 mod engine;
 mod errors;
+mod group;
 mod lazy_pool;
 mod loader;
 mod materialize;
@@ -37,6 +38,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transforms::PendingBatch>()?;
     m.add_class::<transforms::TransformedBatch>()?;
     safetensors::register(m)?;
+    group::register(m)?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(tiers::_is_s3_url, m)?)?;
     m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;

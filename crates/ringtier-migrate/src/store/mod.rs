@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
+mod committed;
 mod config;
 mod direct;
 mod drain;

@@ -587,3 +587,47 @@ def safetensors_save(
     (created if missing), durable when it returns; with ``max_shard_bytes``, as a sharded model
     under ``root/key`` with its ``model.safetensors.index.json`` written last. Returns the keys
     written, the index last. :func:`ringtier.safetensors.save_file` is the API to use."""
+
+class GroupManifest:
+    """A committed step's group manifest (``ringtier_migrate::group``): the world size and
+    every rank's bytes and shard digest, written by the coordinator after every rank's shard
+    was committed in its own store."""
+
+    @staticmethod
+    def from_bytes(step: int, data: bytes) -> "GroupManifest":
+        """Parses a manifest's bytes for ``step`` (bounded; ``CorruptError`` when bad)."""
+    def to_bytes(self) -> bytes:
+        """The manifest's bytes (what the coordinator sends the other ranks)."""
+    @property
+    def step(self) -> int:
+        """The step."""
+    @property
+    def world_size(self) -> int:
+        """The number of ranks that saved the step."""
+    @property
+    def ranks(self) -> List[Dict[str, Any]]:
+        """``[{"rank", "bytes", "items", "digest"}]``, by rank."""
+    def verify_shard(self, rank: int, store: CheckpointStore) -> None:
+        """``rank``'s shard is committed in ``store`` and is the one named here
+        (``FileNotFoundError`` when not committed, ``CorruptError`` when it differs)."""
+    def missing(self, stores: Sequence[Optional[CheckpointStore]]) -> List[int]:
+        """The ranks whose shard is not committed in ``stores[rank]`` (None: no store opens);
+        ``CorruptError`` for a shard that differs from the manifest."""
+
+def group_shard(store: CheckpointStore, rank: int, step: int, bytes: int, items: Optional[int] = None) -> bytes:
+    """This rank's report for the group commit: proves its shard of ``step`` committed in
+    ``store`` (``FileNotFoundError`` when not)."""
+
+def group_commit(
+    coordinator: CheckpointStore,
+    step: int,
+    reports: Sequence[Union[bytes, str]],
+    extra: Sequence[Tuple[str, bytes]] = ...,
+) -> GroupManifest:
+    """On the coordinator: commits ``step`` from every rank's report (``group_shard``'s bytes,
+    or the rank's error as a str), the group manifest (and ``extra`` parts) written last as
+    ``step`` of ``coordinator``. ``ValueError`` (nothing written) when a rank failed."""
+
+def group_check(coordinator: CheckpointStore, step: int, world_size: Optional[int] = None) -> GroupManifest:
+    """The group manifest of committed ``step``: ``FileNotFoundError`` when not committed,
+    ``CorruptError`` when bad, ``ValueError`` when ``world_size`` differs."""

@@ -87,6 +87,11 @@ impl CheckpointStore {
             None => Err(errors::closed(format!("the checkpoint store over {:?} is closed", self.tiers))),
         }
     }
+
+    /// The Rust store under this one (for the group commit, `crate::group`).
+    pub(crate) fn rust(&self) -> PyResult<&RustStore> {
+        Ok(&self.st()?.store)
+    }
 }
 
 /// Staging buffers are allocated in multiples of this (so that one is reused for a checkpoint

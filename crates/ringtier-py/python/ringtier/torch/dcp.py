@@ -82,6 +82,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 from torch.serialization import _get_layout
 
+from .._ringtier import GroupManifest, group_check, group_commit, group_shard
 from .._types import PathLike
 from ..checkpoint import CheckpointStore
 from ..errors import CorruptError, RingtierError
@@ -99,6 +100,9 @@ MAX_METADATA_BYTES = 1 << 30
 _ALIGN = 64
 _ZEROS = bytes(_ALIGN)
 _PART_NAME = re.compile(r"data-[0-9]{5}\Z")
+#: The fqn of the write result that carries a rank's shard report (``group_shard``) to the
+#: coordinator's ``finish`` beside its items' results; never in the metadata.
+_SHARD_REPORT = "__ringtier_shard_report__"
 
 
 def _parse_step(checkpoint_id: Any) -> Optional[int]:
@@ -372,12 +376,14 @@ class StorageWriter(_DcpWriter):
             # refuses a step it holds before writing a byte, so nothing is listed up front.
             shards.delete(step)
             shards._store.save(step, parts)
+        # The proof that this rank's items are committed in its store, for the group commit.
+        report = group_shard(shards._store, rank, step, nbytes, len(results))
         self.last_save = {
             "step": step, "rank": rank, "bytes": nbytes, "parts": len(parts) - 1, "items": len(results),
             "write_seconds": time.perf_counter() - t0,
         }
         fut: Future = Future()
-        fut.set_result(results)
+        fut.set_result(results + [WriteResult(index=MetadataIndex(_SHARD_REPORT), size_in_bytes=0, storage_data=report)])
         return fut
 
     def _pack(
@@ -420,21 +426,24 @@ class StorageWriter(_DcpWriter):
         return parts, results, total
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
-        """On the coordinator, once every rank's items are durable: commits the step by saving
-        DCP's metadata (and ``world.json``) to ``PREFIX/metadata``."""
+        """On the coordinator, once every rank's ``write_data`` returned: commits the step
+        through the group commit (``ringtier._ringtier.group_commit``: refused unless every
+        rank's report proves its items committed in its store), which saves DCP's metadata and
+        the group manifest (``world.json``) to ``PREFIX/metadata``, last."""
         meta = self._require(self._meta, "finish runs on the coordinator")
         where: Dict[MetadataIndex, Tuple[int, str, int, int]] = {}
-        ranks = []
-        step: Optional[int] = None
+        reports: List[Any] = []
         for r, rank_results in enumerate(results):
-            nbytes = 0
+            report: Any = f"rank {r} returned no shard report (not saved by ringtier's StorageWriter)"
             for wr in rank_results:
+                if wr.index.fqn == _SHARD_REPORT:
+                    report = wr.storage_data
+                    continue
                 loc = wr.storage_data
                 if not (isinstance(loc, tuple) and len(loc) == 4 and loc[0] == r):
                     raise ValueError(f"rank {r} returned a write result not made by ringtier's StorageWriter: {loc!r}")
                 where[wr.index] = loc
-                nbytes += wr.size_in_bytes
-            ranks.append({"rank": r, "bytes": nbytes, "items": len(rank_results)})
+            reports.append(report)
         step = self.last_save["step"] if self.last_save is not None else None
         if step is None:
             raise ValueError("finish before write_data on the coordinator")
@@ -442,10 +451,8 @@ class StorageWriter(_DcpWriter):
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.checkpoint_id = str(step)
-        world = {"format": FORMAT, "version": VERSION, "step": step, "prefix": self.prefix, "world_size": len(results),
-                 "ranks": ranks}
         blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        meta._store.save(step, [(METADATA_PART, [blob]), (WORLD_PART, [json.dumps(world).encode()])])
+        group_commit(meta._store, step, reports, [(METADATA_PART, blob)])
         if self._committed is not None:
             self._committed.add(step)
         self._pinned = None
@@ -630,26 +637,21 @@ class StorageReader(_DcpReader):
         return buf
 
     def _missing_ranks(self, step: int, world: Dict[str, Any]) -> List[int]:
-        missing = []
-        for entry in world["ranks"]:
-            r = entry.get("rank") if isinstance(entry, dict) else None
-            if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-                raise CorruptError(f"DCP checkpoint {step}: world.json names a bad rank {r!r}")
+        """The saving ranks whose items are not committed on a tier this process sees (the
+        group manifest's check; ``CorruptError`` for items that are not the committed ones)."""
+        stores: List[Any] = []
+        for r in range(world["world_size"]):
             try:
-                have = {c["step"] for c in self._store(_rank_prefix(self.prefix, r)).list()}
+                stores.append(self._store(_rank_prefix(self.prefix, r))._store)
             except FileNotFoundError:
-                have = set()
-            if step not in have:
-                missing.append(r)
-        return missing
+                stores.append(None)
+        return list(world["group"].missing(stores))
 
     def _world_of(self, step: int) -> Dict[str, Any]:
-        meta = self._store(f"{self.prefix}/metadata")
-        world = _json_part(self._read_small(meta, step, WORLD_PART, f"DCP checkpoint {step} world.json"),
-                           f"DCP checkpoint {step} world.json")
-        if world.get("step") != step or not isinstance(world.get("ranks"), list):
-            raise CorruptError(f"DCP checkpoint {step}: world.json does not describe this step")
-        return world
+        """The group manifest of committed ``step`` (``FileNotFoundError`` when it is not
+        committed, ``CorruptError`` when its manifest is bad)."""
+        m: GroupManifest = group_check(self._store(f"{self.prefix}/metadata")._store, step)
+        return {"step": step, "world_size": m.world_size, "ranks": m.ranks, "group": m}
 
     def latest(self) -> Optional[int]:
         """The newest loadable step (committed, every saving rank's items on a tier this
@@ -687,10 +689,6 @@ class StorageReader(_DcpReader):
         self.skipped = []
         if self._pinned is not None:
             step = self._pinned
-            if step not in {c["step"] for c in meta.list()}:
-                raise FileNotFoundError(
-                    f"DCP checkpoint {step} is not committed under {self.prefix!r} on {self.tiers} (no metadata)"
-                )
             world = self._world_of(step)
             missing = self._missing_ranks(step, world)
             if missing:

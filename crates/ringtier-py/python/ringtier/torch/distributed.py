@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence,
 
 import torch.distributed as dist
 
-from .._ringtier import SaveFuture
+from .._ringtier import GroupManifest, SaveFuture, group_check, group_commit, group_shard
 from .._types import PathLike, tier_path
 from ..checkpoint import _step
 from ._world import rank_world
@@ -90,6 +90,7 @@ class DistributedCheckpointStore:
         t0 = time.perf_counter()
         try:
             report: Dict[str, Any] = {"ok": True, **self.shards.save(step, state)}
+            report["shard"] = group_shard(self.shards._store, self.rank, step, report["bytes"])
         except Exception as e:  # reported to every rank, then raised here
             return self._commit(step, t0, None, e)
         return self._commit(step, t0, report, None)
@@ -111,25 +112,26 @@ class DistributedCheckpointStore:
     def _commit(
         self, step: int, t0: float, report: Optional[Dict[str, Any]], failure: Optional[BaseException]
     ) -> Dict[str, Any]:
-        """The collective end of a save: gathers every rank's outcome; rank 0 writes the global
-        manifest when every shard is durable; a barrier; raises this rank's error or names the
-        ranks that failed."""
+        """The collective end of a save: gathers every rank's outcome (its shard proven
+        committed in its own store, or its error); rank 0 runs the group commit
+        (``ringtier._ringtier.group_commit``: refused unless every rank's shard is committed,
+        the group manifest written last) and tells every rank how it went; raises this rank's
+        error or the commit's."""
         if report is None:
             report = {"ok": False, "error": f"{type(failure).__name__}: {failure}", "step": step, "bytes": 0}
-        reports = self._gather(report)
-        bad = [(r, rep["error"]) for r, rep in enumerate(reports) if not rep["ok"]]
-        if not bad and self.global_store is not None:
-            world = {
-                "step": step,
-                "world_size": self.world_size,
-                "ranks": [{"rank": r, "bytes": rep["bytes"]} for r, rep in enumerate(reports)],
-            }
-            self.global_store.save(step, {"world": world})
-        self._barrier()
+        shard = report.pop("shard", None)
+        reports = self._gather(shard if report["ok"] else report["error"])
+        refused: Optional[str] = None
+        if self.global_store is not None:
+            try:
+                group_commit(self.global_store._store, step, reports)
+            except Exception as e:  # reported to every rank
+                refused = str(e)
+        refused = self._broadcast(refused)
         if failure is not None:
             raise failure
-        if bad:
-            raise RuntimeError(f"checkpoint {step} not committed: rank(s) failed: {bad}")
+        if refused is not None:
+            raise RuntimeError(refused)
         report["commit_seconds"] = time.perf_counter() - t0
         return report
 
@@ -151,25 +153,20 @@ class DistributedCheckpointStore:
             if step is None:
                 return None
         step = _step(step)
-        # Rank 0 reads the global manifest and tells every rank (the others may not see rank
-        # 0's fast tier).
-        saved: Union[int, str, None] = None
+        # Rank 0 checks the group manifest (committed, this world size) and sends it to every
+        # rank (the others may not see rank 0's fast tier); each rank checks its own shard
+        # against it (committed where it looks, the one the manifest names).
+        sent: Union[bytes, str, None] = None
         if self.rank == 0:
             try:
-                world = self._global().load(step)
-                saved = int(world["world"]["world_size"]) if world is not None else None
-            except FileNotFoundError:
-                saved = None
-            if saved is None:
-                saved = f"checkpoint {step} is not committed (no global manifest: not every rank's shard was durable)"
-        saved = self._broadcast(saved)
-        if isinstance(saved, str):
-            raise ValueError(saved)
-        if saved != self.world_size:
-            raise ValueError(
-                f"checkpoint {step} was saved by {saved} ranks; this job has {self.world_size}: "
-                "loading it needs the same world size (resharding is not supported)"
-            )
+                sent = group_check(self._global()._store, step, self.world_size).to_bytes()
+            except Exception as e:  # reported to every rank
+                sent = str(e)
+        sent = self._broadcast(sent)
+        if isinstance(sent, str):
+            raise ValueError(sent)
+        assert isinstance(sent, bytes)
+        GroupManifest.from_bytes(step, sent).verify_shard(self.rank, self.shards._store)
         return self.shards.load(step, into=into)
 
     def delete(self, step: int) -> None:
@@ -247,6 +244,8 @@ class DistributedSaveFuture:
             if self._local is not None and failure is None:
                 try:
                     report = {"ok": True, **self._local.result(timeout)}
+                    shards = self._store.shards
+                    report["shard"] = group_shard(shards._store, self._store.rank, self.step, report["bytes"])
                 except TimeoutError:
                     raise
                 except Exception as e:  # reported to every rank, then raised here

@@ -102,18 +102,3 @@ pub fn demo(args: DemoArgs) -> Result<()> {
 
 /// Parses sizes such as `4096`, `128k`, `1M`, `2G` (binary multiples): the generator's.
 pub use ringtier::gen::parse_size;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("128k"), Ok(128 << 10));
-        assert_eq!(parse_size("128KiB"), Ok(128 << 10));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        assert!(parse_size("12x").is_err());
-        assert!(parse_size("k").is_err());
-    }
-}

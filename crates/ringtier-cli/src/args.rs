@@ -57,7 +57,17 @@ pub(crate) enum Command {
     /// The kernel I/O tuning lab: sweeps io_uring and block-layer settings (every pass
     /// cold), reports the Pareto front of bandwidth, CPU and p99, the best configuration,
     /// a tracepoint latency breakdown, fio at the same settings and MLPerf-Storage-style
-    /// presets (docs/TUNE.md). Block settings are always restored, also after Ctrl-C.
+    /// presets (docs/TUNE.md). It changes kernel settings (sysfs) while it runs and always
+    /// restores them, also after Ctrl-C.
+    ///
+    /// What it writes, where the kernel lets it (root): the block-queue settings of the device
+    /// under --dir (/sys/block/DEV/queue/*), per configuration, and the transparent huge page
+    /// mode (/sys/kernel/mm/transparent_hugepage/enabled) while fio runs. Each original value
+    /// is recorded before the first write and put back between configurations, at the end, on
+    /// an error or a panic, and on Ctrl-C, SIGTERM or SIGHUP: nothing stays applied (the
+    /// report gives the best configuration's settings as shell lines). A setting it may not
+    /// write is a note in the report. --no-block leaves the device's settings alone,
+    /// --fio-small-pages the huge page mode.
     Tune(TuneArgs),
     /// The metric catalog.
     #[command(subcommand)]

@@ -92,6 +92,8 @@ struct Shared {
     outputs: Option<BufferPool>,
     /// The materialized copy's settings and key prefix.
     materialized: Option<(Materialize, String)>,
+    /// The materialized samples' writes still running: an epoch ends when they are done.
+    writes: Arc<PendingWrites>,
     /// The cache the dataset's tier is wrapped in.
     /// And this rank's index among its samplers (0 for its own).
     cache: Option<(CachedTier, usize)>,
@@ -222,6 +224,7 @@ impl Loader {
             decoders,
             outputs,
             materialized,
+            writes: Arc::default(),
             cache,
             stall: metrics::histogram!(catalog::LOADER_STALL_SECONDS),
             batches: metrics::counter!(catalog::LOADER_BATCHES_TOTAL),
@@ -302,6 +305,44 @@ impl Loader {
             Source::Prefetch { rx, task, head: None, failed: false }
         };
         Ok(Epoch { shared: Arc::clone(&self.shared), epoch, first_index, source, stats: EpochStats::default() })
+    }
+}
+
+/// Background writes (the materialized samples) still running, counted so that the end of an
+/// epoch can wait for them: without that, a process that exits after its last batch (a
+/// DataLoader worker) lost the writes of that batch.
+#[derive(Debug, Default)]
+struct PendingWrites {
+    running: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// One running write of [`PendingWrites`]; dropping it (also when its task is cancelled) ends it.
+struct PendingWrite(Arc<PendingWrites>);
+
+impl PendingWrites {
+    fn start(self: &Arc<Self>) -> PendingWrite {
+        self.running.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        PendingWrite(Arc::clone(self))
+    }
+
+    /// Returns once no write is running.
+    async fn idle(&self) {
+        loop {
+            let done = self.done.notified();
+            if self.running.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.0.done.notify_waiters();
+        }
     }
 }
 
@@ -397,7 +438,10 @@ impl Epoch {
         let start = Instant::now();
         let item = match &mut self.source {
             Source::Direct { chunks, next } => {
-                let (i, chunk) = chunks.get_mut(*next).map(|(i, c)| (*i, std::mem::take(c)))?;
+                let Some((i, chunk)) = chunks.get_mut(*next).map(|(i, c)| (*i, std::mem::take(c))) else {
+                    self.shared.writes.idle().await;
+                    return None;
+                };
                 *next += 1;
                 let reserve = Reserve::take(&self.shared, &chunk).await;
                 Some(fetch(&self.shared, self.epoch, self.first_index + i, chunk, reserve).await)
@@ -411,7 +455,10 @@ impl Epoch {
                 }
                 let joined = match head.as_mut() {
                     Some(InFlight(handle)) => handle.await,
-                    None => return None,
+                    None => {
+                        self.shared.writes.idle().await;
+                        return None;
+                    }
                 };
                 *head = None;
                 let item = joined
@@ -621,11 +668,15 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
                         if let (Some(bytes), Some((tier, _, prefix))) = (to_store, &store) {
                             // Written in the background (staged, then renamed by the tier); a
                             // failed write only means the sample is decoded again next epoch.
+                            // The epoch's end waits for them (`PendingWrites`): a process may
+                            // exit right after its last batch (a DataLoader worker does).
                             let (tier, key) = (Arc::clone(tier), sample_key(prefix, i));
+                            let write = shared.writes.start();
                             tokio::spawn(async move {
                                 if let Err(e) = ringtier_core::ops::put(tier.as_ref(), &key, &bytes, 1 << 20).await {
                                     tracing::warn!("materializing {key}: {e}");
                                 }
+                                drop(write);
                             });
                         }
                         out.indices.push(i);

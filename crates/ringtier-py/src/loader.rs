@@ -13,7 +13,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringtier_core::error::{Error, ErrorKind};
-use ringtier_core::{BufferPool, ListOptions, Tier};
+use ringtier_core::{BufferPool, ListOptions};
 use ringtier_loader::manifest::MANIFEST_FILE;
 use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
 use ringtier_uring::UringConfig;
@@ -39,94 +39,6 @@ fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
         format!("dataset directory {} does not exist", path.display())
     };
     Err(errors::to_py(Error::new(ErrorKind::NotFound, why)))
-}
-
-/// The engine `name` asks for (`"auto"`, `"uring"` or `"posix"`), resolved for this process:
-/// `"auto"` is `"uring"` where this process may set up an io_uring and `"posix"` (the thread
-/// pool) where the kernel refuses it, with one `RuntimeWarning` per process naming why.
-pub(crate) fn resolve_engine(name: &str) -> PyResult<&'static str> {
-    let engine: ringtier_uring::Engine = name
-        .parse()
-        .map_err(|_| errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {name:?}")))?;
-    Ok(match engine {
-        ringtier_uring::Engine::Posix => "posix",
-        ringtier_uring::Engine::Uring => "uring",
-        ringtier_uring::Engine::Auto => match ringtier_uring::uring_availability() {
-            Ok(()) => "uring",
-            Err(why) => {
-                warn_fallback(&why);
-                "posix"
-            }
-        },
-    })
-}
-
-/// Warns once per process (a Python `RuntimeWarning`) that io_uring was refused and the
-/// thread pool reads and writes instead.
-pub(crate) fn warn_fallback(why: &ringtier_uring::UringRefusal) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if WARNED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let msg = format!(
-        "ringtier: {why}; using the thread-pool engine instead (same files, same formats; slower at one \
-         thread). To use io_uring: {}. `python -m ringtier doctor` says more; engine=\"posix\" silences this.",
-        why.remedy()
-    );
-    Python::attach(|py| {
-        let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
-        let msg = std::ffi::CString::new(msg).unwrap_or_default();
-        if let Err(e) = PyErr::warn(py, &category, &msg, 1) {
-            // A filter that turns warnings into errors: shown, not raised from an open that worked.
-            e.print(py);
-        }
-    });
-}
-
-/// One engine's tier over `dir`, reading into `pool` where given. A dataset (`dataset`
-/// true) is read-only and read through the links it holds; a store's directory never follows
-/// a link (docs/SECURITY.md). An `s3://` URL opens the S3 tier (`tiers.rs`). `engine_name`
-/// `"auto"` opens io_uring where the kernel allows it and the thread pool where it does not
-/// (`ringtier_uring::open_dir_tier`), warning once.
-pub(crate) fn open_tier(
-    dir: &Path,
-    engine_name: &str,
-    pool: Option<BufferPool>,
-    create: bool,
-    dataset: bool,
-) -> PyResult<Arc<dyn Tier>> {
-    open_tier_with(dir, engine_name, pool, create, dataset, UringConfig::default())
-}
-
-/// [`open_tier`] with the io_uring engine's settings.
-pub(crate) fn open_tier_with(
-    dir: &Path,
-    engine_name: &str,
-    pool: Option<BufferPool>,
-    create: bool,
-    dataset: bool,
-    uring: UringConfig,
-) -> PyResult<Arc<dyn Tier>> {
-    if let Some(url) = crate::tiers::s3_url(dir) {
-        let usage = if dataset { crate::tiers::S3Use::Dataset { depth: 64 } } else { crate::tiers::S3Use::Store };
-        return crate::tiers::open_s3(url, usage);
-    }
-    let engine: ringtier_uring::Engine = engine_name.parse().map_err(|_| {
-        errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
-    })?;
-    let role = if dataset { ringtier::Role::Dataset } else { ringtier::Role::Store };
-    let options = ringtier::OpenOptions::default()
-        .with_role(role)
-        .with_engine(engine)
-        .with_uring(uring)
-        .with_pool(pool)
-        .with_create(create)
-        .with_metered(false);
-    let opened = ringtier::open(dir, &options).py_err()?;
-    if let ringtier::open::Backend::Files(ringtier_uring::EngineUsed::PosixFallback(why)) = &opened.backend {
-        warn_fallback(why);
-    }
-    Ok(opened.tier)
 }
 
 /// The samples of a loader (for keys by index) and the path they were listed from.
@@ -294,13 +206,13 @@ impl Loader {
             (None, None) => {}
         }
         let dir = dataset_dir(&path)?;
-        let engine = if crate::tiers::s3_url(&dir).is_some() { "uring" } else { resolve_engine(engine)? };
+        let engine = if crate::tiers::s3_url(&dir).is_some() { "uring" } else { crate::tiers::resolve_engine(engine)? };
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
         // List (or read the manifest) through a tier without a pool, then open the tier the
         // loader reads through with a pool of the loader's shape plus `hold` buffers for the
         // samples Python keeps.
-        let lister = open_tier(&dir, engine, None, false, true)?;
+        let lister = crate::tiers::open_tier(&dir, engine, None, false, true)?;
         let alignment = lister.capabilities().alignment;
         // One bad entry (a dangling link, a loop, a directory that cannot be read) is left out
         // and named once under on_bad="skip", and an error naming it under "fail".
@@ -353,9 +265,16 @@ impl Loader {
             _ => None,
         };
         let tier = if lazy_pool && crate::tiers::s3_url(&dir).is_none() && engine == "uring" {
-            open_tier_with(&dir, engine, pool, false, true, UringConfig::default().with_register_buffers(false))?
+            crate::tiers::open_tier_with(
+                &dir,
+                engine,
+                pool,
+                false,
+                true,
+                UringConfig::default().with_register_buffers(false),
+            )?
         } else {
-            open_tier(&dir, engine, pool, false, true)?
+            crate::tiers::open_tier(&dir, engine, pool, false, true)?
         };
         let dataset = dataset.with_tier(tier);
         let keys = Keys { dataset: dataset.samples(), skipped: Arc::new(skipped), summary, listing };

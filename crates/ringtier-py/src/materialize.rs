@@ -18,7 +18,7 @@ use std::path::Path;
 use ringtier_loader::{Crop, DecodeConfig, Materialize};
 
 use crate::errors::{self, IntoPy};
-use crate::loader::open_tier;
+use crate::tiers::open_tier;
 
 /// The stored size when none is given: the decoded size itself when the chain has no random
 /// step (later epochs then copy the stored pixels, no second resampling), else at least 256

@@ -39,7 +39,7 @@ fn shard_tier(dir: &Path, engine: &str, depth: usize) -> PyResult<Arc<dyn Tier>>
         return crate::tiers::open_s3(url, crate::tiers::S3Use::Dataset { depth });
     }
     let uring = UringConfig::default().with_queue_depth(depth.clamp(1, 4096) as u32);
-    crate::loader::open_tier_with(dir, engine, None, false, true, uring)
+    crate::tiers::open_tier_with(dir, engine, None, false, true, uring)
 }
 
 /// The index file of `shard`: `KEY.idx` (what `ringtier index` writes) or, as DALI's tools

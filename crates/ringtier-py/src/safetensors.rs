@@ -27,7 +27,7 @@ use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::direct::{MappedParts, Mapping};
 use crate::engine::{wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
-use crate::loader::open_tier;
+use crate::tiers::open_tier;
 
 /// Reads in flight of a whole-model read by default: 16 of 8 MiB, over all its files.
 const DEFAULT_DEPTH: usize = 16;

@@ -1,14 +1,19 @@
-//! Tiers named from Python by URL: `s3://bucket/prefix?endpoint=URL&region=R` wherever Python
-//! takes a tier directory (checkpoint stores, datasets, record shards). The URL is parsed by
-//! `ringtier_s3::S3Config::from_url`, the parser the CLI uses; credentials come from the
-//! `AWS_*` environment variables. Built with the default feature `s3`; without it an S3 URL is
-//! an `UnsupportedError` naming the feature.
+//! Every tier Python names, opened through the front door (`ringtier::open`): a directory
+//! with the engine asked for (`"auto"`: io_uring where the kernel allows it, the thread pool
+//! where it refuses, with one `RuntimeWarning`), or `s3://bucket/prefix?endpoint=URL&region=R`
+//! wherever Python takes a tier directory (checkpoint stores, datasets, record shards; the URL
+//! parsed once, credentials from the `AWS_*` environment variables). Built with the default
+//! feature `s3`; without it an S3 URL is an `UnsupportedError` naming the feature.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use ringtier_core::Tier;
+use ringtier_core::{BufferPool, Tier};
+use ringtier_uring::UringConfig;
+
+use crate::errors::{self, IntoPy};
 
 /// The S3 URL `path` holds, if it names an S3 tier (`s3://...`) rather than a directory
 /// (`ringtier::open::Location`, the one parser).
@@ -74,4 +79,92 @@ pub(crate) fn open_s3(url: &str, _usage: S3Use) -> PyResult<Arc<dyn Tier>> {
         ringtier_core::ErrorKind::Unsupported,
         format!("{url}: this build of ringtier has no S3 tier (build ringtier-py with its default feature `s3`)"),
     )))
+}
+
+/// The engine `name` asks for (`"auto"`, `"uring"` or `"posix"`), resolved for this process:
+/// `"auto"` is `"uring"` where this process may set up an io_uring and `"posix"` (the thread
+/// pool) where the kernel refuses it, with one `RuntimeWarning` per process naming why.
+pub(crate) fn resolve_engine(name: &str) -> PyResult<&'static str> {
+    let engine: ringtier_uring::Engine = name
+        .parse()
+        .map_err(|_| errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {name:?}")))?;
+    Ok(match engine {
+        ringtier_uring::Engine::Posix => "posix",
+        ringtier_uring::Engine::Uring => "uring",
+        ringtier_uring::Engine::Auto => match ringtier_uring::uring_availability() {
+            Ok(()) => "uring",
+            Err(why) => {
+                warn_fallback(&why);
+                "posix"
+            }
+        },
+    })
+}
+
+/// Warns once per process (a Python `RuntimeWarning`) that io_uring was refused and the
+/// thread pool reads and writes instead.
+pub(crate) fn warn_fallback(why: &ringtier_uring::UringRefusal) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let msg = format!(
+        "ringtier: {why}; using the thread-pool engine instead (same files, same formats; slower at one \
+         thread). To use io_uring: {}. `python -m ringtier doctor` says more; engine=\"posix\" silences this.",
+        why.remedy()
+    );
+    Python::attach(|py| {
+        let category = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+        let msg = std::ffi::CString::new(msg).unwrap_or_default();
+        if let Err(e) = PyErr::warn(py, &category, &msg, 1) {
+            // A filter that turns warnings into errors: shown, not raised from an open that worked.
+            e.print(py);
+        }
+    });
+}
+
+/// One engine's tier over `dir`, reading into `pool` where given. A dataset (`dataset`
+/// true) is read-only and read through the links it holds; a store's directory never follows
+/// a link (docs/SECURITY.md). An `s3://` URL opens the S3 tier (`tiers.rs`). `engine_name`
+/// `"auto"` opens io_uring where the kernel allows it and the thread pool where it does not
+/// (`ringtier_uring::open_dir_tier`), warning once.
+pub(crate) fn open_tier(
+    dir: &Path,
+    engine_name: &str,
+    pool: Option<BufferPool>,
+    create: bool,
+    dataset: bool,
+) -> PyResult<Arc<dyn Tier>> {
+    open_tier_with(dir, engine_name, pool, create, dataset, UringConfig::default())
+}
+
+/// [`open_tier`] with the io_uring engine's settings.
+pub(crate) fn open_tier_with(
+    dir: &Path,
+    engine_name: &str,
+    pool: Option<BufferPool>,
+    create: bool,
+    dataset: bool,
+    uring: UringConfig,
+) -> PyResult<Arc<dyn Tier>> {
+    if let Some(url) = crate::tiers::s3_url(dir) {
+        let usage = if dataset { crate::tiers::S3Use::Dataset { depth: 64 } } else { crate::tiers::S3Use::Store };
+        return crate::tiers::open_s3(url, usage);
+    }
+    let engine: ringtier_uring::Engine = engine_name.parse().map_err(|_| {
+        errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
+    })?;
+    let role = if dataset { ringtier::Role::Dataset } else { ringtier::Role::Store };
+    let options = ringtier::OpenOptions::default()
+        .with_role(role)
+        .with_engine(engine)
+        .with_uring(uring)
+        .with_pool(pool)
+        .with_create(create)
+        .with_metered(false);
+    let opened = ringtier::open(dir, &options).py_err()?;
+    if let ringtier::open::Backend::Files(ringtier_uring::EngineUsed::PosixFallback(why)) = &opened.backend {
+        warn_fallback(why);
+    }
+    Ok(opened.tier)
 }

@@ -21,7 +21,7 @@ use ringtier_migrate::{
 use crate::buffer::ExportedBytes;
 use crate::engine::{wait, wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
-use crate::loader::open_tier;
+use crate::tiers::open_tier;
 
 mod parts;
 pub(crate) use parts::PartBuffer;

@@ -37,6 +37,21 @@ static ENGINE: Mutex<Option<Arc<Engine>>> = Mutex::new(None);
 /// driver threads), so two are plenty next to a training loop.
 const WORKER_THREADS: usize = 2;
 
+/// The environment variable that sets the runtime's worker threads (1 to 64), read once when a
+/// process's engine starts: `ringtier.torch` datasets set it in a DataLoader worker to the
+/// worker's share of the cores (at most [`WORKER_THREADS`]) unless the user did.
+pub(crate) const THREADS_ENV: &str = "RINGTIER_ENGINE_THREADS";
+
+/// The runtime's worker threads: [`THREADS_ENV`] when it holds a number from 1 to 64, else
+/// [`WORKER_THREADS`].
+fn worker_threads() -> usize {
+    std::env::var(THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(WORKER_THREADS)
+}
+
 /// This process's engine, created on first use (also in a forked child, where the parent's
 /// one is leaked: its threads do not exist there).
 pub(crate) fn engine() -> PyResult<Arc<Engine>> {
@@ -51,7 +66,7 @@ pub(crate) fn engine() -> PyResult<Arc<Engine>> {
         std::mem::forget(inherited);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKER_THREADS)
+        .worker_threads(worker_threads())
         .thread_name("ringtier-py")
         .enable_all()
         .build()

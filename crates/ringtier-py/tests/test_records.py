@@ -295,18 +295,28 @@ def test_torch_record_dataset_splits_over_dataloader_workers(tf, wds):
     from ringtier.torch import RecordDataset
 
     root, where = tf
-    ds = RecordDataset(root, format="tfrecord", rank=0, world_size=1, seed=3)
-    got = [bytes(t.numpy()) for t in DataLoader(ds, batch_size=None, num_workers=2)]
+    ds = RecordDataset(root, format="tfrecord", rank=0, world_size=1, seed=3, batched=True, batch_size=8)
+    got = [bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for t in b]
     assert sorted(got) == sorted(where)
-    glob = RecordDataset(root, format="tfrecord", order="global", rank=1, world_size=2, with_keys=True)
-    items = list(DataLoader(glob, batch_size=None, num_workers=2))
+    # One record at a time across workers: refused, saying what to write.
+    single = RecordDataset(root, format="tfrecord", rank=0, world_size=1, seed=3)
+    with pytest.raises(ValueError, match="batched=True"):
+        list(DataLoader(single, batch_size=None, num_workers=2))
+    glob = RecordDataset(
+        root, format="tfrecord", order="global", rank=1, world_size=2, with_keys=True, batched=True, batch_size=8
+    )
+    items = [item for b in DataLoader(glob, batch_size=None, num_workers=2) for item in b]
     assert len(items) == len(glob) == len(where) // 2
     for key, t in items:
         shard, off = key.rsplit(":", 1)
         assert t.dtype == torch.uint8 and where[bytes(t.numpy())] == (shard, int(off))
     wroot, samples = wds
-    wds_ds = RecordDataset(wroot, format="wds", fields=["cls"], with_keys=True, rank=0, world_size=1)
+    wds_ds = RecordDataset(wroot, format="wds", fields=["cls"], rank=0, world_size=1, batched=True, batch_size=4)
     wds_ds.set_epoch(1)
-    out = dict(DataLoader(wds_ds, batch_size=None, num_workers=2))
+    out = {
+        key: {"cls": b["cls"][i]}
+        for b in DataLoader(wds_ds, batch_size=None, num_workers=2)
+        for i, key in enumerate(b["__key__"])
+    }
     assert sorted(out) == sorted(samples)
     assert all(list(v) == ["cls"] and bytes(v["cls"].numpy()) == samples[k]["cls"] for k, v in out.items())

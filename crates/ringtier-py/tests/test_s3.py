@@ -279,10 +279,10 @@ def test_torch_iterable_dataset_from_s3_with_workers(s3, tmp_path):
     files = write_dataset(tmp_path / "local", 60, seed=11)
     for k, v in files.items():
         s3.put(bucket, f"ds/{k}", v)
-    ds = rt.IterableDataset(s3.url(bucket, "ds"), read_batch=8, seed=1, with_keys=True)
+    ds = rt.IterableDataset(s3.url(bucket, "ds"), batch_size=8, seed=1, with_keys=True)
     for workers in (0, 2):
         dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
-        got = {key: bytes(t.numpy()) for key, t in dl}
+        got = {key: bytes(t.numpy()) for batch in dl for key, t in batch}
         assert got == files, workers
 
 

@@ -194,14 +194,16 @@ def test_record_dataset_cache_in_a_directory_with_workers(tmp_path):
     root = tmp_path / "tf"
     where = write_tfrecords(root, 4, 20)
     cdir = tmp_path / "cache"
-    ds = rt.RecordDataset(root, cache={"capacity": 64 << 20, "policy": "lru", "medium": str(cdir)}, read_size=1 << 16)
+    ds = rt.RecordDataset(
+        root, cache={"capacity": 64 << 20, "policy": "lru", "medium": str(cdir)}, read_size=1 << 16, batched=True
+    )
     for epoch in (0, 1):
         ds.set_epoch(epoch)
-        got = [bytes(t.numpy()) for t in DataLoader(ds, batch_size=None, num_workers=2)]
+        got = [bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for t in b]
         assert sorted(got) == sorted(where)
     assert ds.cache_stats() is None, "the workers' caches are theirs; none in this process"
     ds.set_epoch(2)
-    assert sorted(bytes(t.numpy()) for t in ds) == sorted(where)
+    assert sorted(bytes(t.numpy()) for b in ds for t in b) == sorted(where)
     stats = ds.cache_stats()
     assert stats is not None and stats["levels"][0]["name"] == "dir", stats
 

@@ -16,16 +16,32 @@ import ringtier.torch as rt
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_sample_once_per_epoch_across_workers(dataset, workers):
     root, files = dataset
-    ds = rt.IterableDataset(root, read_batch=16, seed=4, with_keys=True)
+    # One sample at a time without workers; batches (packed) across them.
+    if workers:
+        ds = rt.IterableDataset(root, batch_size=16, seed=4, with_keys=True)
+    else:
+        ds = rt.IterableDataset(root, read_batch=16, seed=4, with_keys=True)
     dl = DataLoader(ds, batch_size=None, num_workers=workers)
     for epoch in (0, 1):
         ds.set_epoch(epoch)
         seen = collections.Counter()
-        for key, t in dl:
+        for key, t in (item for batch in dl for item in batch) if workers else dl:
             assert isinstance(t, torch.Tensor) and t.dtype == torch.uint8
             assert bytes(t.numpy()) == files[key]
             seen[key] += 1
         assert seen == collections.Counter(list(files)), f"epoch {epoch}"
+
+
+def test_one_sample_at_a_time_across_workers_is_refused_saying_what_to_write(dataset):
+    root, files = dataset
+    ds = rt.IterableDataset(root, read_batch=16)
+    with pytest.raises(ringtier.InvalidInputError) as e:
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+    msg = str(e.value)
+    assert "yields one sample at a time" in msg and "batch_size=256" in msg and "num_workers=0" in msg, msg
+    # The DataLoader batching in its workers crosses once per batch: allowed.
+    got = [b for batch in DataLoader(ds, batch_size=8, num_workers=2, collate_fn=list) for b in batch]
+    assert sorted(bytes(t.numpy()) for t in got) == sorted(files.values())
 
 
 def test_empty_samples_are_empty_tensors(tmp_path):

@@ -49,12 +49,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     result: dict = {"rank": rank, "world": world}
     if mode == "train":
-        ds = rt.IterableDataset(data, read_batch=16, seed=11, with_keys=True)
+        ds = rt.IterableDataset(data, batch_size=16, seed=11, with_keys=True)
         dl = DataLoader(ds, batch_size=None, num_workers=2)
         epochs = []
         for epoch in range(2):
             ds.set_epoch(epoch)
-            keys = [k for k, _ in dl]
+            keys = [k for batch in dl for k, _ in batch]
             gathered: list = [None] * world
             dist.all_gather_object(gathered, keys)
             epochs.append(gathered)

@@ -24,6 +24,7 @@ import ctypes
 import itertools
 import multiprocessing
 import os
+import sys
 import weakref
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -281,4 +282,114 @@ class PackedBatch:
         return f"ringtier.torch.PackedBatch(samples={len(self)}, bytes={self.data.numel()}{shape})"
 
 
-__all__ = ["PackedBatch", "SlotRing", "WORKERS_WARNING", "WarnOnce"]
+def _rebuild_leased(data: torch.Tensor, token: str, index: int, dtype: str, shape: Tuple[int, ...]) -> torch.Tensor:
+    """The main process's side of :class:`LeasedTensor`: a plain tensor over the worker's slot,
+    the slot freed for the worker when the last view of it is gone."""
+    kind = getattr(torch, dtype)
+    if token in _RINGS and data.numel() > 0:
+        arr = data.numpy()
+        weakref.finalize(arr, _release, token, index)
+        return torch.frombuffer(arr, dtype=kind).view(shape)
+    _release(token, index)
+    return data.view(kind).view(shape)
+
+
+class LeasedTensor:
+    """A batch a DataLoader worker made in one of its :class:`SlotRing` slots (transformed
+    images decoded straight into shared memory), on its way to the main process: it unpickles
+    there as a plain ``torch.Tensor`` of ``shape`` and ``dtype`` viewing the slot, without a
+    copy, and the slot is the worker's again once no view of that tensor is left."""
+
+    __slots__ = ("data", "token", "index", "dtype", "shape")
+
+    def __init__(self, data: torch.Tensor, token: str, index: int, dtype: str, shape: Tuple[int, ...]) -> None:
+        self.data, self.token, self.index, self.dtype, self.shape = data, token, index, dtype, tuple(shape)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_leased, (self.data, self.token, self.index, self.dtype, self.shape))
+
+    def tensor(self) -> torch.Tensor:
+        """The batch as a tensor (in the worker: a view of the slot)."""
+        return self.data.view(getattr(torch, self.dtype)).view(self.shape)
+
+
+def lease(ring: Optional[SlotRing], worker: int, dtype: torch.dtype, shape: Tuple[int, ...]) -> Optional[Tuple[torch.Tensor, Any]]:
+    """A free slot of ``ring`` for ``worker`` as a tensor of ``dtype`` and ``shape`` to fill,
+    and a function that turns the first ``n`` rows of it into the :class:`LeasedTensor` to yield;
+    None when there is no ring or no free slot."""
+    if ring is None:
+        return None
+    item = torch.empty((), dtype=dtype).element_size()
+    nbytes = item
+    for d in shape:
+        nbytes *= d
+    taken = ring.take(worker, max(nbytes, 1))
+    if taken is None:
+        return None
+    slot, index = taken
+    out = slot[:nbytes].view(dtype).view(shape)
+    per_row = nbytes // shape[0] if shape and shape[0] else 0
+    name = str(dtype).replace("torch.", "")
+
+    def finish(n: int) -> LeasedTensor:
+        return LeasedTensor(slot[: n * per_row], ring.token, index, name, (n,) + tuple(shape[1:]))
+
+    return out, finish
+
+
+def worker_cores() -> int:
+    """The cores this process may run on, split over the DataLoader's workers (all of them
+    outside a worker)."""
+    from torch.utils.data import get_worker_info
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    info = get_worker_info()
+    return max(1, cores // (info.num_workers if info is not None else 1))
+
+
+#: The runtime threads of a process's engine when nothing says otherwise (ringtier-py's
+#: engine.rs); a worker gets fewer when its share of the cores is smaller.
+ENGINE_THREADS = 2
+
+
+def fit_engine_to_worker() -> None:
+    """In a DataLoader worker, before its engine starts: the engine's runtime threads fit the
+    worker's share of the cores (``RINGTIER_ENGINE_THREADS``, read once when a process's
+    engine starts; a value the user set wins)."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None or "RINGTIER_ENGINE_THREADS" in os.environ:
+        return
+    os.environ["RINGTIER_ENGINE_THREADS"] = str(min(ENGINE_THREADS, worker_cores()))
+
+
+def dataloader_batches() -> Optional[bool]:
+    """In a DataLoader worker, called from a dataset's ``__iter__`` body: whether the
+    DataLoader batches the items itself (``batch_size=N``, one crossing per batch) or sends
+    each on its own (``batch_size=None``); None when it cannot be told (then nothing is
+    refused)."""
+    f = sys._getframe(1)
+    for _ in range(8):
+        f = f.f_back  # type: ignore[assignment]
+        if f is None:
+            return None
+        fetcher = f.f_locals.get("self")
+        if fetcher is not None and hasattr(fetcher, "auto_collation") and hasattr(fetcher, "dataset_iter"):
+            return bool(fetcher.auto_collation)
+    return None
+
+
+__all__ = [
+    "LeasedTensor",
+    "PackedBatch",
+    "SlotRing",
+    "WORKERS_WARNING",
+    "WarnOnce",
+    "dataloader_batches",
+    "fit_engine_to_worker",
+    "lease",
+    "worker_cores",
+]

@@ -19,7 +19,8 @@ from torch.utils.data import get_worker_info
 from .._ringtier import Loader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
-from ._packed import PackedBatch, SlotRing, WarnOnce
+from ..errors import InvalidInputError
+from ._packed import PackedBatch, SlotRing, WarnOnce, dataloader_batches, fit_engine_to_worker, worker_cores
 from ._world import rank_world
 
 
@@ -51,7 +52,11 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
     ``num_workers=0`` is the fast setting: the engine reads (and decodes) on its own threads.
     In ``DataLoader`` workers (``num_workers > 0``, warned once) each batch of ``batch_size``
     crosses to the main process as one :class:`PackedBatch` (one shared-memory tensor plus
-    offsets, used like the list it replaces), not one tensor per sample.
+    offsets, used like the list it replaces), and a ``transform`` batch is decoded straight into
+    shared memory the worker reuses; each worker's engine and decode threads fit its share of
+    the cores. Samples one at a time (no ``batch_size``) under ``DataLoader(num_workers=N,
+    batch_size=None)`` are refused with a message that says what to write instead: each would
+    cross the worker boundary on its own, at about a tenth of the speed.
 
     Listing (docs/SCALE.md): without a per-file stat, cached in ``DIR/.ringtier-listing`` and
     used while its directories are unchanged (``stat_files``, ``listing_cache``: see
@@ -172,7 +177,12 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             # In a DataLoader worker the read buffers are mapped untouched and unregistered:
             # every worker has a pool of its own, and faulting each one in before the first
             # batch made 4 workers' first epoch 0.36x the speed of 0 workers (src/lazy_pool.rs).
-            options["lazy_pool"] = get_worker_info() is not None
+            # Its engine and decode threads fit its share of the cores.
+            in_worker = get_worker_info() is not None
+            options["lazy_pool"] = in_worker
+            if in_worker:
+                fit_engine_to_worker()
+                options["decode_threads"] = min(int(options["decode_threads"]), worker_cores())
             loader = Loader(
                 self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], warn_skipped=False, **options
             )
@@ -206,6 +216,8 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             return
         info = get_worker_info()
         if info is not None:
+            if self.batch_size is None and dataloader_batches() is False:
+                raise InvalidInputError(per_sample_refused("ringtier.torch.IterableDataset(path)", info.num_workers))
             self._workers_warning.warn()
         packed = info is not None and self.batch_size is not None
         loader = self.loader()
@@ -235,6 +247,19 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
                 yield from items
             else:
                 yield items
+
+
+def per_sample_refused(what: str, workers: int, batched: str = "batch_size=256") -> str:
+    """Why a dataset that yields one sample at a time refuses a DataLoader that would send each
+    across the worker boundary on its own, and what to write instead."""
+    return (
+        f"{what} yields one sample at a time, and DataLoader(num_workers={workers}, batch_size=None) would send "
+        f"each across the worker boundary on its own (one shared-memory segment per sample: about a tenth of the "
+        f"speed of num_workers=0). Give the dataset {batched} and keep DataLoader(ds, batch_size=None, "
+        f"num_workers={workers}): each item is then one batch that crosses as one buffer (iterate it for its "
+        f"samples). Or batch in the workers, DataLoader(ds, batch_size=N, collate_fn=...), or use num_workers=0 "
+        f"(ringtier reads and decodes on its own threads: the fast setting; docs/SCALE.md)."
+    )
 
 
 def _checked_cache(cache: Any) -> Any:

@@ -21,7 +21,7 @@ from .._ringtier import Loader, TransformPipeline
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
-from ._packed import WarnOnce
+from ._packed import SlotRing, WarnOnce, fit_engine_to_worker, lease, worker_cores
 from ._world import rank_world
 
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
@@ -30,12 +30,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 def default_threads() -> int:
     """Decode threads per process: the cores this process may use, split over DataLoader workers."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 2
-    info = get_worker_info()
-    return max(1, cores // (info.num_workers if info is not None else 1))
+    return worker_cores()
 
 
 def resolve_pin(pin_memory: Optional[bool]) -> bool:
@@ -61,21 +56,28 @@ def transformed(
     pin_memory: bool = False,
     on_bad: str = "skip",
     pixels: bool = False,
-) -> Iterator[Tuple[torch.Tensor, List[int], Any]]:
+    ring: Any = None,
+) -> Iterator[Tuple[Any, List[int], Any]]:
     """Decodes and transforms ``batches`` of ``(encoded images, indices, extra)`` with up to
     ``depth`` batches in flight; yields ``(images, kept indices, extra)``, images ``(n, 3, S,
     S)``. A sample that fails to decode is left out (``on_bad="skip"``) or raises
     :class:`ringtier.CorruptError` (``"fail"``). ``pixels=True``: the items are a
     materialized split point's stored pixels (decoded samples, ``(side, side, 3)``), and only
-    the steps after it run."""
+    the steps after it run.
+
+    ``ring`` (a :class:`SlotRing`, in a DataLoader worker): each batch is decoded straight into
+    one of the worker's shared-memory slots and yielded as a :class:`LeasedTensor`, which
+    reaches the main process as a plain tensor without a copy (a fresh segment, as before, when
+    every slot is busy)."""
     if on_bad not in ("skip", "fail"):
         raise InvalidInputError(f'on_bad must be "skip" or "fail", not {on_bad!r}')
     dtype = torch.float32 if pipeline.dtype == "float32" else torch.uint8
     size = pipeline.size
-    flight: Deque[Tuple[Any, Optional[torch.Tensor], Any]] = collections.deque()
+    flight: Deque[Tuple[Any, Optional[torch.Tensor], Any, Any]] = collections.deque()
+    info = get_worker_info() if ring is not None else None
 
-    def finish() -> Optional[Tuple[torch.Tensor, List[int], Any]]:
-        pending, out, extra = flight.popleft()
+    def finish() -> Optional[Tuple[Any, List[int], Any]]:
+        pending, out, extra, leased = flight.popleft()
         done = pending.wait()
         if done.failed and on_bad == "fail":
             index, why = done.failed[0]
@@ -83,7 +85,10 @@ def transformed(
         n = done.shape[0]
         if n == 0:
             return None
-        if out is not None:
+        images: Any
+        if leased is not None:
+            images = leased(n)
+        elif out is not None:
             images = out[:n]
         else:
             images = torch.frombuffer(done, dtype=dtype).view(done.shape)
@@ -93,13 +98,18 @@ def transformed(
         if not items:
             continue
         out = None
-        if pin_memory:
-            out = torch.empty((len(items), 3, size, size), dtype=dtype, pin_memory=True)
+        leased = None
+        shape = (len(items), 3, size, size)
+        taken = lease(ring, info.id, dtype, shape) if info is not None else None
+        if taken is not None:
+            out, leased = taken
+        elif pin_memory:
+            out = torch.empty(shape, dtype=dtype, pin_memory=True)
         side = int(items[0].shape[0]) if pixels else None
         pending = pipeline.submit(
             items, [int(i) for i in indices], epoch, out.numpy() if out is not None else None, pixels=side
         )
-        flight.append((pending, out, extra))
+        flight.append((pending, out, extra, leased))
         if len(flight) > depth:
             got = finish()
             if got is not None:
@@ -139,7 +149,8 @@ def iterate_files(ds: Any) -> Iterator[Any]:
     raw = ((list(b), b.indices, None) for b in loader.epoch(ds.epoch, ds.position))
     pin = resolve_pin(ds.pin_memory)
     pixels = "materialize" in ds.options
-    for images, kept, _ in transformed(pipeline, raw, ds.epoch, pin_memory=pin, pixels=pixels):
+    ring = ds._ring if get_worker_info() is not None else None
+    for images, kept, _ in transformed(pipeline, raw, ds.epoch, pin_memory=pin, pixels=pixels, ring=ring):
         yield ([keys[i] for i in kept], images) if keys is not None else images
 
 
@@ -215,7 +226,8 @@ def iterate_records(ds: Any) -> Iterator[Any]:
             yield items, indices, extra
 
     pin = resolve_pin(ds.pin_memory)
-    for images, kept, extra in transformed(cached[1], batches(), ds.epoch, pin_memory=pin):
+    ring = ds._ring if get_worker_info() is not None else None
+    for images, kept, extra in transformed(cached[1], batches(), ds.epoch, pin_memory=pin, ring=ring):
         out: List[Any] = [images]
         if labelled:
             out.append(torch.tensor([extra[i][1] for i in kept], dtype=torch.int64))
@@ -338,6 +350,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self.epoch = 0
         self._state: Optional[Tuple[int, Tuple[int, int], Loader, Optional[TransformPipeline], torch.Tensor]] = None
         self._skipped_warning = WarnOnce("skipped")
+        self._ring = SlotRing()  # the workers' reusable shared memory for batches
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
@@ -354,6 +367,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         shard = self.shard()
         pid = os.getpid()
         if self._state is None or self._state[0] != pid or self._state[1] != shard:
+            fit_engine_to_worker()
             keys = [k for k, _ in self.samples]
             pipe = pipeline_for(self.transform, self.seed, self.decode_threads) if self.transform is not None else None
             split = {"materialize_for": pipe} if "materialize" in self.options else {}
@@ -395,8 +409,9 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             return
         pin = resolve_pin(self.pin_memory)
         pixels = "materialize" in self.options
+        ring = self._ring if get_worker_info() is not None else None
         for images, kept, _ in transformed(
-            pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad, pixels=pixels
+            pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad, pixels=pixels, ring=ring
         ):
             yield images, labels[kept]
 

@@ -13,7 +13,8 @@ from torch.utils.data import get_worker_info
 from .._ringtier import RecordLoader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
-from ._packed import PackedBatch, SlotRing, WarnOnce
+from ..errors import InvalidInputError
+from ._packed import PackedBatch, SlotRing, WarnOnce, dataloader_batches, fit_engine_to_worker
 from ._world import rank_world
 
 
@@ -64,8 +65,10 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     tensor), a WebDataset batch a dict of field name to :class:`PackedBatch` (a record without
     that field gives an empty tensor) plus ``"__key__"``, the sample keys; without workers the
     same shapes hold lists of tensors sharing the records' memory. Records one at a time
-    (the default) cross the worker boundary one shared-memory tensor each; ``num_workers=0``
-    is the fast setting either way (the loader has its own threads; warned once).
+    (the default) are refused under ``DataLoader(num_workers=N, batch_size=None)`` (each would
+    cross the worker boundary as a shared-memory tensor of its own), with a message that says
+    what to write instead; ``num_workers=0`` is the fast setting (the loader has its own
+    threads).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         pid = os.getpid()
         if self._loader is None or self._loader[0] != pid or self._loader[1] != reader:
             rank, world, worker, workers = reader
+            fit_engine_to_worker()
             loader = RecordLoader(
                 self.path,
                 format=self.format,
@@ -209,7 +213,14 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
             yield self._batch(pending, worker)
 
     def __iter__(self) -> Iterator[Any]:
-        if get_worker_info() is not None:
+        info = get_worker_info()
+        if info is not None:
+            if not self.batched and self.transform is None and dataloader_batches() is False:
+                from .data import per_sample_refused
+
+                raise InvalidInputError(
+                    per_sample_refused("ringtier.torch.RecordDataset(path)", info.num_workers, "batched=True")
+                )
             self._workers_warning.warn()
         if self.batched:
             yield from self._batches()

@@ -1,0 +1,95 @@
+"""DataLoader workers that do not cost (issue 37): a transformed batch is decoded in a worker
+straight into shared memory the worker reuses and reaches the main process as a plain tensor
+without a copy; a slot is reused only once no view of its batch is left (batches held by the
+training loop stay intact); each worker's engine fits its share of the cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+from torch.utils.data import DataLoader
+
+import ringtier.torch as rt
+from ringtier import transforms as T
+from ringtier.torch._packed import SLOTS_PER_WORKER
+from test_transforms import write_jpegs
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def chain() -> T.Compose:
+    return T.Compose(
+        [T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)]
+    )
+
+
+def test_transformed_batches_from_workers_are_the_same_tensors_and_stay_intact_while_held(tmp_path: Path):
+    write_jpegs(tmp_path / "img", {"a": 40, "b": 40})
+    ds = rt.IterableDataset(tmp_path / "img", transform=chain(), batch_size=4, with_keys=True, seed=3, pin_memory=False)
+    want: Dict[str, torch.Tensor] = {}
+    for keys, images in DataLoader(ds, batch_size=None, num_workers=0):
+        want.update({k: images[i].clone() for i, k in enumerate(keys)})
+    # Every batch held until the end: more batches than a worker has slots, so the later ones
+    # cannot reuse a slot a held batch is in (they fall back to fresh memory).
+    held: List[torch.Tensor] = []
+    got: Dict[str, torch.Tensor] = {}
+    for keys, images in DataLoader(ds, batch_size=None, num_workers=2):
+        assert type(images) is torch.Tensor and images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+        held.append(images)
+        got.update({k: images[i] for i, k in enumerate(keys)})
+    assert len(held) > 2 * SLOTS_PER_WORKER
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    # Batches dropped as they come: the slots are reused, and the images are right every time.
+    for epoch in (0, 0):
+        ds.set_epoch(epoch)
+        n = 0
+        for keys, images in DataLoader(ds, batch_size=None, num_workers=2):
+            for i, k in enumerate(keys):
+                assert torch.equal(images[i], want[k]), k
+            n += len(keys)
+        assert n == 80
+
+
+def test_image_folder_batches_from_workers_match_no_workers(tmp_path: Path):
+    write_jpegs(tmp_path / "img", {"a": 30, "b": 30})
+    ds = rt.ImageFolder(tmp_path / "img", chain(), batch_size=8, seed=5, pin_memory=False, shuffle=False)
+    ref = sorted((int(l), im.sum().item()) for images, labels in ds for im, l in zip(images, labels))
+    out = []
+    for images, labels in DataLoader(ds, batch_size=None, num_workers=2):
+        assert type(images) is torch.Tensor
+        out += [(int(l), im.sum().item()) for im, l in zip(images, labels)]
+    assert sorted(out) == ref
+
+
+def test_a_workers_engine_fits_its_share_of_the_cores(tmp_path: Path):
+    write_jpegs(tmp_path / "img", {"a": 8})
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from torch.utils.data import DataLoader, IterableDataset
+        import ringtier.torch as rt
+
+        class Probe(rt.IterableDataset):
+            def __iter__(self):
+                self.loader()
+                yield torch.tensor([int(os.environ.get("RINGTIER_ENGINE_THREADS", "0"))])
+
+        ds = Probe({str(tmp_path / "img")!r}, batch_size=4)
+        print(sorted(int(t) for t in DataLoader(ds, batch_size=None, num_workers=4)))
+        print(os.environ.get("RINGTIER_ENGINE_THREADS"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    cores = len(os.sched_getaffinity(0))
+    share = max(1, min(2, cores // 4))
+    assert out.stdout.split("\n")[0] == str([share] * 4), out.stdout
+    assert out.stdout.split("\n")[1] == "None", "the main process's engine is left as it is"

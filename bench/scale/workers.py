@@ -1,16 +1,20 @@
 """DataLoader workers at the scale of real jobs (issue 37): the same epoch at 0, 1, 2, 4 and 8
 workers, for raw small files in batches and for the photo transform chain, against
-torchvision's DatasetFolder at 0, 2, 4 and 8 workers, cold, interleaved, one fresh process
-per pass.
+torchvision's DatasetFolder at 0, 2, 4 and 8 workers and SPDL's thread pipeline, cold,
+interleaved, one fresh process per pass.
 
-    python bench/scale/workers.py [--raw DIR] [--photos DIR] [--repeats 3]
-        [--workers 0,1,2,4,8] [--peer-workers 0,2,4,8] [--json out.json] [--md out.md]
+    python bench/scale/workers.py [--raw DIR] [--photos DIR] [--records DIR] [--repeats 3]
+        [--workers 0,1,2,4,8] [--peer-workers 0,2,4,8] [--spdl 8,16] [--json out.json] [--md out.md]
 
 ``--raw DIR`` (bench/scale/make_files.py): ``ringtier.torch.IterableDataset(DIR,
 batch_size=256)`` through ``DataLoader(ds, batch_size=None, num_workers=N)`` (in a worker a
 batch crosses as one PackedBatch), against ``torchvision.datasets.DatasetFolder(DIR,
 loader=<read bytes>, extensions=(".bin",))`` in ``DataLoader(batch_size=256, shuffle=True,
-num_workers=N, collate_fn=list)``. ``--photos DIR`` (bench/python/make_photos.py):
+num_workers=N, collate_fn=list)``, and (``--spdl 8,16``) SPDL 0.8's ``PipelineBuilder``
+(the files listed by ``os.walk``, shuffled, read by N threads, batched by 256; workers column:
+its threads). ``--records DIR`` (``ringtier gen --format tfrecord``): ``ringtier.torch.RecordDataset(DIR,
+format="tfrecord", batched=True, batch_size=256)`` (in a worker a batch crosses as one
+PackedBatch). ``--photos DIR`` (bench/python/make_photos.py):
 ``ringtier.torch.ImageFolder(DIR, transform, batch_size=64)`` with the ImageNet training
 chain (RandomResizedCrop(224), RandomHorizontalFlip, ToDtype(float32, scale=True), Normalize)
 through ``DataLoader(ds, batch_size=None, num_workers=N)`` (in a worker a batch is decoded
@@ -44,11 +48,38 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
 
     if side == "torchvision":
         import torchvision
+    elif side == "spdl":
+        from spdl.pipeline import PipelineBuilder
     else:
         import ringtier.torch as rt
         import ringtier.transforms as T
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
+    if side == "spdl":
+        # SPDL's thread pipeline: the files listed as torchvision lists them (os.walk), shuffled,
+        # read by WORKERS threads, batched by 256.
+        import random
+
+        def read_file(path: str) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".bin"))
+        random.Random(1).shuffle(paths)
+        pipeline = (
+            PipelineBuilder().add_source(paths).pipe(read_file, concurrency=workers).aggregate(256).add_sink(4)
+            .build(num_threads=workers)
+        )
+        n = 0
+        with pipeline.auto_stop():
+            for batch in pipeline.get_iterator(timeout=600):
+                n += len(batch)
+                del batch
+        wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        return {"samples": n, "wall_s": wall, "per_s": n / wall, "cpu_s_per_1000": cpu / n * 1000,
+                "rss_main_mib": r1.ru_maxrss / 1024, "rss_worker_mib": 0.0}
     if kind == "raw" and side == "torchvision":
 
         def read(path: str) -> bytes:
@@ -59,6 +90,9 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
         dl = DataLoader(ds, batch_size=256, shuffle=True, num_workers=workers, collate_fn=list)
     elif kind == "raw":
         ds = rt.IterableDataset(root, batch_size=256, seed=1, rank=0, world_size=1)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers)
+    elif kind == "records":
+        ds = rt.RecordDataset(root, format="tfrecord", batched=True, batch_size=256, seed=1, rank=0, world_size=1)
         dl = DataLoader(ds, batch_size=None, num_workers=workers)
     else:
         chain = T.Compose([
@@ -100,9 +134,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw")
     ap.add_argument("--photos")
+    ap.add_argument("--records", help="a directory of TFRecord shards (ringtier gen --format tfrecord)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,1,2,4,8")
     ap.add_argument("--peer-workers", default="0,2,4,8")
+    ap.add_argument("--spdl", default="", help="SPDL thread counts (raw only; needs `pip install spdl`)")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "SIDE", "DIR", "WORKERS"))
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -112,14 +148,16 @@ def main() -> int:
         print(json.dumps(child(kind, side, root, int(w))))
         return 0
     configs: List[Tuple[str, str, str, int]] = []
-    for kind, root in (("raw", a.raw), ("photos", a.photos)):
+    for kind, root in (("raw", a.raw), ("photos", a.photos), ("records", a.records)):
         if not root:
             continue
-        # The listing cache, made once (the data set's directories are older than two seconds).
-        subprocess.run([sys.executable, "-c", "import ringtier, sys; ringtier.Loader(sys.argv[1])", root], check=True)
+        if kind != "records":
+            # The listing cache, made once (the data set's directories are older than two seconds).
+            subprocess.run([sys.executable, "-c", "import ringtier, sys; ringtier.Loader(sys.argv[1])", root], check=True)
         configs += [(kind, "ringtier", root, int(w)) for w in a.workers.split(",")]
         if kind == "raw":
             configs += [(kind, "torchvision", root, int(w)) for w in a.peer_workers.split(",") if w]
+            configs += [(kind, "spdl", root, int(w)) for w in a.spdl.split(",") if w]
     raw: Dict[str, List[Dict[str, Any]]] = {f"{k}/{s}/{w}": [] for k, s, _, w in configs}
     for r in range(a.repeats):
         for k, s, root, w in configs:

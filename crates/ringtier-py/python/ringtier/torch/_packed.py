@@ -242,6 +242,41 @@ class PackedBatch:
             batch._lease = _Lease(ring.token, taken[1])
         return batch
 
+    @classmethod
+    def pack_buffers(
+        cls,
+        buffers: Sequence[Any],
+        keys: Optional[List[str]] = None,
+        ring: Optional[SlotRing] = None,
+        worker: int = 0,
+    ) -> "PackedBatch":
+        """Like :meth:`pack`, from objects with the buffer protocol (a loader's samples, records,
+        record fields; ``b""`` for none): each one's bytes copied once, straight into the batch's
+        shared memory, without a tensor per sample (what costs most in a worker at hundreds of
+        thousands of samples a second)."""
+        views = []
+        offsets = [0]
+        for b in buffers:
+            v = memoryview(b)
+            if v.ndim != 1 or v.format != "B":
+                v = v.cast("B")
+            views.append(v)
+            offsets.append(offsets[-1] + v.nbytes)
+        total = offsets[-1]
+        taken = ring.take(worker, total) if ring is not None and total > 0 else None
+        if taken is not None:
+            data = taken[0][:total]
+        else:
+            data = _shared_bytes(total) if total > 0 else torch.empty(0, dtype=torch.uint8)
+        if total > 0:
+            dst = memoryview(data.numpy())
+            for v, o in zip(views, offsets):
+                dst[o : o + v.nbytes] = v
+        batch = cls(data, offsets, None, keys)
+        if taken is not None and ring is not None:
+            batch._lease = _Lease(ring.token, taken[1])
+        return batch
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 

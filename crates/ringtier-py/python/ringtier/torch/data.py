@@ -226,6 +226,11 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         frombuffer, uint8 = torch.frombuffer, torch.uint8
         for batch in loader.epoch(self.epoch, self.position):
             samples = list(batch)
+            if packed and not decoded:
+                # Raw bytes in a worker: each sample copied once into the batch's shared memory.
+                batch_keys = [keys[s.index] for s in samples] if keys is not None else None
+                yield PackedBatch.pack_buffers(samples, batch_keys, ring=self._ring, worker=info.id if info else 0)
+                continue
             if decoded:
                 tensors = [_to_tensor(s) for s in samples]
             else:

@@ -179,24 +179,24 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         return {n: _field_tensor(record[n]) for n in names}
 
     def _batch(self, records: List[Any], worker: Optional[int]) -> Any:
-        """``records`` as one batch: packed in a worker (``worker`` its id), lists without."""
-        keys = [r.key or f"{r.shard_key}:{r.offset}" for r in records]
+        """``records`` as one batch: packed in a worker (``worker`` its id; each record's bytes
+        copied once into the batch's shared memory, no tensor per record), lists without."""
+        wds = self.format != "tfrecord"
+        keys = [r.key or f"{r.shard_key}:{r.offset}" for r in records] if self.with_keys or wds else None
 
-        def column(tensors: List[torch.Tensor], with_keys: bool) -> Any:
+        def column(items: List[Any], with_keys: bool) -> Any:
             if worker is None:
-                return list(zip(keys, tensors)) if with_keys else tensors
-            return PackedBatch.pack(tensors, keys if with_keys else None, ring=self._ring, worker=worker)
+                tensors = [_field_tensor(x) if len(x) else torch.empty(0, dtype=torch.uint8) for x in items]
+                return list(zip(keys or [], tensors)) if with_keys else tensors
+            return PackedBatch.pack_buffers(items, keys if with_keys else None, ring=self._ring, worker=worker)
 
-        if self.format == "tfrecord":
-            return column([_field_tensor(r) for r in records], self.with_keys)
+        if not wds:
+            return column(records, self.with_keys)
         names: List[str] = list(self.fields) if self.fields is not None else []
         if self.fields is None:
             for r in records:
                 names += [n for n in r.names() if n not in names]
-        empty = torch.empty(0, dtype=torch.uint8)
-        out: Dict[str, Any] = {
-            n: column([_field_tensor(r[n]) if n in r else empty for r in records], False) for n in names
-        }
+        out: Dict[str, Any] = {n: column([r[n] if n in r else b"" for r in records], False) for n in names}
         out["__key__"] = keys
         return out
 

@@ -200,6 +200,21 @@ impl Dataset {
         Ok(ds)
     }
 
+    /// From keys on any tier without a stat each: sizes unknown (the loader learns them from
+    /// the reads), the largest estimated from up to 256 stats spread over the keys. Order is
+    /// kept. A key that cannot be read (gone, a dangling link) is found when it is read: the
+    /// loader skips it or fails naming it, as its `on_bad` says. What a million keys need
+    /// instead of a million stats (in every DataLoader worker).
+    pub async fn from_keys_unsized(tier: Arc<dyn Tier>, keys: impl IntoIterator<Item = String>) -> Result<Self> {
+        let mut listing = Listing::new();
+        for key in keys {
+            listing.push(&key, UNKNOWN_SIZE);
+        }
+        let mut ds = Self::new(tier, listing, None);
+        ds.largest = ds.estimated_max_size(ESTIMATE_STATS).await?;
+        Ok(ds)
+    }
+
     /// Warns once (naming up to 8 entries) and counts the entries the listing left out.
     fn report_skipped(&self, origin: &str) {
         let skipped = self.skipped();
@@ -356,6 +371,9 @@ mod tests {
         let e = Dataset::from_keys(tier.clone(), with_missing.clone()).await.expect_err("a missing key fails");
         assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
         // Skipped instead, and named.
+        let no_stats = Dataset::from_keys_unsized(tier.clone(), with_missing.clone()).await.expect("unsized");
+        assert_eq!(no_stats.len(), 301);
+        assert!(!no_stats.sizes_known() && no_stats.max_size() >= 200, "estimated: {}", no_stats.max_size());
         let ds = Dataset::from_keys_with(tier, with_missing, OnBadSample::Skip).await.expect("lenient");
         assert_eq!(ds.len(), 300);
         assert_eq!(ds.skipped().len(), 1);

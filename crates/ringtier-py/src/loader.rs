@@ -225,6 +225,11 @@ impl Loader {
             .with_stat_files(stat_files)
             .with_cache(listing_cache);
         let dataset = match keys {
+            // Keys given (ImageFolder's): a stat each only where sizes are wanted or a key that
+            // cannot be read must fail now; otherwise the reads learn sizes and skip bad keys.
+            Some(keys) if !stat_files && on_bad == OnBadSample::Skip => {
+                wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_unsized(lister, keys))?
+            }
             Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_with(lister, keys, on_bad))?,
             None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir_with(lister, &dir, listing))?,
         }

@@ -398,10 +398,23 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             return n // self.batch_size
         return (n + self.batch_size - 1) // self.batch_size
 
+    def _batches(self, loader: Loader, epoch: int) -> Iterator[Tuple[List[Any], Sequence[int], Any]]:
+        """The loader's batches; the files that could not be read (a dangling link, a file
+        gone) are named once per dataset (``on_bad="skip"``; ``"fail"`` found them when the
+        loader was made)."""
+        for b in loader.epoch(epoch):
+            if b.skipped:
+                shown = ", ".join(b.skipped[:8])
+                self._skipped_warning.warn(
+                    f"ringtier: {len(b.skipped)} files of {self.root} could not be read and are left out "
+                    f'(on_bad="skip"), the first: {shown}'
+                )
+            yield list(b), b.indices, None
+
     def __iter__(self) -> Iterator[Tuple[Any, torch.Tensor]]:
         loader, pipe, labels = self._open()
         epoch = self.epoch
-        raw = ((list(b), b.indices, None) for b in loader.epoch(epoch))
+        raw = self._batches(loader, epoch)
         if pipe is None:
             for items, indices, _ in raw:
                 tensors = [torch.frombuffer(s, dtype=torch.uint8) if len(s) else torch.empty(0, dtype=torch.uint8) for s in items]

@@ -229,6 +229,11 @@ impl State {
         }
     }
 
+    /// Bytes of `level`'s copies that are written and ready to serve.
+    pub(crate) fn ready_bytes(&self, level: usize) -> u64 {
+        self.entries.values().filter(|e| e.level == level && e.ready).map(|e| e.size).sum()
+    }
+
     fn room_placed(&self, level: usize) -> u64 {
         let reserve = if level == 0 { self.budget.saturating_sub(self.staged) } else { 0 };
         self.caps[level].saturating_sub(self.used[level] + reserve)

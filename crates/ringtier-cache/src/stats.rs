@@ -12,6 +12,9 @@ pub struct LevelStats {
     pub capacity_bytes: u64,
     /// Bytes held (or reserved for copies being written) now.
     pub used_bytes: u64,
+    /// Bytes of copies written and ready to serve now (`used_bytes` less the copies still
+    /// being written): a reader finds these at once.
+    pub ready_bytes: u64,
     /// Accesses served from a copy read before (or brought in by a miss): the hits a cache
     /// without prefetch can have, bounded by c for one reader.
     pub reuse_hits: u64,

@@ -421,6 +421,7 @@ impl CachedTier {
                     name: l.name(),
                     capacity_bytes: l.capacity_bytes,
                     used_bytes: st.used[i],
+                    ready_bytes: st.ready_bytes(i),
                     reuse_hits: c.hits[i],
                     prefetch_hits: c.prefetch_hits[i],
                 })

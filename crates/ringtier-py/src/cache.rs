@@ -194,6 +194,7 @@ pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound
         ld.set_item("name", l.name)?;
         ld.set_item("capacity_bytes", l.capacity_bytes)?;
         ld.set_item("used_bytes", l.used_bytes)?;
+        ld.set_item("ready_bytes", l.ready_bytes)?;
         ld.set_item("reuse_hits", l.reuse_hits)?;
         ld.set_item("prefetch_hits", l.prefetch_hits)?;
         levels.append(ld)?;

@@ -160,11 +160,12 @@ def test_split_arguments_are_checked(photos, tmp_path):
 
 
 def settle(loader, total: int, timeout: float = 20.0) -> dict:
-    """The cache's totals once `total` bytes of shards are held (admitted in the background)."""
+    """The cache's totals once `total` bytes of shards are held and ready (admitted in the
+    background: `used_bytes` counts a copy from its reservation, `ready_bytes` once written)."""
     deadline = time.monotonic() + timeout
     while True:
         stats = loader.cache_stats()
-        if sum(lv["used_bytes"] for lv in stats["levels"]) >= total or time.monotonic() > deadline:
+        if sum(lv["ready_bytes"] for lv in stats["levels"]) >= total or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
 

@@ -147,8 +147,8 @@ class Loader:
     def cache_stats(self) -> Optional[Dict[str, Any]]:
         """The cache's totals (``cache=`` only, else None): policy, hits, reuse_hits, misses,
         late_prefetches, hit_bytes, miss_bytes, prefetched, prefetched_bytes, unused_evicted,
-        evictions, hit_ratio, and per level (fastest first) name, capacity_bytes, used_bytes,
-        reuse_hits, prefetch_hits."""
+        evictions, hit_ratio, and per level (fastest first) name, capacity_bytes, used_bytes
+        (held or reserved), ready_bytes (written, served at once), reuse_hits, prefetch_hits."""
     def epoch(self, epoch: int = 0, position: int = 0) -> Epoch:
         """The batches of ``epoch``, from ``position`` (samples already consumed) on."""
     def keys(self) -> List[str]:

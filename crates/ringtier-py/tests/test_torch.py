@@ -140,3 +140,21 @@ def test_distributed_async_save_on_one_rank(tiers):
             again.result(timeout=60)
     assert [c["step"] for c in store.list()] == [1]
     store.close()
+
+
+def test_distributed_store_loads_a_step_committed_before_the_group_manifest(tmp_path):
+    """A step whose global manifest is the earlier format (a `{"world": ...}` state in the
+    global store, as DistributedCheckpointStore wrote it before the group commit) still loads,
+    with its world size checked."""
+    import torch
+
+    from ringtier.torch import CheckpointStore, DistributedCheckpointStore
+
+    tiers = [str(tmp_path / "fast"), str(tmp_path / "slow")]
+    shard = {"w": torch.arange(10, dtype=torch.float32)}
+    CheckpointStore(tiers, prefix="ckpt/rank00000", create=True).save(5, shard)
+    world = {"step": 5, "world_size": 1, "ranks": [{"rank": 0, "bytes": 40}]}
+    CheckpointStore(tiers, prefix="ckpt/global", create=True).save(5, {"world": world})
+    store = DistributedCheckpointStore(tiers, rank=0, world_size=1)
+    assert torch.equal(store.load(5)["w"], shard["w"])
+    assert store.latest() == 5

@@ -156,15 +156,26 @@ class DistributedCheckpointStore:
         # Rank 0 checks the group manifest (committed, this world size) and sends it to every
         # rank (the others may not see rank 0's fast tier); each rank checks its own shard
         # against it (committed where it looks, the one the manifest names).
-        sent: Union[bytes, str, None] = None
+        sent: Union[bytes, str, int, None] = None
         if self.rank == 0:
             try:
                 sent = group_check(self._global()._store, step, self.world_size).to_bytes()
             except Exception as e:  # reported to every rank
-                sent = str(e)
+                sent = _legacy_world_size(self._global(), step)
+                if sent is None:
+                    sent = str(e)
         sent = self._broadcast(sent)
         if isinstance(sent, str):
             raise ValueError(sent)
+        if isinstance(sent, int):
+            # A step committed before the group manifest (a `{"world": ...}` state in the
+            # global store): its world size is checked, and each rank loads its shard as then.
+            if sent != self.world_size:
+                raise ValueError(
+                    f"checkpoint {step} was saved by {sent} ranks; this job has {self.world_size}: "
+                    "loading it needs the same world size (resharding is not supported)"
+                )
+            return self.shards.load(step, into=into)
         assert isinstance(sent, bytes)
         GroupManifest.from_bytes(step, sent).verify_shard(self.rank, self.shards._store)
         return self.shards.load(step, into=into)
@@ -262,3 +273,13 @@ class DistributedSaveFuture:
 
 
 __all__ = ["DistributedCheckpointStore", "DistributedSaveFuture"]
+
+
+def _legacy_world_size(global_store: CheckpointStore, step: int) -> Optional[int]:
+    """The world size of ``step`` where its global manifest is the format before the group
+    commit (the state ``{"world": {"world_size": N, ...}}``), else None."""
+    try:
+        old = global_store.load(step)
+        return int(old["world"]["world_size"])
+    except Exception:
+        return None

@@ -86,8 +86,10 @@ def _shared_bytes(n: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(n))
 
 
-#: Slots per worker, and workers per dataset with a ring (further workers pack into fresh segments).
-SLOTS_PER_WORKER = 6
+#: Slots per worker (a transform batch holds one from its decode (depth + 1 in flight) until the
+#: main process drops it, with the DataLoader's prefetch in between: 6 ran out), and workers per
+#: dataset with a ring (further workers pack into fresh segments).
+SLOTS_PER_WORKER = 8
 MAX_RING_WORKERS = 64
 
 # The busy flags of every ring made in this process, by token: what a PackedBatch unpickled

@@ -29,6 +29,7 @@ mod shape;
 mod shards;
 #[cfg(feature = "s3")]
 mod upload;
+mod walk;
 
 pub use files::generate;
 #[cfg(feature = "clap")]
@@ -37,3 +38,4 @@ pub use shape::{parse_size, sizes, DatasetSpec, Format, Preset};
 pub use shards::generate_shards;
 #[cfg(feature = "s3")]
 pub use upload::upload_dir;
+pub use walk::files_under;

@@ -9,7 +9,7 @@ use ringtier_s3::S3Tier;
 /// `local`, 32 puts in flight; every file but the manifest, whose `.ringtier` name is reserved:
 /// the objects are the dataset. Returns (objects, bytes). Runs on a tokio runtime.
 pub async fn upload_dir(local: &Path, tier: &S3Tier) -> Result<(usize, u64)> {
-    let mut files: Vec<PathBuf> = files_under(local)?
+    let mut files: Vec<PathBuf> = crate::files_under(local)?
         .into_iter()
         .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".ringtier")))
         .collect();
@@ -31,22 +31,4 @@ pub async fn upload_dir(local: &Path, tier: &S3Tier) -> Result<(usize, u64)> {
         t.await??;
     }
     Ok((files.len(), bytes))
-}
-
-/// Every file under `dir`, recursively (directories descended as met).
-fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-        for ent in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let ent = ent.with_context(|| format!("listing {}", dir.display()))?;
-            if ent.file_type().is_ok_and(|t| t.is_dir()) {
-                walk(&ent.path(), out)?;
-            } else {
-                out.push(ent.path());
-            }
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(dir, &mut out)?;
-    Ok(out)
 }

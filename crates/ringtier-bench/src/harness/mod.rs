@@ -14,16 +14,16 @@ pub(crate) mod runtime;
 pub(crate) mod scripts;
 pub(crate) mod summary;
 pub(crate) mod usage;
-pub(crate) mod walk;
 
 pub(crate) use cold::{Cold, ColdMethod};
 pub(crate) use machine::{filesystem, Machine, Storage};
 pub(crate) use repeat::interleaved;
 pub(crate) use report::{write_json, Table};
+/// The one recursive file walk (the generator's, which uploads with it).
+pub(crate) use ringtier::gen::files_under;
 pub(crate) use rng::Rng;
 pub(crate) use summary::Summary;
 pub(crate) use usage::{peak_rss_bytes, process_cpu, reset_peak_rss, Meter, Usage};
-pub(crate) use walk::files_under;
 
 /// Bytes in a GiB, for CPU seconds per GiB.
 pub(crate) const GIB: f64 = (1u64 << 30) as f64;

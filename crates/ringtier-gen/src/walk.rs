@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 /// Every file under `dir`, depth first, each directory's entries in `readdir` order,
 /// descending into a subdirectory where it is met (the order fio's `--opendir` reads a file
 /// set in); symbolic links are not followed into directories.
-pub(crate) fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+pub fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         for ent in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
             let ent = ent.with_context(|| format!("listing {}", dir.display()))?;

@@ -108,8 +108,7 @@ async fn split_epoch(
     materialize: Option<ringtier_loader::Materialize>,
     epoch: u64,
 ) -> Result<(u64, u64, f64, f64, u64)> {
-    use ringtier_uring::{UringConfig, UringTier};
-    let tier: Arc<dyn ringtier_core::Tier> = Arc::new(UringTier::new(dir, UringConfig::default())?);
+    let tier = ringtier::open(dir, &ringtier::OpenOptions::store().with_metered(false))?.tier;
     let dataset = ringtier_loader::Dataset::from_dir(tier, dir).await?;
     let cfg = ringtier_loader::LoaderConfig::default()
         .with_batch_size(64)
@@ -171,7 +170,6 @@ struct SplitReport {
 }
 
 fn run_split(a: &DecodeBenchArgs) -> Result<SplitReport> {
-    use ringtier_uring::{UringConfig, UringTier};
     let decode = chain_config(&a.split_chain, a.size)?.with_dct_scaling(!a.no_dct_scaling);
     let rt = crate::runtime(2)?;
     let mut cold = crate::harness::ColdMethod::Warm;
@@ -189,8 +187,7 @@ fn run_split(a: &DecodeBenchArgs) -> Result<SplitReport> {
         let mut stored_bytes = 0u64;
         for rep in 0..a.split_repeats {
             let store_dir = tempfile::Builder::new().prefix("ringtier-materialized-").tempdir_in(&parent)?;
-            let store: Arc<dyn ringtier_core::Tier> =
-                Arc::new(UringTier::new(store_dir.path(), UringConfig::default())?);
+            let store = ringtier::open(store_dir.path(), &ringtier::OpenOptions::store().with_metered(false))?.tier;
             let mat = ringtier_loader::Materialize::new(Arc::clone(&store)).with_size(a.split_size);
             for (split, materialize, epoch) in [
                 ("online", None, 1u64),

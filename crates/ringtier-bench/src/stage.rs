@@ -13,7 +13,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use ringtier_core::{BufferPool, PoolConfig, Tier};
 use ringtier_stage::{PinnedPool, Stager, Target};
-use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 
 use crate::dataset::Dataset;
 use crate::harness::{interleaved, write_json, Cold, ColdMethod, Machine, Rng, Summary};
@@ -53,8 +52,8 @@ pub(crate) fn run(cfg: &StageBenchConfig) -> Result<StageReport> {
     let ds = Dataset::open(&cfg.dir)?;
     let buf = (ds.max_size() as usize).next_multiple_of(4096) + 4096;
     let pinned = PinnedPool::new(buf, cfg.depth * cfg.batch, cfg.target)?;
-    let options = UringTierOptions::default().with_pool(pinned.pool().clone());
-    let tier: Arc<dyn Tier> = Arc::new(UringTier::with_options(&ds.root, UringConfig::default(), options)?);
+    let options = ringtier::OpenOptions::store().with_pool(pinned.pool().clone()).with_metered(false);
+    let tier: Arc<dyn Tier> = ringtier::open(&ds.root, &options)?.tier;
     let stager = Stager::new(tier, pinned.clone(), cfg.target)?;
     let pageable = BufferPool::new(PoolConfig::new(buf, cfg.batch, 4096))?;
     let rt = crate::runtime(2)?;

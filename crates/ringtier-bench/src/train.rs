@@ -11,7 +11,7 @@ use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::manifest::Manifest;
 use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
 use ringtier_migrate::{Part, StoreConfig};
-use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
+use ringtier_uring::UringConfig;
 use serde::Serialize;
 
 use crate::harness::{interleaved, peak_rss_bytes, write_json, Machine, Storage, Summary};
@@ -76,14 +76,9 @@ pub(crate) async fn open_loader(dir: &Path, uring: UringConfig, lcfg: LoaderConf
         // No manifest (or a bad one, which from_dir reports): the loader allocates its pool.
         Err(_) => None,
     };
-    let tier: Arc<dyn Tier> = Arc::new(ringtier_core::layers::Metered::new(Arc::new(
-        UringTier::with_options(
-            dir,
-            uring,
-            UringTierOptions::default().with_name("dataset".to_string()).with_pool(pool),
-        )
-        .with_context(|| format!("opening {}", dir.display()))?,
-    )));
+    // Through the front door: io_uring where the kernel allows it, the thread pool otherwise.
+    let options = ringtier::OpenOptions::store().with_uring(uring).with_name("dataset").with_pool(pool);
+    let tier: Arc<dyn Tier> = ringtier::open(dir, &options).with_context(|| format!("opening {}", dir.display()))?.tier;
     let dataset = Dataset::from_dir(tier, dir).await?;
     Ok(Loader::new(dataset, lcfg)?)
 }

@@ -13,13 +13,9 @@ use ringtier_migrate::{OnFull, Part, StoreConfig};
 use ringtier_uring::BufferedWrites;
 use serde::Serialize;
 
-use crate::harness::{interleaved, peak_rss_bytes, write_json, Machine, Rng, Storage, Summary, Table};
+use crate::harness::{display, interleaved, peak_rss_bytes, write_json, Machine, Rng, Storage, Summary, Table};
 use crate::parse_size;
 use crate::tiers::open_store;
-
-fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.collect_str(v)
-}
 
 /// Settings of `bench ckpt`.
 #[derive(Debug, Clone, Serialize)]
@@ -41,6 +37,9 @@ pub(crate) struct CkptBenchConfig {
     #[serde(serialize_with = "display")]
     pub(crate) buffered_writes: BufferedWrites,
     pub(crate) json: Option<PathBuf>,
+    /// The engine the tiers are opened with (`auto`, `uring` or `posix`).
+    #[serde(serialize_with = "display")]
+    pub(crate) engine: ringtier_uring::Engine,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,7 +153,7 @@ async fn one_run(
         cfg.buffered_writes,
         store_cfg,
         false,
-        ringtier_uring::Engine::Auto,
+        cfg.engine,
     )
     .await?;
     let rss0 = peak_rss_bytes();
@@ -467,6 +466,10 @@ pub struct BenchCkptArgs {
     /// Write the restore half's report as JSON here.
     #[arg(long)]
     restore_json: Option<PathBuf>,
+    /// Engine of the store's tiers (save and restore): `auto` (io_uring where the kernel allows it, the thread pool
+    /// where it is refused, with one warning), `uring` or `posix`.
+    #[arg(long, default_value = "auto")]
+    engine: ringtier_uring::Engine,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -499,6 +502,7 @@ pub(crate) fn command(a: BenchCkptArgs) -> Result<()> {
         depth: a.restore_depth,
         chunk: usize::try_from(a.restore_chunk).context("--restore-chunk too large")?,
         json: a.restore_json.clone(),
+        engine: a.engine,
     };
     if a.restore_only {
         return crate::restore::bench(&restore).map(|_| ());
@@ -516,6 +520,7 @@ pub(crate) fn command(a: BenchCkptArgs) -> Result<()> {
         repeats: a.repeats,
         buffered_writes: a.buffered_writes,
         json: a.json,
+        engine: a.engine,
     };
     bench(&cfg)?;
     if !a.no_restore {

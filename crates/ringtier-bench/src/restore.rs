@@ -34,6 +34,9 @@ pub(crate) struct RestoreBenchConfig {
     pub(crate) depth: usize,
     pub(crate) chunk: usize,
     pub(crate) json: Option<PathBuf>,
+    /// The engine the tiers are opened with (`auto`, `uring` or `posix`).
+    #[serde(serialize_with = "crate::harness::display")]
+    pub(crate) engine: ringtier_uring::Engine,
 }
 
 /// One timed pass.
@@ -89,7 +92,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             BufferedWrites::default(),
             store_cfg.clone(),
             false,
-            ringtier_uring::Engine::Auto,
+            cfg.engine,
         )
         .await?;
         let parts = names
@@ -119,7 +122,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             BufferedWrites::default(),
             store_cfg.clone(),
             true,
-            ringtier_uring::Engine::Auto,
+            cfg.engine,
         )
         .await?;
         let slow_only = open_store(
@@ -128,7 +131,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             BufferedWrites::default(),
             store_cfg.clone(),
             true,
-            ringtier_uring::Engine::Auto,
+            cfg.engine,
         )
         .await?;
         anyhow::Ok((both, slow_only))
@@ -171,7 +174,7 @@ pub(crate) fn bench(cfg: &RestoreBenchConfig) -> Result<RestoreReport> {
             }
             _ => {
                 let sync = mode == "restore_dir";
-                let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync, ringtier_uring::Engine::Auto))?;
+                let r = rt.block_on(restore_to_dir(&stores.0, 1, &out, &opts, sync, cfg.engine))?;
                 if r.bytes != cfg.size {
                     bail!("restore wrote {} of {} bytes", r.bytes, cfg.size);
                 }

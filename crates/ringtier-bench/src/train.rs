@@ -11,7 +11,7 @@ use ringtier_core::{BufferPool, Tier};
 use ringtier_loader::manifest::Manifest;
 use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
 use ringtier_migrate::{Part, StoreConfig};
-use ringtier_uring::UringConfig;
+use ringtier_uring::{Engine, UringConfig};
 use serde::Serialize;
 
 use crate::harness::{interleaved, peak_rss_bytes, write_json, Machine, Storage, Summary};
@@ -39,6 +39,9 @@ pub(crate) struct TrainConfig {
     pub(crate) ckpt_slow_bytes_per_sec: Option<u64>,
     pub(crate) repeats: usize,
     pub(crate) json: Option<PathBuf>,
+    /// The engine the dataset and checkpoint tiers are opened with.
+    #[serde(serialize_with = "crate::harness::display")]
+    pub(crate) engine: Engine,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -67,7 +70,7 @@ pub(crate) struct TrainRun {
 /// named `dataset`). With a manifest the largest sample is known before the tier opens: the
 /// tier registers a pool of the loader's shape as fixed buffers and the loader reads into it.
 /// `bench train` and `tune --workload loader` open their loaders here.
-pub(crate) async fn open_loader(dir: &Path, uring: UringConfig, lcfg: LoaderConfig) -> Result<Loader> {
+pub(crate) async fn open_loader(dir: &Path, engine: Engine, uring: UringConfig, lcfg: LoaderConfig) -> Result<Loader> {
     let pool = match Manifest::load(dir) {
         Ok(m) => {
             let max = m.entries.iter().map(|e| e.size).max().unwrap_or(0);
@@ -77,7 +80,8 @@ pub(crate) async fn open_loader(dir: &Path, uring: UringConfig, lcfg: LoaderConf
         Err(_) => None,
     };
     // Through the front door: io_uring where the kernel allows it, the thread pool otherwise.
-    let options = ringtier::OpenOptions::store().with_uring(uring).with_name("dataset").with_pool(pool);
+    let options =
+        ringtier::OpenOptions::store().with_engine(engine).with_uring(uring).with_name("dataset").with_pool(pool);
     let tier: Arc<dyn Tier> = ringtier::open(dir, &options).with_context(|| format!("opening {}", dir.display()))?.tier;
     let dataset = Dataset::from_dir(tier, dir).await?;
     Ok(Loader::new(dataset, lcfg)?)
@@ -90,7 +94,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Train
         .with_seed(rep as u64)
         .with_decode(cfg.decode.then_some(DecodeConfig::default().with_size(224).with_threads(cfg.decode_threads)))
         .with_on_bad(OnBadSample::Skip);
-    let loader = open_loader(&cfg.dir, UringConfig::default(), lcfg).await?;
+    let loader = open_loader(&cfg.dir, cfg.engine, UringConfig::default(), lcfg).await?;
     let store = match &cfg.ckpt_dirs {
         Some((fast, slow)) if cfg.ckpt_every > 0 => {
             let dirs = [fast.join(format!("p{prefetch}-r{rep}")), slow.join(format!("p{prefetch}-r{rep}"))];
@@ -105,7 +109,7 @@ async fn one_run(cfg: &TrainConfig, prefetch: usize, rep: usize) -> Result<Train
                     Default::default(),
                     cfg_store,
                     false,
-                    ringtier_uring::Engine::Auto,
+                    cfg.engine,
                 )
                 .await?,
             )
@@ -333,6 +337,7 @@ pub(crate) fn command(a: TrainArgs) -> Result<()> {
         ckpt_slow_bytes_per_sec: a.ckpt_slow_bw,
         repeats: a.repeats,
         json: a.json,
+        engine: a.engine,
     };
     run(&cfg).map(|_| ())
 }
@@ -380,4 +385,8 @@ pub struct TrainArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
+    /// Engine of the dataset and checkpoint tiers: `auto` (io_uring where the kernel allows
+    /// it, the thread pool where it is refused, with one warning), `uring` or `posix`.
+    #[arg(long, default_value = "auto")]
+    pub(crate) engine: Engine,
 }

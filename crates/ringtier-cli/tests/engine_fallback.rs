@@ -121,6 +121,48 @@ fn everything_works_without_io_uring(refusal: Refusal, why: &str) {
     // --engine posix: no warning.
     let out = run(r, &["ckpt", "--tiers", &tiers, "--engine", "posix", "ls"]);
     assert_eq!(fallback_warnings(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The experiments take --engine too: `uring` asked for where it is refused is an error
+    // before any work, naming why.
+    let report = dir.path().join("report");
+    let out = ringtier(r)
+        .args(["paper", "--tiny", "--repeats", "1", "--engine", "uring", "--out", s(&report)])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--engine uring") && err.contains(why), "{err}");
+    let ck = dir.path().join("bench-ckpt");
+    let out = ringtier(r)
+        .args(["bench", "ckpt", "--dir", s(&ck), "--size", "1M", "--count", "1", "--ratios", "1"])
+        .args(["--repeats", "1", "--compute", "0", "--no-restore", "--engine", "uring"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("engine \"uring\"") && err.contains(why), "{err}");
+}
+
+/// `--engine posix` on the paper: the thread pool alone, said in the report and in each
+/// experiment's JSON (the mini-app's and the burst buffer's tiers opened with it).
+#[test]
+fn paper_on_the_thread_pool_when_asked() {
+    let dir = tempfile::Builder::new().prefix("paper-posix").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (out, work) = (dir.path().join("out"), dir.path().join("work"));
+    let o =
+        run(None, &["paper", "--tiny", "--repeats", "1", "--engine", "posix", "--out", s(&out), "--work", s(&work)]);
+    assert_eq!(fallback_warnings(&o), 0);
+    let md = std::fs::read_to_string(out.join("report.md")).expect("report");
+    assert!(md.contains("left out by --engine posix") && md.contains("`--engine posix`"), "{md}");
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out.join(name)).expect(name)).expect("parse")
+    };
+    let read = json("read.json");
+    let points = read["points"].as_array().expect("points");
+    assert!(!points.is_empty() && points.iter().all(|p| p["engine"] == "posix-threads"), "{points:?}");
+    for name in ["train-read.json", "train-decode.json", "ckpt.json"] {
+        assert_eq!(json(name)["config"]["engine"], "posix", "{name}");
+    }
 }
 
 fn cross_engine(r: Option<Refusal>, dir: &Path, tiers: &str, part_arg: &str, data: &[u8]) {

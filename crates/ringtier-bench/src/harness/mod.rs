@@ -18,7 +18,7 @@ pub(crate) mod usage;
 pub(crate) use cold::{Cold, ColdMethod};
 pub(crate) use machine::{filesystem, Machine, Storage};
 pub(crate) use repeat::interleaved;
-pub(crate) use report::{write_json, Table};
+pub(crate) use report::{display, write_json, Table};
 /// The one recursive file walk (the generator's, which uploads with it).
 pub(crate) use ringtier::gen::files_under;
 pub(crate) use rng::Rng;

@@ -16,6 +16,12 @@ pub(crate) fn write_json(path: Option<&Path>, report: &impl Serialize) -> Result
     Ok(())
 }
 
+/// Serializes a field by its `Display` form (`#[serde(serialize_with = "display")]`), for
+/// settings such as the engine that are names on the command line.
+pub(crate) fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 /// The current UTC time, `YYYY-MM-DDTHH:MM:SSZ` (from `date -u`; empty where there is none).
 pub(crate) fn utc_now() -> String {
     std::process::Command::new("date")

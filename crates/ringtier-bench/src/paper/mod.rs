@@ -36,6 +36,9 @@ pub(crate) struct PaperConfig {
     pub(crate) repeats: usize,
     /// Also the remote-storage experiment (S3 on loopback, a latency-throttled file tier).
     pub(crate) remote: bool,
+    /// The engine of the mini-app's and the burst buffer's tiers; `posix` also leaves io_uring
+    /// out of the read sweep, `uring` makes a refused io_uring an error instead of a skip.
+    pub(crate) engine: ringtier_uring::Engine,
 }
 
 /// A new temp work directory, preferably where direct I/O works so the read experiment
@@ -86,6 +89,8 @@ struct RunFacts {
     caltech_files: usize,
     caltech_median_bytes: u64,
     total_seconds: f64,
+    /// The engine asked for (`--engine`).
+    engine: ringtier_uring::Engine,
 }
 
 /// The experiments' reports (each also written as JSON, named after the field).
@@ -108,6 +113,10 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
     if cfg.remote {
         // Before the hour of the other experiments, not after.
         crate::s3::check_boto3()?;
+    }
+    if cfg.engine == ringtier_uring::Engine::Uring {
+        ringtier_uring::engine::uring_availability()
+            .map_err(|why| anyhow::anyhow!("--engine uring: {why}; {}, or use --engine auto", why.remedy()))?;
     }
     let n = if cfg.remote { 4 } else { 3 };
     let work_fs = ringtier_core::fs::fs_type_name(&cfg.work);
@@ -134,7 +143,11 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
     let spec = DatasetSpec { files, ..DatasetSpec::preset(Preset::Imagenet) };
     let ds = dataset::generate(&cfg.work.join("imagenet"), &spec, true, false)?;
     let rcfg = readbench::ReadBenchConfig {
-        engines: vec![Engine::PosixThreads, uring],
+        engines: if cfg.engine == ringtier_uring::Engine::Posix {
+            vec![Engine::PosixThreads]
+        } else {
+            vec![Engine::PosixThreads, uring]
+        },
         threads: vec![1, 2, 4, 8, 16, 32],
         depths: vec![1, 2, 4, 8, 16, 32],
         rings: vec![1],
@@ -146,7 +159,13 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         plot: Some(cfg.out.join("read.svg")),
         seed: 1000,
     };
-    let read = readbench::run(&rcfg, &ds)?;
+    let mut read = readbench::run(&rcfg, &ds)?;
+    if cfg.engine == ringtier_uring::Engine::Posix {
+        // Not a measurement that failed: the report says io_uring was left out on purpose.
+        read.skipped_engines
+            .push(crate::read::SkippedEngine { engine: uring, reason: "left out by --engine posix".into() });
+        crate::harness::write_json(rcfg.json.as_deref(), &read)?;
+    }
     let _ = std::fs::remove_dir_all(cfg.work.join("imagenet"));
 
     // 2. The AlexNet mini-app.
@@ -176,6 +195,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         ckpt_slow_bytes_per_sec: None,
         repeats: cfg.repeats,
         json: Some(cfg.out.join("train-read.json")),
+        engine: cfg.engine,
     };
     // Reading only: storage is far faster than the step consumes, the case the paper describes.
     let train_read = train::run(&base)?;
@@ -205,6 +225,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         repeats: cfg.repeats,
         buffered_writes: Default::default(),
         json: Some(cfg.out.join("ckpt.json")),
+        engine: cfg.engine,
     };
     let ckpt = ckpt::bench(&kcfg)?;
     let _ = std::fs::remove_dir_all(cfg.work.join("ckpt"));
@@ -247,6 +268,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         caltech_files: cal.len(),
         caltech_median_bytes: cal.median_size(),
         total_seconds: started.elapsed().as_secs_f64(),
+        engine: cfg.engine,
     };
     let md = render(&facts, &Results { read, train_read, train_decode, ckpt, remote })
         .context("writing the report from the experiments' reports (their JSON is kept in the report directory)")?;
@@ -280,6 +302,7 @@ pub(crate) fn command(a: PaperArgs) -> Result<()> {
         tiny: a.tiny,
         repeats: a.repeats.max(1),
         remote: a.remote,
+        engine: a.engine,
     };
     run(&cfg)
 }
@@ -309,4 +332,10 @@ pub struct PaperArgs {
     /// request (the latency-bound regime of a parallel file system). Needs python3 with boto3.
     #[arg(long)]
     pub(crate) remote: bool,
+    /// Engine: `auto` (io_uring where the kernel allows it, the thread pool where it is
+    /// refused, with one warning and the report saying why), `uring` (an error where io_uring
+    /// is refused) or `posix` (the thread pool only: the read sweep leaves io_uring out, the
+    /// mini-app and the burst buffer run on the thread pool).
+    #[arg(long, default_value = "auto")]
+    pub(crate) engine: ringtier_uring::Engine,
 }

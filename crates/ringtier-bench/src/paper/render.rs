@@ -40,6 +40,19 @@ pub(super) fn render(facts: &RunFacts, r: &Results) -> Result<String> {
         read.storage.device_text(),
         read.machine.io_uring_text()
     );
+    match facts.engine {
+        ringtier_uring::Engine::Auto => {}
+        ringtier_uring::Engine::Posix => {
+            let _ = writeln!(
+                md,
+                "Engine asked for: the thread pool (`--engine posix`): the read sweep leaves io_uring out, the \
+                 mini-app and the burst buffer run on the thread pool.\n"
+            );
+        }
+        ringtier_uring::Engine::Uring => {
+            let _ = writeln!(md, "Engine asked for: io_uring (`--engine uring`).\n");
+        }
+    }
     read_section(&mut md, read)?;
     train_section(&mut md, facts, &r.train_read, &r.train_decode)?;
     ckpt_section(&mut md, &r.ckpt)?;
@@ -386,6 +399,7 @@ mod tests {
                 ckpt_slow_bytes_per_sec: None,
                 repeats: 3,
                 json: None,
+                engine: Default::default(),
             },
             points: [2, 0]
                 .map(|p| TrainPoint {
@@ -431,6 +445,7 @@ mod tests {
                 repeats: 3,
                 buffered_writes: Default::default(),
                 json: None,
+                engine: Default::default(),
             },
             points: [1.0, 4.0]
                 .map(|s| CkptPoint {
@@ -494,6 +509,7 @@ mod tests {
             caltech_files: 2048,
             caltech_median_bytes: 10_000,
             total_seconds: 300.0,
+            engine: Default::default(),
         }
     }
 

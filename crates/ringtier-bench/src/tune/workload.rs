@@ -220,7 +220,8 @@ pub(crate) fn loader_epoch(
         .with_read_size(c.num("read_size") as usize)
         .with_on_bad(OnBadSample::Fail);
     rt.block_on(async {
-        let loader = crate::train::open_loader(root, uring_config(c, direct_ok), lcfg).await?;
+        let loader =
+            crate::train::open_loader(root, ringtier_uring::Engine::Uring, uring_config(c, direct_ok), lcfg).await?;
         let meter = Meter::start();
         let mut epoch = loader.epoch(0, 0)?;
         let mut waits = Vec::new();

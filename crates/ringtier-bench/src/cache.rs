@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use ringtier_loader::CachePolicy;
+use ringtier_cache::CachePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::harness::report::utc_now;

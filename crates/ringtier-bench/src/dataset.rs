@@ -5,14 +5,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use ringtier_loader::manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
+use ringtier_dataset::manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 
 use crate::harness::files_under;
 #[cfg(test)]
 use ringtier::gen::sizes;
 pub(crate) use ringtier::gen::{DatasetSpec, Format, Preset, ShapeArgs};
 #[cfg(test)]
-use ringtier_loader::manifest::checksum;
+use ringtier_dataset::manifest::checksum;
 
 /// A dataset on disk and its manifest.
 #[derive(Debug)]

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ringtier_loader::manifest::Manifest;
-use ringtier_loader::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng};
+use ringtier_dataset::manifest::Manifest;
+use ringtier_decode::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng};
 use serde::Serialize;
 
 use crate::harness::scripts::Script;
@@ -109,7 +109,7 @@ async fn split_epoch(
     epoch: u64,
 ) -> Result<(u64, u64, f64, f64, u64)> {
     let tier = ringtier::open(dir, &ringtier::OpenOptions::store().with_metered(false))?.tier;
-    let dataset = ringtier_loader::Dataset::from_dir(tier, dir).await?;
+    let dataset = ringtier_dataset::Dataset::from_dir(tier, dir).await?;
     let cfg = ringtier_loader::LoaderConfig::default()
         .with_batch_size(64)
         .with_prefetch(2)
@@ -557,7 +557,7 @@ struct DecodeReport {
 
 fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets: Vec<DatasetRow>) -> DecodeReport {
     println!();
-    println!("decoder: {}", ringtier_loader::JPEG_DECODER);
+    println!("decoder: {}", ringtier_decode::JPEG_DECODER);
     println!(
         "JPEG decode + transform to {0}x{0}, in memory; {1} repeats interleaved with Pillow; median (min..max); \
          per core = images per CPU second",
@@ -635,7 +635,7 @@ fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets
             chains: a.chains.clone(),
             dct_scaling: !a.no_dct_scaling,
             pillow: !a.no_pillow,
-            decoder: ringtier_loader::JPEG_DECODER,
+            decoder: ringtier_decode::JPEG_DECODER,
         },
         datasets,
         summary: rows,

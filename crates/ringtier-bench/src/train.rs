@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::{BufferPool, Tier};
-use ringtier_loader::manifest::Manifest;
-use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample};
+use ringtier_dataset::manifest::Manifest;
+use ringtier_dataset::{Dataset, OnBadSample};
+use ringtier_decode::DecodeConfig;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_migrate::{Part, StoreConfig};
 use ringtier_uring::{Engine, UringConfig};
 use serde::Serialize;
@@ -274,7 +276,7 @@ pub(crate) fn run(cfg: &TrainConfig) -> Result<TrainReport> {
         schema: "ringtier.bench.train/1",
         machine: Machine::probe(),
         storage: Storage::of(&cfg.dir),
-        decoder: ringtier_loader::JPEG_DECODER,
+        decoder: ringtier_decode::JPEG_DECODER,
         config: cfg.clone(),
         points,
         runs,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use ringtier_dataset::manifest::{checksum, Manifest, ManifestEntry, MANIFEST_FILE};
-use ringtier_records::{write_tar_end, write_tar_member, write_tfrecord};
+use ringtier_loader::records::{write_tar_end, write_tar_member, write_tfrecord};
 
 use crate::rng::Rng;
 use crate::shape::{sizes, DatasetSpec, Format};

@@ -41,7 +41,7 @@ pub struct LoaderConfig {
     /// The split point: store decode + resize in a tier once, run only the random steps
     /// online in later epochs (needs `decode`). Default none.
     pub materialize: Option<Materialize>,
-    /// A cache in front of the dataset's tier (see [`crate::cache`]): policy (none, LRU,
+    /// A cache in front of the dataset's tier (see [`ringtier_cache`]): policy (none, LRU,
     /// static, clairvoyant), levels (memory, a local directory) with their capacities, the
     /// clairvoyant lookahead and prefetch budget. Default none.
     pub cache: Option<CacheConfig>,

@@ -10,7 +10,6 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{BufferPool, PoolConfig};
 use ringtier_dataset::manifest::checksum;
 use ringtier_dataset::OnBadSample;
-use tokio::sync::mpsc;
 
 use crate::config::LoaderConfig;
 use crate::materialize::{materialized_prefix_cropped, sample_key, Materialize};
@@ -285,19 +284,19 @@ impl Loader {
         let source = if self.shared.cfg.prefetch == 0 {
             Source::Direct { chunks: chunks.into_iter().enumerate().collect(), next: 0 }
         } else {
-            // Each batch's reads run in their own task, several at once (the channel's
+            // Each batch's reads run in their own task, several at once (the queue's
             // capacity plus the one waiting to be sent: prefetch + 1 batches in flight), and
             // are delivered in order. The buffers a batch needs are taken here, in batch order,
             // before its task starts: the earliest batch always has all of its buffers, so it
             // always completes, however many buffers the consumer holds.
-            let (tx, rx) = mpsc::channel(self.shared.cfg.prefetch);
+            let (tx, rx) = crate::queue::bounded(self.shared.cfg.prefetch, 0);
             let shared = Arc::clone(&self.shared);
             let task = tokio::spawn(async move {
                 for (i, chunk) in chunks.into_iter().enumerate() {
                     let reserve = Reserve::take(&shared, &chunk).await;
                     let s = Arc::clone(&shared);
                     let handle = tokio::spawn(async move { fetch(&s, epoch, first_index + i, chunk, reserve).await });
-                    if tx.send(InFlight(handle)).await.is_err() {
+                    if !tx.send(InFlight(handle), 0).await {
                         break;
                     }
                 }
@@ -398,7 +397,7 @@ enum Source {
         next: usize,
     },
     Prefetch {
-        rx: mpsc::Receiver<InFlight>,
+        rx: crate::queue::Receiver<InFlight>,
         task: tokio::task::JoinHandle<()>,
         /// The batch being waited for, kept here so that a `next()` dropped while waiting
         /// loses nothing.
@@ -467,9 +466,7 @@ impl Epoch {
                     // Later batches are not delivered after an error: stop reading them.
                     *failed = true;
                     task.abort();
-                    while let Ok(later) = rx.try_recv() {
-                        drop(later);
-                    }
+                    rx.drain();
                 }
                 Some(item)
             }

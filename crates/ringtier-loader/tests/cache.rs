@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy, CachedTier};
 use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ops, AlignedBuf, ErrorKind, MemoryTier, Tier};
-use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::pattern;
 
 async fn filled(n: usize, size: impl Fn(usize) -> usize) -> (Arc<MemoryTier>, Vec<(String, Vec<u8>)>) {
@@ -130,7 +132,7 @@ async fn run_loader(
     rank: usize,
     world: usize,
     epochs: u64,
-) -> ringtier_loader::CacheStats {
+) -> ringtier_cache::CacheStats {
     let ds = Dataset::from_keys(backing, objects.iter().map(|(k, _)| k.clone())).await.expect("dataset");
     let cfg =
         LoaderConfig::default().with_batch_size(16).with_seed(9).with_rank(rank).with_world(world).with_cache(cache);

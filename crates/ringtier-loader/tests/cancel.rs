@@ -20,8 +20,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ringtier_core::{BufferPool, Tier};
-use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
-use ringtier_loader::{Dataset, Loader, LoaderConfig, OnBadSample};
+use ringtier_dataset::manifest::{checksum, Manifest, ManifestEntry};
+use ringtier_dataset::{Dataset, OnBadSample};
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::SeededRng as Rng;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ringtier_core::{ErrorKind, ListOptions, PosixConfig, PosixTier, Tier};
-use ringtier_loader::{Dataset, Loader, LoaderConfig, SampleData};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig, SampleData};
 use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 

@@ -6,8 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ringtier_core::{ErrorKind, Tier};
-use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
-use ringtier_loader::{Dataset, DecodeConfig, Loader, LoaderConfig, OnBadSample, SampleData};
+use ringtier_dataset::manifest::{checksum, Manifest, ManifestEntry};
+use ringtier_dataset::{Dataset, OnBadSample};
+use ringtier_decode::DecodeConfig;
+use ringtier_loader::{Loader, LoaderConfig, SampleData};
 use ringtier_uring::{UringConfig, UringTier};
 
 fn jpeg(seed: u32, w: u16, h: u16) -> Vec<u8> {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringtier_core::Tier;
-use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
-use ringtier_loader::{
-    materialized_prefix, Crop, Dataset, DecodeConfig, Layout, Loader, LoaderConfig, Materialize, Normalize,
-};
+use ringtier_dataset::manifest::{checksum, Manifest, ManifestEntry};
+use ringtier_dataset::Dataset;
+use ringtier_decode::{Crop, DecodeConfig, Layout, Normalize};
+use ringtier_loader::{materialized_prefix, Loader, LoaderConfig, Materialize};
 use ringtier_uring::{UringConfig, UringTier};
 
 fn jpeg(seed: u32, w: u16, h: u16) -> Vec<u8> {

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy, CacheStats, CachedTier};
 use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{ops, MemoryTier, Tier};
-use ringtier_loader::{
-    CacheConfig, CacheLevel, CachePolicy, CacheStats, CachedTier, Dataset, Loader, LoaderConfig, Sampler,
-};
+use ringtier_dataset::{Dataset, Sampler};
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::pattern;
 
 async fn filled(n: usize, size: usize) -> (Arc<MemoryTier>, Vec<(String, Vec<u8>)>) {

@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
+use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy};
 use ringtier_core::{ops, MemoryTier, Tier};
-use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::pattern;
 
 async fn slow_bytes(ds: &Dataset, objects: &[(String, Vec<u8>)], cache: impl Fn(usize) -> CacheConfig) -> u64 {

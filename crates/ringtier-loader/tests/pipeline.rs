@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ringtier_core::{BufferPool, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Result, Tier};
-use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier};
 

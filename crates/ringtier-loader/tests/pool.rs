@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use ringtier_core::{BufferPool, PoolConfig, Tier};
-use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier, UringTierOptions};
 

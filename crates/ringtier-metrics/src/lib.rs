@@ -8,7 +8,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 
-pub use ringtier_core::catalog::{self, MetricDef, CATALOG};
+use ringtier_core::catalog::{self, CATALOG};
 
 /// Histogram buckets for every `_seconds` histogram: 10 µs to 10 s in 1-2.5-5 steps.
 pub const LATENCY_BUCKETS: [f64; 19] = [

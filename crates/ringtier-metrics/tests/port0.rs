@@ -11,7 +11,7 @@ fn port_zero_serves_on_the_port_it_reports() {
     let exporter = install(&ExporterConfig::loopback(0)).expect("install");
     let addr = exporter.addr();
     assert_ne!(addr.port(), 0, "the real port is reported");
-    metrics::counter!(ringtier_metrics::catalog::URING_SUBMITS_TOTAL, "tier" => "t").increment(3);
+    metrics::counter!(ringtier_core::catalog::URING_SUBMITS_TOTAL, "tier" => "t").increment(3);
     // The listener comes up on the exporter's thread: retry briefly.
     let mut body = String::new();
     for _ in 0..100 {

@@ -1,5 +1,5 @@
 //! `ringtier.Cache`: the settings of the loader's read-through cache in front of a dataset
-//! (`ringtier_loader::CacheConfig`, docs/CACHE.md), checked when they are made, and the cache's
+//! (`ringtier_cache::CacheConfig`, docs/CACHE.md), checked when they are made, and the cache's
 //! totals as a dict (`Loader.cache_stats()`).
 
 use std::path::{Path, PathBuf};
@@ -8,10 +8,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
 
+use ringtier_cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
 use ringtier_core::Tier;
-use ringtier_loader::manifest::{Manifest, ManifestEntry};
+use ringtier_dataset::manifest::{Manifest, ManifestEntry};
+use ringtier_dataset::{Dataset, Sampler};
 use ringtier_loader::records::Shard;
-use ringtier_loader::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier, Dataset, Sampler};
 
 use crate::errors::{self, IntoPy};
 

@@ -46,7 +46,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The JPEG decoder this build runs: "zune-jpeg", or "libjpeg-turbo" (feature turbojpeg).
-    m.add("JPEG_DECODER", ringtier_loader::JPEG_DECODER)?;
+    m.add("JPEG_DECODER", ringtier_decode::JPEG_DECODER)?;
     // Whether tiers may be `s3://` URLs (feature s3, on by default).
     m.add("HAS_S3", cfg!(feature = "s3"))?;
     Ok(())

@@ -14,8 +14,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringtier_core::error::{Error, ErrorKind};
 use ringtier_core::{BufferPool, ListOptions};
-use ringtier_loader::manifest::MANIFEST_FILE;
-use ringtier_loader::{DecodeConfig, LoaderConfig, OnBadSample, SampleData};
+use ringtier_dataset::manifest::MANIFEST_FILE;
+use ringtier_dataset::OnBadSample;
+use ringtier_decode::DecodeConfig;
+use ringtier_loader::{LoaderConfig, SampleData};
 use ringtier_uring::UringConfig;
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
@@ -44,7 +46,7 @@ fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
 /// The samples of a loader (for keys by index) and the path they were listed from.
 #[derive(Debug, Clone)]
 struct Keys {
-    dataset: ringtier_loader::Samples,
+    dataset: ringtier_dataset::Samples,
     /// What the listing left out, (key, reason), and the warning naming it.
     skipped: Arc<Vec<(String, String)>>,
     summary: Option<String>,
@@ -228,17 +230,17 @@ impl Loader {
             // Keys given (ImageFolder's): a stat each only where sizes are wanted or a key that
             // cannot be read must fail now; otherwise the reads learn sizes and skip bad keys.
             Some(keys) if !stat_files && on_bad == OnBadSample::Skip => {
-                wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_unsized(lister, keys))?
+                wait_plain(py, &eng, ringtier_dataset::Dataset::from_keys_unsized(lister, keys))?
             }
-            Some(keys) => wait_plain(py, &eng, ringtier_loader::Dataset::from_keys_with(lister, keys, on_bad))?,
-            None => wait_plain(py, &eng, ringtier_loader::Dataset::from_dir_with(lister, &dir, listing))?,
+            Some(keys) => wait_plain(py, &eng, ringtier_dataset::Dataset::from_keys_with(lister, keys, on_bad))?,
+            None => wait_plain(py, &eng, ringtier_dataset::Dataset::from_dir_with(lister, &dir, listing))?,
         }
         .py_err()?;
         let origin = dir.display().to_string();
         let skipped: Vec<(String, String)> =
             dataset.skipped().iter().map(|s| (s.key.clone(), s.error.to_string())).collect();
         let summary =
-            (!skipped.is_empty()).then(|| ringtier_loader::Dataset::skipped_summary(dataset.skipped(), &origin));
+            (!skipped.is_empty()).then(|| ringtier_dataset::Dataset::skipped_summary(dataset.skipped(), &origin));
         if let (true, Some(msg)) = (warn_skipped, &summary) {
             warn_runtime(py, msg);
         }
@@ -590,7 +592,7 @@ pub(crate) struct Sample {
     #[pyo3(get)]
     index: u32,
     /// The samples of its dataset (its key, by index).
-    keys: ringtier_loader::Samples,
+    keys: ringtier_dataset::Samples,
     /// The loader's count of raw samples Python holds (raw samples only).
     counted: Option<Arc<AtomicUsize>>,
     /// (height, width, channels) of a decoded sample.
@@ -605,7 +607,7 @@ impl Sample {
     fn new(
         data: SampleData,
         index: u32,
-        keys: ringtier_loader::Samples,
+        keys: ringtier_dataset::Samples,
         counted: Option<Arc<AtomicUsize>>,
         shape: Option<(usize, usize, usize)>,
     ) -> Self {

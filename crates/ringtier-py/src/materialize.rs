@@ -15,7 +15,8 @@
 
 use std::path::Path;
 
-use ringtier_loader::{Crop, DecodeConfig, Materialize};
+use ringtier_decode::{Crop, DecodeConfig};
+use ringtier_loader::Materialize;
 
 use crate::errors::{self, IntoPy};
 use crate::tiers::open_tier;

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyBufferError, PyKeyError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use ringtier_cache::CachedTier;
 use ringtier_core::error::{Error, ErrorKind};
 use ringtier_core::Tier;
+use ringtier_dataset::OnBadSample;
 use ringtier_loader::records::{self, RecordConfig, RecordFormat, RecordIndex, Shard};
-use ringtier_loader::{CachedTier, OnBadSample};
 use ringtier_uring::UringConfig;
 
 use crate::buffer::ExportedBytes;

@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use ringtier_core::blocking::BlockingPool;
 use ringtier_core::AlignedBuf;
-use ringtier_loader::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng};
+use ringtier_decode::{Crop, DecodeConfig, JpegDecoder, Layout, Normalize, SampleRng};
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::engine::ForkGuarded;

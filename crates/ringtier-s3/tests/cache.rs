@@ -5,8 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy, CachedTier};
 use ringtier_core::{AlignedBuf, Tier};
-use ringtier_loader::{CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_s3::S3Tier;
 use ringtier_testkit::pattern;
 use ringtier_testkit::s3::{test_config, S3sFsServer};

@@ -10,7 +10,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use ringtier_core::Tier;
-use ringtier_loader::{Dataset, Loader, LoaderConfig};
+use ringtier_dataset::Dataset;
+use ringtier_loader::{Loader, LoaderConfig};
 use ringtier_s3::S3Tier;
 use ringtier_testkit::pattern;
 use ringtier_testkit::s3::{test_config, S3sFsServer};

@@ -157,7 +157,8 @@ async fn an_s3_outage_during_the_drain_loses_no_checkpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_on_s3_sharded_over_two_ranks_reads_each_object_once() {
-    use ringtier_loader::{Dataset, Loader, LoaderConfig};
+    use ringtier_dataset::Dataset;
+    use ringtier_loader::{Loader, LoaderConfig};
     let s = Setup::new();
     let tier = S3Tier::new(test_config(&s.server.endpoint(), "data", "ds")).expect("tier");
     tier.create_bucket().await.expect("bucket");

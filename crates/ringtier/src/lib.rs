@@ -10,12 +10,12 @@ pub use ringtier_core::{
 // The modules of ringtier-core that users reach into: the layers that wrap any tier, the
 // whole-object helpers, buffer alignment helpers, key validation and the dataset manifest.
 pub use ringtier_core::{buf, key, layers, ops};
-pub use ringtier_loader::manifest;
+pub use ringtier_dataset::manifest;
 
 // The most used names of the other crates, at the top level.
-pub use ringtier_loader::{
-    Batch, CacheConfig, CacheLevel, CachePolicy, CachedTier, Dataset, Epoch, Loader, LoaderConfig,
-};
+pub use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy, CachedTier};
+pub use ringtier_dataset::Dataset;
+pub use ringtier_loader::{Batch, Epoch, Loader, LoaderConfig};
 pub use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
 pub use ringtier_stage::{PinnedPool, Stager};
 #[cfg(all(feature = "uring", target_os = "linux"))]
@@ -30,11 +30,24 @@ pub mod uring {
 }
 
 /// The input pipeline: [`Dataset`], the seeded sharded [`Sampler`](loader::Sampler),
-/// [`Loader`] with bounded prefetch, an optional JPEG decode stage and an optional cache in
-/// front of a slow tier ([`CachedTier`]: LRU, static or clairvoyant). This is the crate
-/// `ringtier-loader`.
+/// [`Loader`] with bounded prefetch, record shards ([`records`](loader::records): TFRecord,
+/// WebDataset), an optional JPEG decode stage and an optional cache in front of a slow tier
+/// ([`CachedTier`]: LRU, static or clairvoyant). The crates `ringtier-loader`,
+/// `ringtier-dataset` (datasets, manifests, the sampler), `ringtier-decode` (JPEG decode and
+/// augmentation) and `ringtier-cache` (the cache tier, also [`cache`](loader::cache)).
 pub mod loader {
+    pub use ringtier_cache::{CacheConfig, CacheLevel, CacheMedium, CachePolicy, CacheStats, CachedTier};
+    pub use ringtier_dataset::{manifest, Dataset, OnBadSample, Sample, SampleRef, Sampler, Samples};
+    pub use ringtier_decode::{
+        center_crop_box, decode_jpeg_resized, random_resized_params, Crop, CropBox, DecodeConfig, DecodeInfo,
+        JpegDecoder, Layout, Normalize, SampleRng, JPEG_DECODER, MAX_JPEG_DIMENSION,
+    };
     pub use ringtier_loader::*;
+
+    /// The read-through cache tier and its policies: the crate `ringtier-cache`.
+    pub mod cache {
+        pub use ringtier_cache::*;
+    }
 }
 
 /// The crash-consistent checkpoint store with its burst buffer: [`CheckpointStore`] saves to
@@ -85,6 +98,7 @@ pub mod s3 {
 /// `metrics`, on by default. This is the crate `ringtier-metrics`.
 #[cfg(feature = "metrics")]
 pub mod metrics {
+    pub use ringtier_core::catalog::{self, MetricDef, CATALOG};
     pub use ringtier_metrics::*;
 }
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use ringtier_cache::{CacheConfig, CacheLevel, CachePolicy, CacheStats, CachedTier};
 use ringtier_core::layers::{Throttle, Throttled};
 use ringtier_core::{PosixConfig, PosixTier, Tier};
-use ringtier_loader::{
-    CacheConfig, CacheLevel, CachePolicy, CacheStats, CachedTier, Dataset, Loader, LoaderConfig, Sampler,
-};
+use ringtier_dataset::{Dataset, Sampler};
+use ringtier_loader::{Loader, LoaderConfig};
 
 use super::{policy_of, sample_key, CacheBenchArgs, CacheScope, EpochResult, SideResult};
 use crate::harness::peak_rss_bytes;

@@ -508,7 +508,7 @@ pub(crate) fn demo(a: DemoArgs) -> Result<()> {
         for f in &ds.manifest.entries {
             let _ = std::fs::remove_file(ds.root.join(&f.key));
         }
-        let _ = std::fs::remove_file(ds.root.join(ringtier_loader::manifest::MANIFEST_FILE));
+        let _ = std::fs::remove_file(ds.root.join(ringtier_dataset::manifest::MANIFEST_FILE));
     }
     result.map(|_| ())
 }

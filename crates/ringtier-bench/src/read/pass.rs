@@ -439,7 +439,7 @@ mod tests {
 
     #[test]
     fn files_larger_than_the_read_size_are_read_in_pieces_and_verified() {
-        use ringtier_loader::manifest::{checksum, Manifest, ManifestEntry};
+        use ringtier_dataset::manifest::{checksum, Manifest, ManifestEntry};
         let dir = tempfile::tempdir().expect("tempdir");
         // O_DIRECT where the temp dir has it (not on tmpfs).
         let direct = ringtier_core::fs::dir_supports_direct_io(dir.path()) != Some(false);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ringtier_core::Tier;
+use ringtier_dataset::OnBadSample;
 use ringtier_loader::records::{RecordConfig, RecordFormat, RecordIndex, RecordLoader, Shard};
-use ringtier_loader::OnBadSample;
 use ringtier_uring::UringConfig;
 use serde::Serialize;
 

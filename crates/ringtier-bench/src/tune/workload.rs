@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use ringtier_loader::{LoaderConfig, OnBadSample};
+use ringtier_dataset::OnBadSample;
+use ringtier_loader::LoaderConfig;
 use ringtier_migrate::{BufferSink, CheckpointStore, Part, RestoreOptions, StoreConfig};
 use ringtier_uring::{DirectIoPolicy, UringConfig};
 use serde::Serialize;

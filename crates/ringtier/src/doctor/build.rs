@@ -30,7 +30,7 @@ pub(super) fn cuda(facts: &mut Map<String, Value>) -> Finding {
 
 /// `decoder`: the JPEG decoder this build runs.
 pub(super) fn decoder(facts: &mut Map<String, Value>) -> Finding {
-    let name = ringtier_loader::JPEG_DECODER;
+    let name = ringtier_decode::JPEG_DECODER;
     facts.insert("jpeg_decoder".into(), json!(name));
     if name == "libjpeg-turbo" {
         Finding::new("decoder", Status::Ok, "libjpeg-turbo (SIMD, DCT-domain downscaling)")

@@ -115,7 +115,7 @@ pub(super) async fn run_epoch(inner: &Inner, epoch: u64, position: u64, q: &Queu
     let mut out = Out::new(q, &inner.cfg, seed, position);
     let shards: Vec<usize> = inner.sampler.epoch(epoch).into_iter().map(|s| s as usize).collect();
     if let Err(e) = read_shards(inner, &shards, &mut out).await? {
-        let _ = q.tx.send(Item::Failed(e)).await;
+        let _ = q.note(Item::Failed(e)).await;
         return None;
     }
     out.drain().await.then_some(())
@@ -148,7 +148,7 @@ pub(super) async fn hand_on(
                 let why = shard_error(inner, &e);
                 let failed = match inner.cfg.on_bad {
                     OnBadSample::Skip => {
-                        if out.q.tx.send(Item::Skipped(why)).await.is_err() {
+                        if !out.q.note(Item::Skipped(why)).await {
                             return None;
                         }
                         None

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ringtier_core::{ErrorKind, Tier};
-use ringtier_records::OnBadSample;
-use ringtier_records::{
+use ringtier_dataset::OnBadSample;
+use ringtier_loader::records::{
     list_shards, write_tar_end, write_tar_member, write_tfrecord, Record, RecordConfig, RecordFormat, RecordLoader,
 };
 use ringtier_testkit::pattern;
@@ -47,7 +47,9 @@ async fn collect(loader: &RecordLoader, epoch: u64, position: u64) -> Vec<Record
     out
 }
 
-async fn uring(dir: &std::path::Path) -> (Arc<dyn Tier>, Vec<ringtier_records::Shard>, Vec<ringtier_records::Shard>) {
+async fn uring(
+    dir: &std::path::Path,
+) -> (Arc<dyn Tier>, Vec<ringtier_loader::records::Shard>, Vec<ringtier_loader::records::Shard>) {
     let tier: Arc<dyn Tier> = Arc::new(UringTier::new(dir, UringConfig::default()).expect("tier"));
     let tf = list_shards(tier.as_ref(), RecordFormat::TfRecord).await.unwrap_or_default();
     let wds = list_shards(tier.as_ref(), RecordFormat::WebDataset).await.unwrap_or_default();
@@ -218,7 +220,7 @@ async fn webdataset_shards_stream_whole_samples() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_shuffle_through_indexes_reads_every_record_once_in_random_order() {
-    use ringtier_records::RecordIndex;
+    use ringtier_loader::records::RecordIndex;
     let (dir, all) = tfrecord_shards();
     let (tier, shards, _) = uring(dir.path()).await;
     let c = cfg().with_read_size(256 << 10);

@@ -68,48 +68,29 @@ impl Held {
     }
 }
 
-/// The prefetch queue: at most `prefetch` records (the channel) and `prefetch_bytes` bytes
-/// (permits of a semaphore, one per byte, taken before a record is sent and given back when
-/// the consumer takes it).
+/// The prefetch queue: at most `prefetch` records and `prefetch_bytes` bytes (the loaders'
+/// one queue type, [`crate::queue`]), and the record bytes held.
 pub(super) struct Queue {
-    pub(super) tx: mpsc::Sender<Item>,
+    tx: crate::queue::Sender<Item>,
     pub(super) held: Arc<Held>,
-    pub(super) bytes: Arc<PrefetchBytes>,
-}
-
-/// The byte bound of the prefetch queue.
-#[derive(Debug)]
-pub(super) struct PrefetchBytes {
-    pub(super) sem: Semaphore,
-    /// Permits in all (the bound, at most `u32::MAX`); 0: unbounded.
-    pub(super) total: u64,
-}
-
-impl PrefetchBytes {
-    /// Permits a record of `bytes` takes (a record larger than the bound takes all of them).
-    pub(super) fn permits(&self, bytes: u64) -> u32 {
-        bytes.min(self.total) as u32
-    }
 }
 
 impl Queue {
-    pub(super) fn new(cfg: &RecordConfig) -> (Queue, mpsc::Receiver<Item>) {
-        let (tx, rx) = mpsc::channel(cfg.prefetch.max(1));
-        let total = (cfg.prefetch_bytes as u64).min(u64::from(u32::MAX));
-        let bytes = Arc::new(PrefetchBytes { sem: Semaphore::new(total as usize), total });
-        (Queue { tx, held: Arc::default(), bytes }, rx)
+    pub(super) fn new(cfg: &RecordConfig) -> (Queue, crate::queue::Receiver<Item>) {
+        let (tx, rx) = crate::queue::bounded(cfg.prefetch, cfg.prefetch_bytes);
+        (Queue { tx, held: Arc::default() }, rx)
     }
 
     /// Sends a record (counted in `held` already) once the queue has room for its bytes.
     /// False when the consumer went away.
     pub(super) async fn send(&self, r: Record) -> bool {
-        let n = self.bytes.permits(r.bytes());
-        if n > 0 {
-            match self.bytes.sem.acquire_many(n).await {
-                Ok(p) => p.forget(),
-                Err(_) => return false,
-            }
-        }
-        self.tx.send(Item::Record(r)).await.is_ok()
+        let n = r.bytes();
+        self.tx.send(Item::Record(r), n).await
+    }
+
+    /// Sends a skipped record's reason or an error (no bytes). False when the consumer went
+    /// away.
+    pub(super) async fn note(&self, item: Item) -> bool {
+        self.tx.send(item, 0).await
     }
 }

@@ -1,5 +1,30 @@
-#![doc = include_str!("../README.md")]
-#![forbid(unsafe_code)]
+//! Sharded record datasets: TFRecord and WebDataset (tar) shards, streamed in bounded memory.
+//!
+//! A shard is read front to back with large requests kept in flight through the tier's batch
+//! read (one submission per batch on the io_uring tier, O_DIRECT where the file system has
+//! it), into pooled buffers; records are parsed straight out of those buffers, each record's
+//! bytes copied once, into the record (the shuffle buffer and the prefetch queue move records,
+//! they never copy them). The reads form a sliding window: as soon as one buffer is parsed,
+//! the next request is submitted, across shard boundaries, so the device is never idle while a
+//! batch is parsed.
+//!
+//! Memory is bounded by configuration, whatever the shard and record sizes: the pool
+//! (2 x depth x read size) plus the records held, which the loader counts
+//! ([`RecordEpoch::held`]): the shuffle buffer (at most `shuffle_buffer` records and
+//! `shuffle_bytes` bytes), the prefetch queue (at most `prefetch` records and `prefetch_bytes`
+//! bytes) and the records parsed out of the one buffer being parsed (at most a read size and a
+//! record). [`RecordConfig::held_bound`] is that bound.
+//!
+//! An epoch over shards: the shards are shuffled (seeded by seed and epoch, the same on every
+//! rank) and split across ranks and workers, `(rank, worker)` taking every
+//! `world x workers`-th shard, so every record is read exactly once per epoch; records go
+//! through a seeded shuffle buffer that spans shard boundaries. A saved position (records
+//! delivered so far) resumes the epoch with exactly the remaining records.
+//!
+//! Bad input (a truncated record, a CRC mismatch, a corrupt tar header) is an error naming the
+//! shard and byte offset; with [`OnBadSample::Skip`] it is counted and the epoch goes on (the
+//! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
+//! alone).
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -18,13 +43,12 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::sync::{mpsc, Semaphore};
 
 pub use tfrecord::{masked_crc32c, write_record as write_tfrecord};
 pub use wds::{split_key, write_end as write_tar_end, write_member as write_tar_member};
 
 use queue::*;
-pub use ringtier_dataset::OnBadSample;
+use ringtier_dataset::OnBadSample;
 use ringtier_dataset::Sampler;
 use streamed::*;
 
@@ -300,12 +324,12 @@ impl RecordLoader {
     /// tokio runtime.
     pub fn epoch(&self, epoch: u64, position: u64) -> RecordEpoch {
         let (q, rx) = Queue::new(&self.inner.cfg);
-        let (held, prefetch) = (Arc::clone(&q.held), Arc::clone(&q.bytes));
+        let held = Arc::clone(&q.held);
         let inner = Arc::clone(&self.inner);
         let task = start(async move {
             let _ = run_epoch(&inner, epoch, position, &q).await;
         });
-        RecordEpoch { rx, task, stats: RecordStats::default(), position, held, prefetch }
+        RecordEpoch { rx, task, stats: RecordStats::default(), position, held }
     }
 }
 
@@ -374,14 +398,14 @@ impl RecordLoader {
         let sampler = Sampler::new(total, c.seed, c.rank * c.workers + c.worker, c.world * c.workers, true)?;
         let order = sampler.epoch_from(epoch, position as usize)?;
         let (q, rx) = Queue::new(c);
-        let (held, prefetch) = (Arc::clone(&q.held), Arc::clone(&q.bytes));
+        let held = Arc::clone(&q.held);
         let inner = Arc::clone(&self.inner);
         let task = start(async move {
             if let Err(e) = run_global(&inner, &indexes, order, &q).await {
-                let _ = q.tx.send(Item::Failed(e)).await;
+                let _ = q.note(Item::Failed(e)).await;
             }
         });
-        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position, held, prefetch })
+        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position, held })
     }
 }
 
@@ -462,7 +486,7 @@ async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, q: 
                     q.held.add(r.bytes());
                     q.send(r).await
                 }
-                Err(why) if inner.cfg.on_bad == OnBadSample::Skip => q.tx.send(Item::Skipped(why)).await.is_ok(),
+                Err(why) if inner.cfg.on_bad == OnBadSample::Skip => q.note(Item::Skipped(why)).await,
                 Err(why) => return Err(Error::new(ErrorKind::Corrupt, why)),
             };
             if !sent {
@@ -495,12 +519,11 @@ pub struct RecordStats {
 
 /// One epoch's records, in this reader's order.
 pub struct RecordEpoch {
-    rx: mpsc::Receiver<Item>,
+    rx: crate::queue::Receiver<Item>,
     task: Worker,
     stats: RecordStats,
     position: u64,
     held: Arc<Held>,
-    prefetch: Arc<PrefetchBytes>,
 }
 
 impl fmt::Debug for RecordEpoch {
@@ -511,8 +534,8 @@ impl fmt::Debug for RecordEpoch {
 
 impl Drop for RecordEpoch {
     fn drop(&mut self) {
-        // The worker stops at its next send (the receiver is gone) or wait for queue room.
-        self.prefetch.sem.close();
+        // The worker stops at its next send or wait for queue room (the receiver, dropped
+        // with the epoch, closes the queue).
         if let Worker::Task(t) = &self.task {
             t.abort();
         }
@@ -524,11 +547,18 @@ impl RecordEpoch {
     /// [`RecordEpoch::stats`] ([`RecordStats::skipped`]), each with a warning naming it.
     pub async fn next(&mut self) -> Option<Result<Record>> {
         loop {
-            match self.rx.recv().await? {
+            let held = &self.held;
+            let item = self
+                .rx
+                .recv_then(|item| {
+                    if let Item::Record(r) = item {
+                        held.sub(r.bytes());
+                    }
+                })
+                .await?;
+            match item {
                 Item::Record(r) => {
                     let bytes = r.bytes();
-                    self.held.sub(bytes);
-                    self.prefetch.sem.add_permits(self.prefetch.permits(bytes) as usize);
                     self.stats.records += 1;
                     self.stats.bytes += bytes;
                     self.position += 1;

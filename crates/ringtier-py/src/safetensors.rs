@@ -15,12 +15,13 @@ use std::sync::Arc;
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{AlignedBuf, Tier};
 use ringtier_migrate::{PartInfo, ReadTargets};
 use ringtier_safetensors::{
-    read_chunks, read_into_targets, save, save_sharded, DataTargets, Dtype, Model, ReadOptions, SaveOptions, TensorRef,
+    read_chunks, read_into_targets, save, save_sharded, DataTargets, Dtype, Layout, Model, ReadOptions, SaveOptions,
+    TensorRef, TensorSpec,
 };
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
@@ -395,10 +396,70 @@ pub(crate) fn safetensors_save<'py>(
     PyList::new(py, written)
 }
 
+/// Lays out a safetensors file for `tensors` (`[(name, dtype, shape, byte count)]`) and the
+/// free-form `metadata`, as [`save`] does (the `safetensors` package's order: dtype, widest
+/// first, then name): `(the file's first bytes, order)`, `order[i]` the index in `tensors` of
+/// the `i`-th tensor's data after those bytes. For callers that write the file themselves (the
+/// checkpoint store's safetensors format writes header and tensors as one part, from the
+/// tensors' memory). A duplicate or reserved name, or a byte count that dtype and shape do not
+/// make, is a `ringtier.InvalidInputError`.
+#[pyfunction]
+#[pyo3(signature = (tensors, metadata=None))]
+pub(crate) fn safetensors_layout<'py>(
+    py: Python<'py>,
+    tensors: Vec<(String, String, Vec<u64>, u64)>,
+    metadata: Option<BTreeMap<String, String>>,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<usize>)> {
+    let mut specs = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, byte_len) in tensors {
+        let dtype: Dtype = dtype.parse().map_err(|e: String| errors::invalid(format!("tensor {name:?}: {e}")))?;
+        specs.push(TensorSpec { name, dtype, shape, byte_len });
+    }
+    let layout = Layout::plan(&specs, metadata.as_ref()).py_err()?;
+    Ok((PyBytes::new(py, &layout.prefix), layout.order))
+}
+
+/// Parses the header of the safetensors file whose bytes `data` exports (the whole file: its
+/// size is checked against the header), as hostile input (`Header::parse`: bounded lengths,
+/// offsets contiguous to the end of the file): `(data_start, metadata or None, [(name, dtype,
+/// shape, begin, end)])` in data order, `begin`/`end` counted from `data_start`. Anything
+/// inconsistent is a `ringtier.CorruptError`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub(crate) fn safetensors_parse<'py>(
+    py: Python<'py>,
+    data: Bound<'py, PyAny>,
+) -> PyResult<(u64, Option<Bound<'py, PyDict>>, Vec<(String, &'static str, Vec<u64>, u64, u64)>)> {
+    let buf = PyUntypedBuffer::get(&data)
+        .map_err(|e| errors::type_error(format!("safetensors_parse takes a buffer: {e}")))?;
+    if !buf.is_c_contiguous() {
+        return Err(errors::invalid("safetensors_parse: the buffer is not C-contiguous".into()));
+    }
+    let len = buf.len_bytes();
+    let bytes: &[u8] = if len == 0 {
+        &[]
+    } else {
+        // SAFETY: a C-contiguous buffer of `len` bytes at `buf_ptr`, exported by `data`, which
+        // `buf` keeps alive (and locked against resizing) until the end of this function; the
+        // slice is dropped before it.
+        unsafe { std::slice::from_raw_parts(buf.buf_ptr().cast::<u8>().cast_const(), len) }
+    };
+    let header = ringtier_safetensors::Header::parse(bytes, len as u64).py_err()?;
+    let rows = header
+        .tensors()
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype.as_str(), t.shape.clone(), t.data_offsets.0, t.data_offsets.1))
+        .collect();
+    let meta = metadata_dict(py, header.metadata())?;
+    Ok((header.data_start(), meta, rows))
+}
+
 /// Registers the classes and functions of `ringtier.safetensors` in the extension module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SafetensorsModel>()?;
     m.add_class::<SafetensorsBuffer>()?;
     m.add_function(wrap_pyfunction!(safetensors_save, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors_parse, m)?)?;
     Ok(())
 }

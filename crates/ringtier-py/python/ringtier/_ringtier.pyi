@@ -588,6 +588,20 @@ def safetensors_save(
     under ``root/key`` with its ``model.safetensors.index.json`` written last. Returns the keys
     written, the index last. :func:`ringtier.safetensors.save_file` is the API to use."""
 
+def safetensors_layout(
+    tensors: Sequence[Tuple[str, str, Sequence[int], int]], metadata: Optional[Dict[str, str]] = None
+) -> Tuple[bytes, List[int]]:
+    """Lays out a safetensors file for ``[(name, dtype, shape, byte count)]`` and ``metadata``
+    as :func:`safetensors_save` does: ``(the file's first bytes, order)``, ``order[i]`` the
+    index of the ``i``-th tensor whose bytes follow. A duplicate or reserved name, or a byte
+    count that dtype and shape do not make, is an :class:`InvalidInputError`. The checkpoint
+    store's ``format="safetensors"`` writes its files with it."""
+
+def safetensors_parse(data: _Buffer) -> Tuple[int, Optional[Dict[str, str]], List[Tuple[str, str, List[int], int, int]]]:
+    """Parses the header of the safetensors file ``data`` holds (all of it) as hostile input:
+    ``(data_start, metadata or None, [(name, dtype, shape, begin, end)])`` in data order,
+    offsets counted from ``data_start``. Anything inconsistent is a :class:`CorruptError`."""
+
 class GroupManifest:
     """A committed step's group manifest (``ringtier_migrate::group``): the world size and
     every rank's bytes and shard digest, written by the coordinator after every rank's shard

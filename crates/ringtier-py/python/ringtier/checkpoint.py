@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
+from . import _safetensors_state as st_codec
 from . import _state_dict_codec as codec
 from ._ringtier import CheckpointStore as _Store
 from ._ringtier import SaveFuture
 from ._types import PathLike, tier_path
 from .errors import CorruptError, NotFoundError
+from .safetensors import _parse_size
+
+
+FORMATS = ("ringtier", "safetensors")
+"""The values of :class:`CheckpointStore`'s ``format``."""
 
 
 class CheckpointStore:
@@ -41,6 +47,18 @@ class CheckpointStore:
             ``"posix"`` (a thread pool). The files are the same whichever engine wrote them.
         read_only: open to list, load and verify only (next to a process that saves).
         create: create missing tier directories (otherwise they are an error).
+        format: how :meth:`save` lays a state out. ``"ringtier"`` (the default): parts
+            ``state.json`` and ``tensors``. ``"safetensors"``: one part ``model.safetensors``, a
+            safetensors file that ``safetensors.torch.load_file`` reads on every tier (S3
+            included) once drained, so a step is also a Hub-ready model: tensors named by their
+            path in the state joined with ``"."`` (``{"model": {"w": t}}`` gives ``model.w``),
+            the rest of the state (structure, plain values, which values were numpy arrays or
+            bytes) as JSON in the file's ``__metadata__``; every dtype must be one the format
+            has. :meth:`load` reads steps of either format, whichever the store was opened with.
+        max_shard_size: with ``format="safetensors"``, the most tensor bytes per file (an int,
+            or ``"5GB"``/``"500MiB"``): a state with more is saved as Hugging Face's sharded
+            layout, ``model-0000i-of-0000N.safetensors`` and ``model.safetensors.index.json``.
+            None (the default): one file, whatever its size.
 
     One process at a time opens a store for writing (a second gets :class:`ringtier.BusyError`).
     Use it as a context manager, or call :meth:`close`.
@@ -61,9 +79,21 @@ class CheckpointStore:
         engine: str = "auto",
         read_only: bool = False,
         create: bool = False,
+        format: str = "ringtier",
+        max_shard_size: Optional[Union[int, str]] = None,
     ) -> None:
         if isinstance(tiers, (str, bytes, os.PathLike)):
             raise TypeError("tiers must be a list of directories, fastest first (e.g. [fast, slow])")
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, not {format!r}")
+        self._shard_bytes: Optional[int] = None
+        if max_shard_size is not None:
+            if format != "safetensors":
+                raise ValueError("max_shard_size applies to format='safetensors' only")
+            self._shard_bytes = _parse_size(max_shard_size)
+            if self._shard_bytes <= 0:
+                raise ValueError(f"max_shard_size must be positive, not {max_shard_size!r}")
+        self._format = format
         self._store = _Store(
             [tier_path(t) for t in tiers],
             prefix=prefix,
@@ -82,15 +112,21 @@ class CheckpointStore:
     def save(self, step: int, state: Mapping[str, Any]) -> Dict[str, Any]:
         """Saves ``state`` as checkpoint ``step`` and returns once it is durable on the fast
         tier: ``{"step", "bytes", "tier", "blocking_seconds", "wrote_through"}``. Do not change
-        the tensors while it runs (from other threads)."""
-        return self._store.save(_step(step), codec.encode(state))
+        the tensors while it runs (from other threads). The state is checked whole before
+        anything is written: a bad value (``TypeError``/``ValueError``) leaves no step."""
+        return self._store.save(_step(step), self._encode(state))
 
     def async_save(self, step: int, state: Mapping[str, Any]) -> SaveFuture:
         """Copies ``state`` into a staging buffer and returns a :class:`ringtier.SaveFuture`
         at once (the shape of ``torch.distributed.checkpoint.async_save``): the caller may
         change its tensors as soon as this returns; ``future.result()`` waits until the
         checkpoint is durable on the fast tier and returns the report."""
-        return self._store.async_save(_step(step), codec.encode(state))
+        return self._store.async_save(_step(step), self._encode(state))
+
+    def _encode(self, state: Mapping[str, Any]) -> List[Tuple[str, List[Any]]]:
+        if self._format == "safetensors":
+            return st_codec.encode(state, self._shard_bytes)
+        return codec.encode(state)
 
     def load(self, step: Optional[int] = None, into: Optional[MutableMapping[str, Any]] = None) -> Any:
         """Loads checkpoint ``step`` (the newest intact one when None; None when the store is
@@ -101,6 +137,9 @@ class CheckpointStore:
         shapes and dtypes): streams the checkpoint straight into its tensors and arrays (CPU,
         contiguous; others through a temporary) and returns it; keys, dtypes and shapes are
         checked before anything is read.
+
+        A step saved with ``format="safetensors"`` loads the same way (detected from its part
+        names); with ``into`` it is loaded whole, then copied into the given tensors.
 
         With ``step`` None, newer steps whose every copy is bad (a torn manifest, a part
         failing its checksum) are passed over: each is named in a ``RuntimeWarning`` and in
@@ -114,7 +153,14 @@ class CheckpointStore:
             steps = [_step(step)] if step is not None else [c["step"] for c in reversed(self.list())]
             for at in steps:
                 try:
-                    meta = self._store.read_part(at, codec.META_PART)
+                    try:
+                        meta = self._store.read_part(at, codec.META_PART)
+                    except NotFoundError:
+                        # No state.json: a safetensors step (or no such step: the load says which).
+                        loaded = self._store.load(at)
+                        if loaded is None or not st_codec.is_safetensors_step([n for n, _ in loaded[2]]):
+                            raise
+                        return st_codec.fill(loaded[2], into)
                     return codec.load_in_place(
                         meta, into, lambda targets: self._store.load_scatter(at, codec.DATA_PART, targets)
                     )
@@ -127,6 +173,8 @@ class CheckpointStore:
         if loaded is None:
             return None
         _step_loaded, _tier, parts, _fallbacks = loaded
+        if st_codec.is_safetensors_step([name for name, _ in parts]):
+            return st_codec.decode(parts)
         return codec.decode(parts)
 
     def _skip(self, step: int, why: str) -> None:
@@ -178,6 +226,11 @@ class CheckpointStore:
         """Drain totals: ``checkpoints``, ``bytes``, ``busy_seconds``, ``paused_seconds``,
         ``backlog_bytes``."""
         return self._store.drain_stats()
+
+    @property
+    def format(self) -> str:
+        """How :meth:`save` lays a state out: ``"ringtier"`` or ``"safetensors"``."""
+        return self._format
 
     @property
     def tiers(self) -> List[str]:

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use ringtier::gen::{parse_size, Preset, ShapeArgs};
+#[cfg(feature = "lab")]
 use ringtier_bench::{BenchCommand, DemoArgs, PaperArgs, TuneArgs};
 
 #[derive(Parser, Debug)]
@@ -32,6 +33,7 @@ pub(crate) struct Cli {
     #[arg(long, global = true, default_value_t = 0.0)]
     pub(crate) metrics_linger: f64,
     /// Options of `paper`, which runs when no command is given.
+    #[cfg(feature = "lab")]
     #[command(flatten)]
     pub(crate) paper: PaperArgs,
 }
@@ -39,6 +41,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
     /// Generate a dataset in a temp dir and read it, cold, through every tier.
+    #[cfg(feature = "lab")]
     Demo(DemoArgs),
     /// Generate a synthetic dataset with a manifest (deterministic from a seed).
     Gen(GenArgs),
@@ -46,6 +49,7 @@ pub(crate) enum Command {
     /// `offset size` line per record (DALI's tfrecord2idx format), for a global shuffle.
     Index(IndexArgs),
     /// Benchmarks.
+    #[cfg(feature = "lab")]
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Checkpoints in a burst-buffer store: save, ls, restore, verify, drain.
@@ -53,6 +57,7 @@ pub(crate) enum Command {
     /// The paper's three experiments (read sweep, mini-app with and without prefetch,
     /// checkpoints burst versus direct) on generated data, with a report directory (the
     /// default); --remote adds the remote-storage regime (S3 on loopback against boto3).
+    #[cfg(feature = "lab")]
     Paper(PaperArgs),
     /// The kernel I/O tuning lab: sweeps io_uring and block-layer settings (every pass
     /// cold), reports the Pareto front of bandwidth, CPU and p99, the best configuration,
@@ -68,6 +73,7 @@ pub(crate) enum Command {
     /// report gives the best configuration's settings as shell lines). A setting it may not
     /// write is a note in the report. --no-block leaves the device's settings alone,
     /// --fio-small-pages the huge page mode.
+    #[cfg(feature = "lab")]
     Tune(TuneArgs),
     /// The metric catalog.
     #[command(subcommand)]

@@ -2,7 +2,8 @@
 //! checkpoint store, from the command line. With no arguments it runs the paper's three
 //! experiments on embedded defaults. Arguments are in `args.rs`; the product's commands
 //! (`ckpt`, `gen`, `index`, `doctor`) have a module each here and run on the facade
-//! `ringtier`; the benchmarks, the paper and the tuning lab live in `ringtier-bench`; this file
+//! `ringtier`; the benchmarks, the paper and the tuning lab live in `ringtier-bench` (feature
+//! `lab`, on by default: without it the binary is the product's commands alone); this file
 //! dispatches.
 
 #![forbid(unsafe_code)]
@@ -52,7 +53,18 @@ fn run_cli() -> Result<()> {
         let exporter = ringtier_metrics::install(&cfg)?;
         eprintln!("serving Prometheus metrics on http://{}/metrics", exporter.addr());
     }
+    #[cfg(feature = "lab")]
     let result = run(cli.command.unwrap_or(Command::Paper(cli.paper)));
+    // Without the lab there is no default command: say what there is.
+    #[cfg(not(feature = "lab"))]
+    let result = match cli.command {
+        Some(c) => run(c),
+        None => {
+            use clap::CommandFactory as _;
+            Cli::command().print_help()?;
+            Ok(())
+        }
+    };
     if cli.metrics_addr.is_some() && cli.metrics_linger > 0.0 {
         eprintln!("done; serving metrics for {} more seconds", cli.metrics_linger);
         std::thread::sleep(std::time::Duration::from_secs_f64(cli.metrics_linger));
@@ -63,12 +75,16 @@ fn run_cli() -> Result<()> {
 /// Runs one command: its logic lives with the command.
 fn run(command: Command) -> Result<()> {
     match command {
+        #[cfg(feature = "lab")]
         Command::Paper(a) => ringtier_bench::paper(a),
+        #[cfg(feature = "lab")]
         Command::Demo(a) => ringtier_bench::demo(a),
         Command::Gen(a) => gen::command(a),
         Command::Index(a) => index::command(a),
+        #[cfg(feature = "lab")]
         Command::Bench(b) => ringtier_bench::bench(b),
         Command::Ckpt(a) => ckpt::command(a),
+        #[cfg(feature = "lab")]
         Command::Tune(a) => ringtier_bench::tune(a),
         Command::Doctor(a) => {
             doctor::command(a);

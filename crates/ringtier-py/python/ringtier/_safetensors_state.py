@@ -39,6 +39,7 @@ import numpy as np
 
 from . import _ringtier
 from .errors import CorruptError
+from ._state_dict_codec import TreeWalker, describe, path_text
 from .safetensors import _TORCH_NAMES, _view
 
 FORMAT = "ringtier-py-safetensors"
@@ -76,10 +77,6 @@ def _numpy_name(dtype: np.dtype) -> Optional[str]:
     return _FROM_NUMPY.get((dtype.kind, dtype.itemsize))
 
 
-def _path(path: List[str]) -> str:
-    return "state" + "".join(f"[{k!r}]" for k in path)
-
-
 def _torch_dtype_names(torch: Any) -> Dict[Any, str]:
     out = {}
     for name, attr in _TORCH_NAMES.items():
@@ -98,7 +95,7 @@ class _Tensor:
         self.name, self.dtype, self.shape, self.buf, self.nbytes = name, dtype, shape, buf, nbytes
 
 
-class _Encoder:
+class _Encoder(TreeWalker):
     def __init__(self) -> None:
         self.tensors: List[_Tensor] = []
         self.owner: Dict[str, List[str]] = {}  # tensor name -> the state path that took it
@@ -109,12 +106,12 @@ class _Encoder:
         name = ".".join(path)
         if name == "__metadata__":
             raise ValueError(
-                f"{_path(path)}: a tensor would be named '__metadata__' in model.safetensors, a name the format "
+                f"{path_text(path)}: a tensor would be named '__metadata__' in model.safetensors, a name the format "
                 "reserves; rename the key"
             )
         if name in self.owner:
             raise ValueError(
-                f"{_path(path)} and {_path(self.owner[name])} would both be the tensor {name!r} in "
+                f"{path_text(path)} and {path_text(self.owner[name])} would both be the tensor {name!r} in "
                 "model.safetensors (keys are joined with '.'); rename one, or save with the default format"
             )
         self.owner[name] = path
@@ -125,63 +122,25 @@ class _Encoder:
         self.tensors.append(_Tensor(name, dtype, shape, buf if nbytes else None, nbytes))
         return name
 
-    def node(self, value: Any, path: List[str]) -> Dict[str, Any]:
-        torch = sys.modules.get("torch")
-        if isinstance(value, Mapping):
-            items = []
-            for k, v in value.items():
-                if not isinstance(k, str):
-                    raise TypeError(
-                        f"{_path(path)} has the key {k!r} of type {type(k).__name__}: checkpoint state keys "
-                        "must be strings"
-                    )
-                items.append([k, self.node(v, path + [k])])
-            out: Dict[str, Any] = {"d": items}
-            if isinstance(value, OrderedDict):
-                out["o"] = 1
-            meta = getattr(value, "_metadata", None)
-            if meta is not None:
-                try:
-                    out["m"] = json.loads(json.dumps(meta))
-                except (TypeError, ValueError):
-                    pass
-            return out
-        if torch is not None and isinstance(value, torch.Tensor):
-            return self.tensor(torch, value, path)
-        if isinstance(value, (np.ndarray, np.generic)):
-            return self.array(value, path)
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            mv = memoryview(value)
-            if not mv.c_contiguous:
-                raise ValueError(f"{_path(path)}: the memoryview is not C-contiguous")
-            mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-            name = self._add(path, "U8", [mv.nbytes], mv, mv.nbytes)
-            return {"b": name, "a": 1} if isinstance(value, bytearray) else {"b": name}
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return {"v": value}
-        if isinstance(value, (list, tuple)):
-            key = "l" if isinstance(value, list) else "u"
-            return {key: [self.node(v, path + [str(i)]) for i, v in enumerate(value)]}
-        raise TypeError(
-            f"cannot save {_path(path)}: a {type(value).__module__}.{type(value).__qualname__} is neither a tensor, "
-            "a numpy array nor bytes (nor a str, int, float, bool, None, or a list, tuple or dict of them)"
-        )
+    def raw(self, mv: memoryview, mutable: bool, path: List[str]) -> Dict[str, Any]:
+        name = self._add(path, "U8", [mv.nbytes], mv, mv.nbytes)
+        return {"b": name, "a": 1} if mutable else {"b": name}
 
     def tensor(self, torch: Any, t: Any, path: List[str]) -> Dict[str, Any]:
         if t.layout != torch.strided or t.is_nested:
             raise TypeError(
-                f"cannot save {_path(path)} as safetensors: {t.layout} tensors are not supported (only dense ones)"
+                f"cannot save {path_text(path)} as safetensors: {t.layout} tensors are not supported (only dense ones)"
             )
         if t.is_quantized:
-            raise TypeError(f"cannot save {_path(path)} as safetensors: quantized tensors are not supported")
+            raise TypeError(f"cannot save {path_text(path)} as safetensors: quantized tensors are not supported")
         if t.device.type == "meta":
-            raise ValueError(f"cannot save {_path(path)}: a tensor on the meta device has no data")
+            raise ValueError(f"cannot save {path_text(path)}: a tensor on the meta device has no data")
         if self._torch_names is None:
             self._torch_names = _torch_dtype_names(torch)
         dtype = self._torch_names.get(t.dtype)
         if dtype is None:
             raise TypeError(
-                f"cannot save {_path(path)} as safetensors: the format has no dtype for {t.dtype} (save it with "
+                f"cannot save {path_text(path)} as safetensors: the format has no dtype for {t.dtype} (save it with "
                 "the default format, or convert it)"
             )
         node: Dict[str, Any] = {}
@@ -226,7 +185,7 @@ class _Encoder:
         dtype = _numpy_name(arr.dtype)
         if dtype is None:
             raise TypeError(
-                f"cannot save {_path(path)} as safetensors: the format has no dtype for numpy {arr.dtype.str} "
+                f"cannot save {path_text(path)} as safetensors: the format has no dtype for numpy {arr.dtype.str} "
                 "(bool, integers, float16/32/64, complex64, little-endian; save it with the default format)"
             )
         if not arr.flags.c_contiguous:
@@ -450,11 +409,6 @@ def decode(parts: List[Tuple[str, Any]]) -> Any:
     return _Decoder(entries).node(tree)
 
 
-def _describe(x: Any) -> str:
-    shape = tuple(getattr(x, "shape", ()))
-    return f"{type(x).__name__} dtype {getattr(x, 'dtype', '?')} shape {shape}"
-
-
 def fill(parts: List[Tuple[str, Any]], into: MutableMapping[str, Any]) -> Any:
     """Copies a loaded step's values into ``into`` (its tensors and arrays in place, other
     values replaced). Keys, dtypes and shapes are all checked before anything is written."""
@@ -466,13 +420,13 @@ def fill(parts: List[Tuple[str, Any]], into: MutableMapping[str, Any]) -> Any:
     def plan(node: Dict[str, Any], target: Any, path: List[str], parent: Any, key: Any) -> None:
         if "d" in node:
             if not isinstance(target, MutableMapping):
-                raise ValueError(f"{_path(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
+                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
             saved = [k for k, _ in node["d"]]
             missing = [k for k in saved if k not in target]
             unexpected = [k for k in target if k not in set(saved)]
             if missing or unexpected:
                 raise ValueError(
-                    f"{_path(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
+                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
                     f"not in the checkpoint: {unexpected})"
                 )
             for k, v in node["d"]:
@@ -482,7 +436,7 @@ def fill(parts: List[Tuple[str, Any]], into: MutableMapping[str, Any]) -> Any:
         if torch is not None and isinstance(target, torch.Tensor):
             if not isinstance(value, torch.Tensor) or value.dtype != target.dtype or value.shape != target.shape:
                 raise ValueError(
-                    f"{_path(path)}: the checkpoint holds {_describe(value)}, the target is {_describe(target)}"
+                    f"{path_text(path)}: the checkpoint holds {describe(value)}, the target is {describe(target)}"
                 )
 
             def copy_tensor(t: Any = target, v: Any = value) -> None:
@@ -494,7 +448,7 @@ def fill(parts: List[Tuple[str, Any]], into: MutableMapping[str, Any]) -> Any:
         if isinstance(target, np.ndarray) and isinstance(value, np.ndarray):
             if value.dtype != target.dtype or value.shape != target.shape:
                 raise ValueError(
-                    f"{_path(path)}: the checkpoint holds {_describe(value)}, the target is {_describe(target)}"
+                    f"{path_text(path)}: the checkpoint holds {describe(value)}, the target is {describe(target)}"
                 )
             writes.append(lambda t=target, v=value: np.copyto(t, v))
             return

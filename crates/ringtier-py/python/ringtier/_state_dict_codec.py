@@ -34,28 +34,25 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _path(path: List[str]) -> str:
+def path_text(path: List[str]) -> str:
+    """A value's place in the state, as Python would index it: ``state['model']['w']``."""
     return "state" + "".join(f"[{k!r}]" for k in path)
 
 
-class _Encoder:
-    def __init__(self) -> None:
-        self.buffers: List[Any] = []
-        self.tensors: List[Dict[str, Any]] = []
-        self.offset = 0
+class TreeWalker:
+    """The walk of a state's tree both checkpoint formats share: dicts (string keys, order,
+    ``OrderedDict`` and its ``_metadata``), lists and tuples, plain values; the leaves (tensors,
+    numpy arrays, bytes) go to the format's ``tensor``, ``array`` and ``raw``."""
 
-    def _add(self, buf: Any, nbytes: int, entry: Dict[str, Any]) -> Dict[str, Any]:
-        pad = (-self.offset) % ALIGN
-        if pad:
-            self.buffers.append(memoryview(_ZEROS)[:pad])
-            self.offset += pad
-        entry["offset"] = self.offset
-        entry["nbytes"] = nbytes
-        if nbytes:
-            self.buffers.append(buf)
-        self.offset += nbytes
-        self.tensors.append(entry)
-        return {"t": len(self.tensors) - 1}
+    def tensor(self, torch: Any, t: Any, path: List[str]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def array(self, a: Any, path: List[str]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def raw(self, mv: memoryview, mutable: bool, path: List[str]) -> Dict[str, Any]:
+        """Bytes (``mutable``: a bytearray) as a flat byte view."""
+        raise NotImplementedError
 
     def node(self, value: Any, path: List[str]) -> Dict[str, Any]:
         torch = _torch()
@@ -64,7 +61,7 @@ class _Encoder:
             for k, v in value.items():
                 if not isinstance(k, str):
                     raise TypeError(
-                        f"{_path(path)} has the key {k!r} of type {type(k).__name__}: checkpoint state keys "
+                        f"{path_text(path)} has the key {k!r} of type {type(k).__name__}: checkpoint state keys "
                         "must be strings"
                     )
                 items.append([k, self.node(v, path + [k])])
@@ -85,25 +82,48 @@ class _Encoder:
         if isinstance(value, (bytes, bytearray, memoryview)):
             mv = memoryview(value)
             if not mv.c_contiguous:
-                raise ValueError(f"{_path(path)}: the memoryview is not C-contiguous")
+                raise ValueError(f"{path_text(path)}: the memoryview is not C-contiguous")
             mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-            kind = "bytearray" if isinstance(value, bytearray) else "bytes"
-            return self._add(mv, mv.nbytes, {"kind": kind})
+            return self.raw(mv, isinstance(value, bytearray), path)
         if value is None or isinstance(value, (bool, int, float, str)):
             return {"v": value}
         if isinstance(value, (list, tuple)):
             key = "l" if isinstance(value, list) else "u"
             return {key: [self.node(v, path + [str(i)]) for i, v in enumerate(value)]}
         raise TypeError(
-            f"cannot save {_path(path)}: a {type(value).__module__}.{type(value).__qualname__} is neither a tensor, "
+            f"cannot save {path_text(path)}: a {type(value).__module__}.{type(value).__qualname__} is neither a tensor, "
             "a numpy array nor bytes (nor a str, int, float, bool, None, or a list, tuple or dict of them)"
         )
 
+
+
+class _Encoder(TreeWalker):
+    def __init__(self) -> None:
+        self.buffers: List[Any] = []
+        self.tensors: List[Dict[str, Any]] = []
+        self.offset = 0
+
+    def _add(self, buf: Any, nbytes: int, entry: Dict[str, Any]) -> Dict[str, Any]:
+        pad = (-self.offset) % ALIGN
+        if pad:
+            self.buffers.append(memoryview(_ZEROS)[:pad])
+            self.offset += pad
+        entry["offset"] = self.offset
+        entry["nbytes"] = nbytes
+        if nbytes:
+            self.buffers.append(buf)
+        self.offset += nbytes
+        self.tensors.append(entry)
+        return {"t": len(self.tensors) - 1}
+
+    def raw(self, mv: memoryview, mutable: bool, path: List[str]) -> Dict[str, Any]:
+        return self._add(mv, mv.nbytes, {"kind": "bytearray" if mutable else "bytes"})
+
     def tensor(self, torch: Any, t: Any, path: List[str]) -> Dict[str, Any]:
         if t.layout != torch.strided:
-            raise TypeError(f"cannot save {_path(path)}: {t.layout} tensors are not supported (only dense ones)")
+            raise TypeError(f"cannot save {path_text(path)}: {t.layout} tensors are not supported (only dense ones)")
         if t.is_quantized:
-            raise TypeError(f"cannot save {_path(path)}: quantized tensors are not supported")
+            raise TypeError(f"cannot save {path_text(path)}: quantized tensors are not supported")
         requires_grad = bool(t.requires_grad)
         shape = list(t.shape)
         dtype = str(t.dtype).replace("torch.", "")
@@ -126,7 +146,7 @@ class _Encoder:
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)  # (a 0-d array is contiguous: its shape stays ())
         if arr.dtype.hasobject:
-            raise TypeError(f"cannot save {_path(path)}: numpy arrays of Python objects are not supported")
+            raise TypeError(f"cannot save {path_text(path)}: numpy arrays of Python objects are not supported")
         descr = np.lib.format.dtype_to_descr(arr.dtype)
         flat = arr.reshape(-1).view(np.uint8)
         entry = {"kind": "numpy", "dtype": descr, "shape": list(arr.shape)}
@@ -218,13 +238,13 @@ class _Decoder:
         """Copies the saved values into `target` in place where it holds tensors or arrays."""
         if "d" in node:
             if not isinstance(target, MutableMapping):
-                raise ValueError(f"{_path(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
+                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
             saved = [k for k, _ in node["d"]]
             missing = [k for k in saved if k not in target]
             unexpected = [k for k in target if k not in set(saved)]
             if missing or unexpected:
                 raise ValueError(
-                    f"{_path(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
+                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
                     f"not in the checkpoint: {unexpected})"
                 )
             for k, v in node["d"]:
@@ -236,7 +256,7 @@ class _Decoder:
             if torch is not None and isinstance(target, torch.Tensor):
                 if not isinstance(src, torch.Tensor) or src.dtype != target.dtype or src.shape != target.shape:
                     raise ValueError(
-                        f"{_path(path)}: the checkpoint holds {_describe(src)}, the target is {_describe(target)}"
+                        f"{path_text(path)}: the checkpoint holds {describe(src)}, the target is {describe(target)}"
                     )
                 with torch.no_grad():
                     target.copy_(src)
@@ -244,7 +264,7 @@ class _Decoder:
             if isinstance(target, np.ndarray):
                 if not isinstance(src, np.ndarray) or src.dtype != target.dtype or src.shape != target.shape:
                     raise ValueError(
-                        f"{_path(path)}: the checkpoint holds {_describe(src)}, the target is {_describe(target)}"
+                        f"{path_text(path)}: the checkpoint holds {describe(src)}, the target is {describe(target)}"
                     )
                 np.copyto(target, src)
                 return target
@@ -259,7 +279,7 @@ def _descr(d: Any) -> Any:
     return d
 
 
-def _describe(x: Any) -> str:
+def describe(x: Any) -> str:
     shape = tuple(getattr(x, "shape", ()))
     return f"{type(x).__name__} dtype {getattr(x, 'dtype', '?')} shape {shape}"
 
@@ -296,13 +316,13 @@ def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) 
     def plan(node: Dict[str, Any], target: Any, path: List[str], parent: Any, key: Any) -> None:
         if "d" in node:
             if not isinstance(target, MutableMapping):
-                raise ValueError(f"{_path(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
+                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
             saved = [k for k, _ in node["d"]]
             missing = [k for k in saved if k not in target]
             unexpected = [k for k in target if k not in set(saved)]
             if missing or unexpected:
                 raise ValueError(
-                    f"{_path(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
+                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
                     f"not in the checkpoint: {unexpected})"
                 )
             for k, v in node["d"]:
@@ -310,7 +330,7 @@ def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) 
             return
         if "t" not in node:
             if _has_tensor(node):
-                raise ValueError(f"{_path(path)}: lists or tuples holding tensors cannot be loaded in place")
+                raise ValueError(f"{path_text(path)}: lists or tuples holding tensors cannot be loaded in place")
             value = _Decoder(meta, None).node(node)
             after.append(lambda: parent.__setitem__(key, value))
             return
@@ -319,11 +339,11 @@ def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) 
         if e["kind"] == "torch":
             dtype = getattr(__import__("torch"), e["dtype"])
             if torch is None or not isinstance(target, torch.Tensor):
-                raise ValueError(f"{_path(path)}: the checkpoint holds a tensor, the target is a {type(target).__name__}")
+                raise ValueError(f"{path_text(path)}: the checkpoint holds a tensor, the target is a {type(target).__name__}")
             if target.dtype != dtype or list(target.shape) != e["shape"]:
                 raise ValueError(
-                    f"{_path(path)}: the checkpoint holds dtype {e['dtype']} shape {tuple(e['shape'])}, "
-                    f"the target is {_describe(target)}"
+                    f"{path_text(path)}: the checkpoint holds dtype {e['dtype']} shape {tuple(e['shape'])}, "
+                    f"the target is {describe(target)}"
                 )
             if n == 0:
                 return
@@ -350,8 +370,8 @@ def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) 
             dtype = np.lib.format.descr_to_dtype(_descr(e["dtype"]))
             if not isinstance(target, np.ndarray) or target.dtype != dtype or list(target.shape) != e["shape"]:
                 raise ValueError(
-                    f"{_path(path)}: the checkpoint holds dtype {dtype} shape {tuple(e['shape'])}, "
-                    f"the target is {_describe(target)}"
+                    f"{path_text(path)}: the checkpoint holds dtype {dtype} shape {tuple(e['shape'])}, "
+                    f"the target is {describe(target)}"
                 )
             if n == 0:
                 return

@@ -1,0 +1,467 @@
+"""``ringtier.tensorflow.Source`` and its helpers: ringtier's loaders as a ``tf.data`` source
+(imported by ``ringtier.tensorflow``; TensorFlow is imported on first use)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._ringtier import Loader, RecordLoader
+from ._types import PathLike, is_s3_url, tier_path
+from .errors import CorruptError, InvalidInputError, NotFoundError
+
+def _tf() -> Any:
+    """TensorFlow, imported on first use."""
+    try:
+        import tensorflow as tf
+    except ImportError as e:  # pragma: no cover - exercised where TensorFlow is missing
+        raise ImportError(
+            "ringtier.tensorflow needs TensorFlow: pip install 'ringtier[tensorflow]' (tensorflow-cpu>=2.21)"
+        ) from e
+    return tf
+
+
+def _shard_of(input_context: Any, shard: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+    """``(index, count)`` of this input pipeline: from ``shard``, or a
+    ``tf.distribute.InputContext`` (``input_pipeline_id`` of ``num_input_pipelines``)."""
+    if input_context is not None and shard is not None:
+        raise ValueError("give input_context or shard, not both")
+    if input_context is not None:
+        index, count = int(input_context.input_pipeline_id), int(input_context.num_input_pipelines)
+    elif shard is not None:
+        index, count = (int(v) for v in shard)
+    else:
+        return 0, 1
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard index {index} of {count}: need 0 <= index < count")
+    return index, count
+
+
+def _class_of(key: str) -> str:
+    """The class of a file: its first directory (``class0001/img.jpg``), as Keras'
+    ``image_dataset_from_directory`` infers labels."""
+    head, sep, _ = key.partition("/")
+    if not sep:
+        raise InvalidInputError(f"labels='inferred' needs class directories: {key!r} is not in one")
+    return head
+
+
+#: The WebDataset fields taken as the image when ``image_field`` is not given, in order.
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
+
+
+def image_of(record: Any, field: Optional[str]) -> Any:
+    """The image field of a WebDataset sample (``field``, or the first of :data:`IMAGE_FIELDS`)."""
+    names = [field] if field is not None else list(IMAGE_FIELDS)
+    for name in names:
+        if name in record:
+            return record[name]
+    raise InvalidInputError(
+        f"record {record.key!r} of shard {record.shard_key} has none of the image fields {tuple(names)} "
+        f"(it has: {', '.join(record.names())}); give image_field="
+    )
+
+
+def label_of_record(record: Any, field: str) -> int:
+    """The integer label in a WebDataset sample's ``field`` (``cls``)."""
+    if field not in record:
+        raise InvalidInputError(
+            f"record {record.key!r} of shard {record.shard_key} has no label field {field!r} "
+            f"(it has: {', '.join(record.names())}); give label_field=None for images only"
+        )
+    text = record[field].to_bytes().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CorruptError(
+            f"record {record.key!r} of shard {record.shard_key}: label field {field!r} is not an integer: {text[:32]!r}"
+        ) from None
+
+
+FORMATS = ("files", "tfrecord", "wds")
+LAYOUTS = ("NHWC", "NCHW")
+OUTPUTS = ("bytes", "uint8")
+
+
+class Source:
+    """The samples of ``path`` (a directory or ``s3://bucket/prefix?endpoint=...``) for
+    ``tf.data``; :meth:`dataset` makes the ``tf.data.Dataset``. Keep the source to call
+    :meth:`set_epoch` (the ``tf.data.Dataset`` itself is immutable).
+
+    ``format``: ``"files"`` (every file, or the ``.ringtier-manifest.tsv`` of ``ringtier
+    gen``), ``"tfrecord"`` or ``"wds"`` (shards; ``order`` ``"stream"`` or ``"global"``, as
+    :class:`ringtier.RecordLoader`).
+
+    Elements, without ``transform``:
+
+    * files: the file's bytes (``tf.string``; ``output="uint8"``: a ``tf.uint8`` vector over
+      the read buffer, no copy), ``(key, bytes)`` with ``with_keys``, ``(bytes, label)`` with
+      ``labels="inferred"`` (the index of the file's class directory in :attr:`class_names`);
+    * tfrecord: the record's bytes (``tf.string``, e.g. a serialized ``tf.train.Example``);
+    * wds: a dict of ``fields`` (``tf.string`` each; ``b""`` where a sample lacks one) with
+      ``"__key__"``.
+
+    With ``batch_size`` the elements are batched (the last batch may be short unless
+    ``drop_last``); without it they come one at a time (read in batches of ``read_batch``).
+
+    With ``transform`` (a :class:`ringtier.transforms.Compose`; its ``ToDtype`` gives uint8 or
+    float32): batches of ``batch_size`` decoded, transformed images, ``(n, S, S, 3)``
+    (``layout="NHWC"``) or ``(n, 3, S, S)`` (``"NCHW"``), with ``labels`` (files:
+    ``"inferred"``; wds: the integer in ``label_field``) as ``(images, labels)``; a sample
+    whose JPEG does not decode is left out. A sample's random crop and flip depend only on
+    (seed, epoch, its index).
+
+    Sharding: ``input_context`` (a ``tf.distribute.InputContext``, as
+    ``strategy.distribute_datasets_from_function`` passes) or ``shard=(index, count)``;
+    every sample is read by exactly one shard per epoch.
+
+    Epochs: each new iteration of the dataset (``for x in ds``, one ``ds.repeat()`` round,
+    one Keras epoch) reads the next epoch, starting at ``epoch``; :meth:`set_epoch` chooses the
+    epoch (and ``position``, samples of this shard to skip: resuming) of the next iteration.
+    The order of an epoch depends only on (seed, epoch). ``shuffle=False`` reads in key order.
+
+    ``options`` go to the loader (:class:`ringtier.Loader`: ``prefetch``, ``engine``,
+    ``verify``, ``cache``, ``hold`` ...; :class:`ringtier.RecordLoader`: ``depth``,
+    ``read_size``, ``shuffle_buffer``, ``index_dir`` ...).
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        format: str = "files",
+        order: str = "stream",
+        batch_size: Optional[int] = None,
+        read_batch: int = 64,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        input_context: Any = None,
+        shard: Optional[Tuple[int, int]] = None,
+        with_keys: bool = False,
+        labels: Optional[str] = None,
+        output: str = "bytes",
+        fields: Optional[Sequence[str]] = None,
+        transform: Any = None,
+        layout: str = "NHWC",
+        decode_threads: Optional[int] = None,
+        depth: int = 2,
+        image_field: Optional[str] = None,
+        label_field: Optional[str] = "cls",
+        **options: Any,
+    ) -> None:
+        if format not in FORMATS:
+            raise InvalidInputError(f"format must be one of {FORMATS}, not {format!r}")
+        if layout not in LAYOUTS:
+            raise InvalidInputError(f"layout must be one of {LAYOUTS}, not {layout!r}")
+        if output not in OUTPUTS:
+            raise InvalidInputError(f"output must be one of {OUTPUTS}, not {output!r}")
+        for name, v in (("batch_size", batch_size), ("read_batch", read_batch)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidInputError(f"{name} must be a positive int, not {v!r}")
+        if labels not in (None, "inferred"):
+            raise InvalidInputError(f"labels must be None or 'inferred', not {labels!r}")
+        self.path = tier_path(path)
+        if not is_s3_url(self.path) and not os.path.exists(self.path):
+            raise NotFoundError(f"dataset {self.path} does not exist")
+        self.format, self.order = format, order
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.read_batch = batch_size or read_batch
+        self.shuffle, self.seed = shuffle, seed
+        self.shard_index, self.shard_count = _shard_of(input_context, shard)
+        self.with_keys, self.output = with_keys, output
+        self.transform, self.layout, self.depth = transform, layout, depth
+        self.decode_threads = decode_threads
+        self.image_field, self.label_field = image_field, label_field
+        self.fields = list(fields) if fields is not None else None
+        self.options = dict(options)
+        if format == "wds" and transform is None and not self.fields:
+            raise InvalidInputError("a WebDataset source without transform= needs fields= (e.g. ['jpg', 'cls'])")
+        if format == "files" and transform is None and output == "uint8" and batch_size is not None:
+            raise InvalidInputError("output='uint8' yields one vector per file: leave batch_size=None")
+        if labels is not None and format != "files":
+            raise InvalidInputError("labels='inferred' is for files in class directories; wds batches use label_field")
+        if transform is not None:
+            if batch_size is None:
+                raise InvalidInputError("transform= yields image batches: give batch_size")
+            if output != "bytes" or with_keys:
+                raise InvalidInputError("transform= yields (images[, labels]): output= and with_keys= do not apply")
+            from .transforms import compile_transform
+
+            self._probe = compile_transform(transform, seed=seed, threads=1)  # fails here for a bad chain
+        self.labels = labels
+        self._state: Optional[Tuple[int, Any]] = None
+        self._pipeline: Optional[Tuple[int, Any]] = None
+        self.class_names: List[str] = []
+        self._keys: Optional[List[str]] = None
+        self._label_of: Optional[np.ndarray] = None
+        if format == "files" and (labels is not None or with_keys):
+            self._keys = self._loader().keys()
+            if labels is not None:
+                self.class_names = sorted({_class_of(k) for k in self._keys})
+                index = {c: i for i, c in enumerate(self.class_names)}
+                self._label_of = np.array([index[_class_of(k)] for k in self._keys], dtype=np.int64)
+        self._epoch, self._position = epoch, 0
+        self._lock = threading.Lock()
+
+    # -- epochs ---------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int, position: int = 0) -> None:
+        """The epoch the next iteration of the dataset reads, from ``position`` (samples of
+        this shard already consumed) on; later iterations read the epochs after it."""
+        with self._lock:
+            self._epoch, self._position = int(epoch), int(position)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch
+
+    def _next_epoch(self) -> Tuple[int, int]:
+        with self._lock:
+            e, p = self._epoch, self._position
+            self._epoch, self._position = e + 1, 0
+            return e, p
+
+    # -- loaders --------------------------------------------------------------------------
+
+    def _loader(self) -> Any:
+        """This process's loader (made on first use in the process that iterates)."""
+        pid = os.getpid()
+        if self._state is not None and self._state[0] == pid:
+            return self._state[1]
+        options = dict(self.options)
+        if self.format == "files":
+            if self.transform is not None:
+                options.setdefault("hold", self.read_batch * (self.depth + 2))
+            elif self.output == "uint8":
+                # TensorFlow holds the read buffers it was handed until it drops the tensors.
+                options.setdefault("hold", self.read_batch * 16)
+            loader = Loader(
+                self.path,
+                batch_size=self.read_batch,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                rank=self.shard_index,
+                world_size=self.shard_count,
+                drop_last=self.drop_last and self.batch_size is not None,
+                **options,
+            )
+        else:
+            if not self.shuffle:
+                options.setdefault("shuffle_buffer", 0)
+                options.setdefault("shuffle_shards", False)
+            loader = RecordLoader(
+                self.path,
+                format="tfrecord" if self.format == "tfrecord" else "wds",
+                order=self.order,
+                seed=self.seed,
+                rank=self.shard_index,
+                world_size=self.shard_count,
+                **options,
+            )
+        self._state = (pid, loader)
+        return loader
+
+    def __len__(self) -> int:
+        """Samples of this shard per epoch (files, or records in a global order)."""
+        return len(self._loader())
+
+    def _transform_pipeline(self) -> Any:
+        pid = os.getpid()
+        if self._pipeline is None or self._pipeline[0] != pid:
+            from .transforms import compile_transform
+
+            threads = self.decode_threads or max(1, len(os.sched_getaffinity(0)))
+            self._pipeline = (pid, compile_transform(self.transform, seed=self.seed, threads=threads))
+        return self._pipeline[1]
+
+    # -- what the generator yields ----------------------------------------------------------
+
+    def element_spec(self) -> Any:
+        """The ``output_signature`` of the generator (before the dataset's unbatch or
+        transpose)."""
+        tf = _tf()
+        n = None
+        if self.transform is not None:
+            pipe = self._probe
+            dtype = tf.float32 if pipe.dtype == "float32" else tf.uint8
+            images = tf.TensorSpec((n, 3, pipe.size, pipe.size), dtype)
+            labelled = self.labels is not None or (self.format == "wds" and self.label_field is not None)
+            return (images, tf.TensorSpec((n,), tf.int64)) if labelled else images
+        if self.format == "wds":
+            spec = {f: tf.TensorSpec((n,), tf.string) for f in self.fields or ()}
+            spec["__key__"] = tf.TensorSpec((n,), tf.string)
+            return spec
+        if self.format == "files" and self.output == "uint8":
+            data = tf.TensorSpec((None,), tf.uint8)  # one file per element
+            parts: List[Any] = [data]
+            if self.with_keys:
+                parts.insert(0, tf.TensorSpec((), tf.string))
+            if self.labels is not None:
+                parts.append(tf.TensorSpec((), tf.int64))
+            return tuple(parts) if len(parts) > 1 else data
+        data = tf.TensorSpec((n,), tf.string)
+        parts = [data]
+        if self.with_keys:
+            parts.insert(0, tf.TensorSpec((n,), tf.string))
+        if self.labels is not None:
+            parts.append(tf.TensorSpec((n,), tf.int64))
+        return tuple(parts) if len(parts) > 1 else data
+
+    def _files(self, epoch: int, position: int) -> Iterator[Any]:
+        loader = self._loader()
+        keys, label_of = self._keys, self._label_of
+        uint8 = self.output == "uint8"
+        for batch in loader.epoch(epoch, position):
+            samples = list(batch)
+            indices = batch.indices
+            if uint8:
+                for s, i in zip(samples, indices):
+                    data = np.frombuffer(s, np.uint8) if len(s) else np.zeros(0, np.uint8)
+                    parts: List[Any] = [data]
+                    if keys is not None:
+                        parts.insert(0, keys[i])
+                    if label_of is not None:
+                        parts.append(label_of[i])
+                    yield tuple(parts) if len(parts) > 1 else data
+                continue
+            data = np.array([s.to_bytes() for s in samples], dtype=object)
+            del samples
+            out: List[Any] = [data]
+            if keys is not None:
+                out.insert(0, np.array([keys[i] for i in indices], dtype=object))
+            if label_of is not None:
+                out.append(label_of[list(indices)])
+            yield tuple(out) if len(out) > 1 else data
+
+    def _records(self, epoch: int, position: int) -> Iterator[Any]:
+        loader = self._loader()
+        wds = self.format == "wds"
+        fields = self.fields or []
+        pending: List[Any] = []
+
+        def pack(records: List[Any]) -> Any:
+            if not wds:
+                return np.array([r.to_bytes() for r in records], dtype=object)
+            out = {f: np.array([r[f].to_bytes() if f in r else b"" for r in records], dtype=object) for f in fields}
+            out["__key__"] = np.array([r.key for r in records], dtype=object)
+            return out
+
+        for record in loader.epoch(epoch, position):
+            pending.append(record)
+            if len(pending) == self.read_batch:
+                yield pack(pending)
+                pending = []
+        if pending and not (self.drop_last and self.batch_size is not None):
+            yield pack(pending)
+
+    def _encoded_batches(self, epoch: int, position: int) -> Iterator[Tuple[List[Any], List[int], Any]]:
+        """``(encoded images, indices, labels or None)`` per batch of ``batch_size``."""
+        loader = self._loader()
+        if self.format == "files":
+            label_of = self._label_of
+            for batch in loader.epoch(epoch, position):
+                indices = list(batch.indices)
+                yield list(batch), indices, (label_of[indices] if label_of is not None else None)
+            return
+        wds = self.format == "wds"
+        items: List[Any] = []
+        indices: List[int] = []
+        labels: List[int] = []
+        labelled = wds and self.label_field is not None
+        for record in loader.epoch(epoch, position):
+            items.append(image_of(record, self.image_field) if wds else record)
+            indices.append((record.shard << 40) | record.offset)
+            if labelled:
+                labels.append(label_of_record(record, self.label_field))
+            if len(items) == self.batch_size:
+                yield items, indices, (np.array(labels, np.int64) if labelled else None)
+                items, indices, labels = [], [], []
+        if items and not self.drop_last:
+            yield items, indices, (np.array(labels, np.int64) if labelled else None)
+
+    def _images(self, epoch: int, position: int) -> Iterator[Any]:
+        """Decoded, transformed batches, ``depth`` in flight on the pipeline's threads."""
+        pipe = self._transform_pipeline()
+        dtype = np.float32 if pipe.dtype == "float32" else np.uint8
+        flight: Deque[Tuple[Any, List[int], Any]] = collections.deque()
+
+        def finish() -> Optional[Any]:
+            pending, indices, labels = flight.popleft()
+            done = pending.wait()
+            n = done.shape[0]
+            if n == 0:
+                return None
+            images = np.frombuffer(done, dtype=dtype).reshape(done.shape)
+            if labels is None:
+                return images
+            if done.failed:
+                where = {idx: k for k, idx in enumerate(indices)}
+                labels = labels[[where[i] for i in done.indices]]
+            return images, labels
+
+        for items, indices, labels in self._encoded_batches(epoch, position):
+            if not items:
+                continue
+            flight.append((pipe.submit(items, indices, epoch), indices, labels))
+            del items
+            if len(flight) > self.depth:
+                got = finish()
+                if got is not None:
+                    yield got
+        while flight:
+            got = finish()
+            if got is not None:
+                yield got
+
+    def generator(self) -> Iterator[Any]:
+        """One epoch (the next one) as the generator ``from_generator`` runs."""
+        epoch, position = self._next_epoch()
+        if self.transform is not None:
+            return self._images(epoch, position)
+        if self.format == "files":
+            return self._files(epoch, position)
+        return self._records(epoch, position)
+
+    def dataset(self) -> Any:
+        """The ``tf.data.Dataset`` (each iteration reads the next epoch)."""
+        tf = _tf()
+        ds = tf.data.Dataset.from_generator(self.generator, output_signature=self.element_spec())
+        if self.transform is not None:
+            if self.layout == "NHWC":
+                # One copy, on tf.data's threads: NCHW from the pipeline to NHWC.
+                def nhwc(images: Any, *rest: Any) -> Any:
+                    images = tf.transpose(images, (0, 2, 3, 1))
+                    return (images, *rest) if rest else images
+
+                ds = ds.map(nhwc, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return ds
+        if self.format == "files" and self.output == "uint8":
+            return ds if self.batch_size is None else ds.batch(self.batch_size, drop_remainder=self.drop_last)
+        # Read batches cross as one string tensor each; unbatched (and rebatched) in C++.
+        return ds.unbatch() if self.batch_size is None else ds
+
+    def __repr__(self) -> str:
+        return (
+            f"ringtier.tensorflow.Source({self.path!r}, format={self.format!r}, shard={self.shard_index}/"
+            f"{self.shard_count}, epoch={self._epoch}, transform={self.transform!r})"
+        )
+
+
+def dataset(path_or_url: PathLike, **options: Any) -> Any:
+    """A ``tf.data.Dataset`` over ringtier: ``Source(path_or_url, **options).dataset()``
+    (see :class:`Source`). The dataset keeps its :class:`Source` as ``ds.ringtier_source``
+    (for ``set_epoch``) until a transformation (``.map``, ``.prefetch``) makes a new one."""
+    source = Source(path_or_url, **options)
+    ds = source.dataset()
+    try:
+        ds.ringtier_source = source
+    except AttributeError:  # pragma: no cover - a tf.data version with slots
+        pass
+    return ds

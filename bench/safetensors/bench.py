@@ -14,6 +14,11 @@ result touched, wall time from the call to the last page touched):
   runai      runai_model_streamer.SafetensorsStreamer over all shards, RUNAI_STREAMER_CONCURRENCY
              set by --runai-concurrency (swept once beforehand with --sweep-runai)
   torch.load torch.load of the same tensors saved by torch.save (one file)
+  ringtier-s3  ringtier.safetensors.load_file("s3://BUCKET/model.safetensors.index.json?endpoint=...")
+             from an S3 server on loopback (--s3-server: the test kit's ringtier-s3-server, s3s-fs
+             over DIR's parent, DIR's name the bucket), range GETs at depth
+  runai-s3   runai_model_streamer (with runai-model-streamer-s3) streaming the s3:// shards from
+             the same server, RUNAI_STREAMER_CONCURRENCY as for runai
 Save sides (the same tensors, in memory before the clock starts; every file durable):
   fio-write  fio O_DIRECT io_uring writes of the same bytes, 8 MiB blocks, fsync at the end
   ringtier   ringtier.safetensors.save_file per shard (O_DIRECT, fsync, rename, dir fsync)
@@ -173,6 +178,19 @@ def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
                 tensors[name] = t
     elif side == "torch.load":
         tensors = torch.load(dirpath / "model.pt", weights_only=True)
+    elif side == "ringtier-s3":
+        from ringtier import safetensors as rs
+
+        url = f"s3://{dirpath.name}/model.safetensors.index.json?endpoint={os.environ['AWS_ENDPOINT_URL']}&region=us-east-1"
+        tensors = rs.load_file(url, depth=depth, chunk_bytes=chunk)
+    elif side == "runai-s3":
+        from runai_model_streamer import SafetensorsStreamer
+
+        tensors = {}
+        with SafetensorsStreamer() as s:
+            s.stream_files([f"s3://{dirpath.name}/{Path(f).name}" for f in files])
+            for name, t in s.get_tensors():
+                tensors[name] = t
     else:
         raise SystemExit(f"unknown side {side}")
     checksum = touch(tensors)
@@ -315,6 +333,21 @@ def commit() -> str:
     return r.stdout.strip()
 
 
+S3_KEY, S3_SECRET = "ringtier-bench", "ringtier-bench-secret"
+
+
+def start_s3_server(binary: Path, root: Path):
+    """The test kit's s3s-fs server over `root` (its subdirectories are the buckets), on
+    loopback; returns the process and its endpoint."""
+    proc = subprocess.Popen([str(binary), "--root", str(root), "--latency-ms", "0", "--access-key", S3_KEY,
+                             "--secret-key", S3_SECRET], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    endpoint = proc.stdout.readline().strip()
+    if not endpoint.startswith("http://"):
+        proc.kill()
+        raise SystemExit(f"{binary} did not start (said {endpoint!r})")
+    return proc, endpoint
+
+
 def run(args) -> None:
     files = shard_files(args.dir)
     if not files:
@@ -325,11 +358,19 @@ def run(args) -> None:
     load_sides = [s for s in args.load_sides.split(",") if s]
     save_sides = [s for s in args.save_sides.split(",") if s]
     env = dict(os.environ, RUNAI_STREAMER_CONCURRENCY=str(args.runai_concurrency))
+    server = None
+    if any(s.endswith("-s3") for s in load_sides):
+        if args.s3_server is None:
+            raise SystemExit("the -s3 sides need --s3-server (target/release/ringtier-s3-server)")
+        server, endpoint = start_s3_server(args.s3_server, args.dir.parent)
+        env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
+                   AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+                   RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
     sweep = {}
     if args.sweep_runai:
         for c in (4, 8, 16, 32, 64):
             drop_caches(all_files)
-            r = run_child(args, "child-load", "runai", dict(os.environ, RUNAI_STREAMER_CONCURRENCY=str(c)))
+            r = run_child(args, "child-load", "runai", dict(env, RUNAI_STREAMER_CONCURRENCY=str(c)))
             sweep[c] = r.get("wall_s")
             print(f"runai concurrency {c}: {r}", flush=True)
         best = min((w, c) for c, w in sweep.items() if w)[1]
@@ -359,6 +400,9 @@ def run(args) -> None:
             save[s].append(res)
             print(f"round {r} save {s}: {res}", flush=True)
     shutil.rmtree(outdir, ignore_errors=True)
+    if server is not None:
+        server.terminate()
+        server.wait(timeout=30)
 
     def side_summary(runs):
         ok = [x for x in runs if "error" not in x]
@@ -374,7 +418,7 @@ def run(args) -> None:
     def ratios(table, ours="ringtier"):
         out = {}
         for s, runs in table.items():
-            if s == ours:
+            if s == ours or s.endswith("-s3") != ours.endswith("-s3"):
                 continue
             pairs = [(a, b) for a, b in zip(table[ours], runs) if "error" not in a and "error" not in b]
             if pairs:
@@ -399,11 +443,13 @@ def run(args) -> None:
         },
         "load": {s: side_summary(v) for s, v in load.items()},
         "load_ratios": ratios(load) if "ringtier" in load else {},
+        "s3_load_ratios": ratios(load, "ringtier-s3") if "ringtier-s3" in load else {},
         "save": {s: side_summary(v) for s, v in save.items()},
         "save_ratios": ratios(save) if "ringtier" in save else {},
         "raw": {"load": load, "save": save},
     }
-    text = json.dumps({k: report[k] for k in ("config", "load", "load_ratios", "save", "save_ratios")}, indent=1)
+    text = json.dumps({k: report[k] for k in ("config", "load", "load_ratios", "s3_load_ratios", "save", "save_ratios")},
+                      indent=1)
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -425,6 +471,8 @@ def main() -> None:
     ap.add_argument("--load-sides", default="fio,ringtier,safetensors,fastsafetensors,runai,torch.load")
     ap.add_argument("--save-sides", default="fio-write,ringtier,safetensors")
     ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--s3-server", type=Path, default=None,
+                    help="the test kit's ringtier-s3-server binary, for the ringtier-s3 and runai-s3 sides")
     ap.add_argument("--keep", action="store_true", help="keep the model directory afterwards")
     args = ap.parse_args()
     if args.mode == "gen":

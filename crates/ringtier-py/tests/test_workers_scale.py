@@ -93,3 +93,43 @@ def test_a_workers_engine_fits_its_share_of_the_cores(tmp_path: Path):
     share = max(1, min(2, cores // 4))
     assert out.stdout.split("\n")[0] == str([share] * 4), out.stdout
     assert out.stdout.split("\n")[1] == "None", "the main process's engine is left as it is"
+
+
+def test_a_ranks_engine_fits_its_share_of_the_node(tmp_path: Path):
+    """Ranks on one machine (torchrun sets LOCAL_WORLD_SIZE) share its cores: each rank's engine
+    and its workers' fit the rank's share, unless the launcher pinned the rank to cores of its
+    own (then its affinity is its share already)."""
+    write_jpegs(tmp_path / "img", {"a": 8})
+    script = textwrap.dedent(
+        f"""
+        import os, sys, torch
+        from torch.utils.data import DataLoader
+        import ringtier.torch as rt
+        from ringtier.torch._packed import worker_cores
+
+        if sys.argv[1] == "pinned":
+            os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})
+
+        class Probe(rt.IterableDataset):
+            def __iter__(self):
+                self.loader()
+                yield torch.tensor([int(os.environ.get("RINGTIER_ENGINE_THREADS", "0"))])
+
+        ds = Probe({str(tmp_path / "img")!r}, batch_size=4, rank=0, world_size=1)
+        workers = sorted(int(t) for t in DataLoader(ds, batch_size=None, num_workers=2))
+        main = [int(t) for t in DataLoader(ds, batch_size=None, num_workers=0)]
+        print(workers, main, worker_cores())
+        """
+    )
+    cores = os.cpu_count() or 1
+    for local, mode in [("4", "shared"), ("4", "pinned"), ("1", "shared")]:
+        env = {k: v for k, v in os.environ.items() if k != "RINGTIER_ENGINE_THREADS"}
+        env["LOCAL_WORLD_SIZE"] = local
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        if len(os.sched_getaffinity(0)) < cores and mode == "shared":
+            continue  # this test process is pinned itself: nothing to tell apart
+        rank_cores = 1 if mode == "pinned" else max(1, cores // int(local))
+        worker = max(1, min(2, rank_cores // 2))
+        main = min(2, rank_cores) if local != "1" else 0  # one rank alone: the engine is left as it is
+        assert out.stdout.split() == [f"[{worker},", f"{worker}]", f"[{main}]", str(rank_cores)], (local, mode, out.stdout)

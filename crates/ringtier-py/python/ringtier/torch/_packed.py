@@ -374,31 +374,45 @@ def lease(ring: Optional[SlotRing], worker: int, dtype: torch.dtype, shape: Tupl
     return out, finish
 
 
+def local_ranks() -> int:
+    """The ranks of this job on this machine (``LOCAL_WORLD_SIZE``, as torchrun sets it; 1
+    without it)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def worker_cores() -> int:
-    """The cores this process may run on, split over the DataLoader's workers (all of them
-    outside a worker)."""
+    """The cores this process may run on: its CPU affinity; where that is the whole machine
+    and several ranks share it (``LOCAL_WORLD_SIZE``), this rank's share; split over the
+    DataLoader's workers in a worker."""
     from torch.utils.data import get_worker_info
 
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
+    if cores >= (os.cpu_count() or cores):
+        # Not pinned by the launcher: the node's ranks share every core.
+        cores = max(1, cores // local_ranks())
     info = get_worker_info()
     return max(1, cores // (info.num_workers if info is not None else 1))
 
 
 #: The runtime threads of a process's engine when nothing says otherwise (ringtier-py's
-#: engine.rs); a worker gets fewer when its share of the cores is smaller.
+#: engine.rs); a worker or a rank gets fewer when its share of the cores is smaller.
 ENGINE_THREADS = 2
 
 
 def fit_engine_to_worker() -> None:
-    """In a DataLoader worker, before its engine starts: the engine's runtime threads fit the
-    worker's share of the cores (``RINGTIER_ENGINE_THREADS``, read once when a process's
-    engine starts; a value the user set wins)."""
+    """Before a process's engine starts, in a DataLoader worker or in one of several ranks on a
+    machine: the engine's runtime threads fit the process's share of the cores
+    (``RINGTIER_ENGINE_THREADS``, read once when a process's engine starts; a value the user
+    set wins)."""
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is None or "RINGTIER_ENGINE_THREADS" in os.environ:
+    if "RINGTIER_ENGINE_THREADS" in os.environ or (get_worker_info() is None and local_ranks() == 1):
         return
     os.environ["RINGTIER_ENGINE_THREADS"] = str(min(ENGINE_THREADS, worker_cores()))
 
@@ -427,6 +441,7 @@ __all__ = [
     "WarnOnce",
     "dataloader_batches",
     "fit_engine_to_worker",
+    "local_ranks",
     "lease",
     "worker_cores",
 ]

@@ -178,10 +178,12 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             # every worker has a pool of its own, and faulting each one in before the first
             # batch made 4 workers' first epoch 0.36x the speed of 0 workers (src/lazy_pool.rs).
             # Its engine and decode threads fit its share of the cores.
+            # In a worker, or one of several ranks on the machine, its engine and decode threads
+            # fit its share of the cores.
             in_worker = get_worker_info() is not None
             options["lazy_pool"] = in_worker
+            fit_engine_to_worker()
             if in_worker:
-                fit_engine_to_worker()
                 options["decode_threads"] = min(int(options["decode_threads"]), worker_cores())
             loader = Loader(
                 self.path, batch_size=self.read_batch, rank=shard[0], world_size=shard[1], warn_skipped=False, **options

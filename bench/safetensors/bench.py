@@ -16,7 +16,7 @@ result touched, wall time from the call to the last page touched):
   torch.load torch.load of the same tensors saved by torch.save (one file)
   ringtier-s3  ringtier.safetensors.load_file("s3://BUCKET/model.safetensors.index.json?endpoint=...")
              from an S3 server on loopback (--s3-server: the test kit's ringtier-s3-server, s3s-fs
-             over DIR's parent, DIR's name the bucket), range GETs at depth
+             over DIR's parent, DIR's name the bucket), --s3-depth range GETs of --chunk in flight
   runai-s3   runai_model_streamer (with runai-model-streamer-s3) streaming the s3:// shards from
              the same server, RUNAI_STREAMER_CONCURRENCY as for runai
 Save sides (the same tensors, in memory before the clock starts; every file durable):
@@ -182,7 +182,7 @@ def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
         from ringtier import safetensors as rs
 
         url = f"s3://{dirpath.name}/model.safetensors.index.json?endpoint={os.environ['AWS_ENDPOINT_URL']}&region=us-east-1"
-        tensors = rs.load_file(url, depth=depth, chunk_bytes=chunk)
+        tensors = rs.load_file(url, depth=int(os.environ["RINGTIER_BENCH_S3_DEPTH"]), chunk_bytes=chunk)
     elif side == "runai-s3":
         from runai_model_streamer import SafetensorsStreamer
 
@@ -361,6 +361,13 @@ def s3s_fs_etags(root: Path, bucket: str, files) -> list:
     return out
 
 
+def proc_cpu_s(pid: int) -> float:
+    """user+sys CPU seconds of process `pid` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_s3_server(binary: Path, root: Path):
     """The test kit's s3s-fs server over `root` (its subdirectories are the buckets), on
     loopback; returns the process and its endpoint."""
@@ -391,7 +398,7 @@ def run(args) -> None:
         server, endpoint = start_s3_server(args.s3_server, args.dir.parent)
         env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
                    AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
-                   RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
+                   RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0", RINGTIER_BENCH_S3_DEPTH=str(args.s3_depth))
     sweep = {}
     if args.sweep_runai:
         for c in (4, 8, 16, 32, 64):
@@ -412,7 +419,10 @@ def run(args) -> None:
             if s == "fio":
                 res = run_fio(fio_cmd(files, "read", args.depth, args.chunk, total), total)
             else:
+                srv0 = proc_cpu_s(server.pid) if server is not None and s.endswith("-s3") else None
                 res = run_child(args, "child-load", s, env)
+                if srv0 is not None:
+                    res["server_cpu_s"] = proc_cpu_s(server.pid) - srv0
             load[s].append(res)
             print(f"round {r} load {s}: {res}", flush=True)
         for s in save_sides:
@@ -441,6 +451,7 @@ def run(args) -> None:
             "gb_per_s": summarize([x["bytes"] / x["wall_s"] / 1e9 for x in ok]),
             "cpu_s_per_gib": summarize([x["cpu_s"] / (x["bytes"] / GIB) for x in ok]),
             "peak_rss_beyond_mib": summarize([x["peak_rss_beyond_mib"] for x in ok]),
+            "server_cpu_s_per_gib": summarize([x["server_cpu_s"] / (x["bytes"] / GIB) for x in ok if "server_cpu_s" in x]),
         }
 
     def ratios(table, ours="ringtier"):
@@ -466,7 +477,7 @@ def run(args) -> None:
         "versions": versions(),
         "config": {
             "gib": args.gib, "shards": args.shards, "bytes_on_disk": total, "repeats": args.repeats,
-            "depth": args.depth, "chunk_bytes": args.chunk, "runai_concurrency": args.runai_concurrency,
+            "depth": args.depth, "chunk_bytes": args.chunk, "runai_concurrency": args.runai_concurrency, "s3_depth": args.s3_depth,
             "cold": cold, "runai_sweep_wall_s": sweep,
         },
         "load": {s: side_summary(v) for s, v in load.items()},
@@ -499,6 +510,8 @@ def main() -> None:
     ap.add_argument("--load-sides", default="fio,ringtier,safetensors,fastsafetensors,runai,torch.load")
     ap.add_argument("--save-sides", default="fio-write,ringtier,safetensors")
     ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--s3-depth", type=int, default=64,
+                    help="ringtier-s3's range GETs in flight (load_file's default from S3: 64)")
     ap.add_argument("--s3-server", type=Path, default=None,
                     help="the test kit's ringtier-s3-server binary, for the ringtier-s3 and runai-s3 sides")
     ap.add_argument("--keep", action="store_true", help="keep the model directory afterwards")

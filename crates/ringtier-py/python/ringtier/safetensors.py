@@ -171,7 +171,7 @@ def load_file(
 
     On the CPU the tensors are views of one page-aligned buffer per file, which the reads
     filled directly (``depth`` reads of ``chunk_bytes`` in flight, over all shards: default 16
-    of 8 MiB); the buffer lives as long as any of its tensors. ``device="cuda"`` copies them to
+    of 8 MiB, 64 from an S3 URL); the buffer lives as long as any of its tensors. ``device="cuda"`` copies them to
     the GPU from that buffer, page-locked for the copies; without CUDA it raises
     :class:`~ringtier.UnsupportedError`.
 

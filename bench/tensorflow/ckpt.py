@@ -8,8 +8,9 @@ tf.train.Checkpoint save blocks the training loop, interleaved per repeat:
   raw fast write:  the same bytes written with O_DIRECT (8 MiB page-aligned chunks) into the fast
                    tier and fsynced: the floor of a durable write there
   burst buffer:    ringtier.tensorflow.CheckpointManager([fast, slow]).save(step): TensorFlow
-                   writes into the staging directory, the files are committed into the store
-                   on the fast tier (durable on return); the drain to the slow tier runs after
+                   writes into the staging directory on the fast tier, its files are committed
+                   in place as a step of the store (adopted: checksummed, fsynced, renamed;
+                   durable on return, not written again); the drain to the slow tier runs after
                    and is timed on its own (drain_seconds, not blocking)
 
 The slow tier is whatever --slow is: bench/tensorflow/ckpt_blkio.sh makes it a loop-mounted
@@ -108,7 +109,8 @@ def main():
         runs["raw fast write"].append(raw_write(os.path.join(a.fast, "raw.bin"), n))
         rep = manager.save(2 * r)
         runs["burst buffer"].append(rep["blocking_seconds"])
-        parts.append({"tf_write_seconds": rep["tf_write_seconds"], "commit_seconds": rep["commit_seconds"]})
+        parts.append({"tf_write_seconds": rep["tf_write_seconds"], "commit_seconds": rep["commit_seconds"],
+                      "adopted_bytes": rep.get("adopted_bytes", 0)})
         t0 = time.perf_counter()
         manager.drain()
         drains.append(time.perf_counter() - t0)

@@ -7,10 +7,10 @@
   threads). Sharded by a ``tf.distribute.InputContext`` or an explicit ``(index, count)``;
   seeded, a new shuffle each epoch.
 * :class:`CheckpointManager`: a ``tf.train.Checkpoint`` saved through ringtier's burst buffer:
-  TensorFlow writes its files to a staging directory, the files are committed as one step of a
-  :class:`ringtier.CheckpointStore` (checksummed manifest, fsync, atomic rename) on the fast
-  tier and drained to the slow tiers (or S3) in the background; ``restore_or_initialize``
-  restores the newest intact step.
+  TensorFlow writes its files into a staging directory on the fast tier, the files are
+  committed in place as one step of a :class:`ringtier.CheckpointStore` (checksummed manifest,
+  fsync, atomic rename; not written a second time) and drained to the slow tiers (or S3) in
+  the background; ``restore_or_initialize`` restores the newest intact step.
 
 TensorFlow is imported when first needed (``pip install ringtier[tensorflow]``): importing this
 module does not import it. docs/TENSORFLOW.md has the guarantees and the measurements.
@@ -66,10 +66,11 @@ class CheckpointManager:
     experiment, around TensorFlow's own saver).
 
     ``save(step)``: TensorFlow writes the checkpoint's files (``checkpoint.write``) into a
-    staging directory, then the files are committed as step ``step`` of a
-    :class:`ringtier.CheckpointStore` over ``tiers`` (fastest first): written to the fast tier,
-    checksummed in a manifest, fsynced and renamed into place, so a crash leaves the previous
-    step or the new one, never a torn one. The store drains each step to the next tiers (a
+    staging directory on the fast tier, then the files are committed in place as step ``step``
+    of a :class:`ringtier.CheckpointStore` over ``tiers`` (fastest first,
+    :meth:`ringtier.CheckpointStore.commit_files`): each checksummed from the page cache,
+    fsynced and renamed into the step (TensorFlow's write is the only one), the manifest
+    written last, so a crash leaves the previous step or the new one, never a torn one. The store drains each step to the next tiers (a
     slower disk, NFS, ``s3://...``) in the background and keeps ``keep_last`` steps on each
     faster tier once drained; ``max_to_keep`` (None: all) deletes older steps everywhere.
 
@@ -77,10 +78,11 @@ class CheckpointManager:
     bad is passed over, with a ``RuntimeWarning``) and returns its number, or runs
     ``init_fn`` and returns None when there is none.
 
-    ``staging_dir``: where TensorFlow writes before the commit (default: a directory beside the
+    ``staging_dir``: where TensorFlow writes before the commit (default: a directory in the
     fast tier's, ``<fast>/.tf-staging-<prefix>``; for an S3 fast tier, the system's temp
     directory); emptied when the manager opens (one writer per prefix: the store's lock) and
-    after each save. Restored files are kept in it until the next restore or :meth:`close`
+    after each save. Files under the fast tier's directory are adopted; a ``staging_dir``
+    elsewhere (or an S3 fast tier) makes the commit copy them, as a second write. Restored files are kept in it until the next restore or :meth:`close`
     (TensorFlow may read them late, for variables created after the restore).
 
     A save of a step that is being saved (``wait=False``, another thread) raises
@@ -146,29 +148,16 @@ class CheckpointManager:
         return where, time.perf_counter() - t0
 
     def _commit(self, step: int, where: str, tf_write_seconds: float, t0: float) -> Dict[str, Any]:
-        import mmap
-
         try:
-            parts: List[Tuple[str, List[Any]]] = []
-            maps: List[Any] = []
-            for name in sorted(os.listdir(where)):
-                with open(os.path.join(where, name), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if size == 0:
-                        parts.append((name, [b""]))
-                        continue
-                    m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-                    maps.append(m)
-                    parts.append((name, [m]))
-            if not parts:
+            names = sorted(os.listdir(where))
+            if not names:
                 raise InvalidInputError(f"checkpoint.write wrote no files for step {step}")
             t1 = time.perf_counter()
-            report = dict(self.store._store.save(step, parts))
+            # TensorFlow's files become the step's parts where they are (adopted), or are
+            # copied where the staging directory is not on the fast tier.
+            report = dict(self.store.commit_files(step, where, names))
             report["commit_seconds"] = time.perf_counter() - t1
-            report["files"] = [name for name, _ in parts]
-            del parts
-            for m in maps:
-                m.close()
+            report["files"] = names
         finally:
             shutil.rmtree(where, ignore_errors=True)
             with self._lock:
@@ -181,7 +170,8 @@ class CheckpointManager:
     def save(self, step: Optional[int] = None, *, wait: bool = True) -> Any:
         """Saves the checkpoint as ``step`` (None: the step after the newest). With ``wait``
         (the default) returns once the step is durable on the fast tier: ``{"step", "bytes",
-        "tier", "blocking_seconds", "tf_write_seconds", "commit_seconds", ...}``. With
+        "tier", "blocking_seconds", "tf_write_seconds", "commit_seconds", "adopted_bytes",
+        ...}``. With
         ``wait=False`` returns a :class:`SaveFuture` once TensorFlow has written its files
         (the variables may change from then on); the commit runs in the background."""
         t0 = time.perf_counter()

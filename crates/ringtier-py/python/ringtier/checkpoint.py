@@ -360,9 +360,10 @@ class FileStaging:
 
 
 def _mapped_files(directory: str, names: Sequence[str]) -> Tuple[List[Tuple[str, List[Any]]], List[Any]]:
-    """The files as parts for a copying save: each mapped (no copy into Python), opened
-    without following a link (a link is a ``PermissionError``, anything but a regular file a
-    ``NotFoundError``, as the engine says for files under the fast tier). Returns the parts and the mappings to close after the save."""
+    """The files as parts for a copying save: each mapped (no copy into Python), opened without
+    following a link (a link is a ``PermissionError``, anything but a regular file a
+    ``NotFoundError``, as the engine says for files under the fast tier). Returns the parts and
+    the mappings to close after the save."""
     import mmap
 
     parts: List[Tuple[str, List[Any]]] = []
@@ -374,7 +375,8 @@ def _mapped_files(directory: str, names: Sequence[str]) -> Tuple[List[Tuple[str,
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as e:
                 if os.path.islink(path):
-                    raise PermissionError(f"{path} is a symbolic link: checkpoint files are never read through links") from e
+                    why = f"{path} is a symbolic link: checkpoint files are never read through links"
+                    raise PermissionError(why) from e
                 raise
             try:
                 st = os.fstat(fd)

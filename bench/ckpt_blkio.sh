@@ -57,7 +57,7 @@ fast_bps() {
     s=$(dd if=/dev/zero of="$FAST_DIR/dd-probe" bs=8M count=32 oflag=direct conv=fsync 2>&1 |
       awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^s,?$/) print $(i - 1) }')
     rm -f "$FAST_DIR/dd-probe"
-    runs+=("$(awk -v s="$s" 'BEGIN { printf "%d", 268435456 / s }')")
+    runs+=("$(awk -v s="$s" 'BEGIN { printf "%.0f", 268435456 / s }')")
   done
   printf '%s\n' "${runs[@]}" | sort -n | sed -n 2p
 }
@@ -66,7 +66,7 @@ mkdir "$CG"
 echo $$ > "$CG/cgroup.procs"
 for R in "${RATIOS[@]}"; do
   FAST=$(fast_bps)
-  BPS=$(awk -v f="$FAST" -v r="$R" 'BEGIN { printf "%d", f / r }')
+  BPS=$(awk -v f="$FAST" -v r="$R" 'BEGIN { printf "%.0f", f / r }')
   echo "== slowdown ${R}x: fast raw write $((FAST / 1000000)) MB/s, blkio $DEV read/write $((BPS / 1000000)) MB/s"
   echo "$DEV $BPS" > "$CG/blkio.throttle.write_bps_device"
   echo "$DEV $BPS" > "$CG/blkio.throttle.read_bps_device"

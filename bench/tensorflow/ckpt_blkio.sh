@@ -39,7 +39,7 @@ for _ in 1 2 3; do
   s=$(dd if=/dev/zero of="$WORK/fast/dd-probe" bs=8M count=32 oflag=direct conv=fsync 2>&1 |
     awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^s,?$/) print $(i - 1) }')
   rm -f "$WORK/fast/dd-probe"
-  runs+=("$(awk -v s="$s" 'BEGIN { printf "%d", 268435456 / s }')")
+  runs+=("$(awk -v s="$s" 'BEGIN { printf "%.0f", 268435456 / s }')")
 done
 FAST_BPS=$(printf '%s\n' "${runs[@]}" | sort -n | sed -n 2p)
 echo "fast tier O_DIRECT write: $FAST_BPS B/s (median of ${runs[*]})"

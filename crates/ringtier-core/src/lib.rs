@@ -28,4 +28,6 @@ pub use layers::LayeredTier;
 pub use listing::{ListOptions, Listing, Skipped, UNKNOWN_SIZE};
 pub use memory::MemoryTier;
 pub use posix::{PosixConfig, PosixTier};
-pub use tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, ReadEntry, Space, Tier, TierLock};
+pub use tier::{
+    Adopted, Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, ReadEntry, Space, Tier, TierLock,
+};

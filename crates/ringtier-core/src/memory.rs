@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::buf::AlignedBuf;
 use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::key::{validate_key, validate_prefix};
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, Space, Tier};
+use crate::tier::{Adopted, Capabilities, ObjectMeta, ObjectWriter, Space, Tier};
 
 struct Object {
     data: Arc<[u8]>,
@@ -131,6 +131,24 @@ impl Tier for MemoryTier {
         };
         let res = copy_range(&data, offset, len, &mut buf).map_err(|e| self.err(e, Operation::Read, key));
         (res, buf)
+    }
+
+    /// Moves the object `from` to `key` (replacing what is there) without copying its bytes.
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        validate_key(from).map_err(|e| self.err(e, Operation::Commit, from))?;
+        validate_key(key).map_err(|e| self.err(e, Operation::Commit, key))?;
+        if from == key {
+            let e = Error::new(ErrorKind::InvalidInput, "an object cannot be adopted under its own key");
+            return Err(self.err(e, Operation::Commit, key));
+        }
+        let mut map = self.inner.objects.write().unwrap_or_else(|p| p.into_inner());
+        let Some(obj) = map.remove(from) else {
+            return Err(self.err(Error::new(ErrorKind::NotFound, "no such object"), Operation::Commit, from));
+        };
+        let crc32c = crc32c::crc32c(&obj.data);
+        let meta = ObjectMeta { key: key.to_string(), size: obj.data.len() as u64, modified: Some(obj.modified) };
+        map.insert(key.to_string(), obj);
+        Ok(Some(Adopted { meta, crc32c }))
     }
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {

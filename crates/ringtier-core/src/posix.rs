@@ -18,7 +18,7 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::fs::{FsRoot, StagedFile, StagedGuard};
 use crate::key::validate_key;
 use crate::listing::{ListOptions, Listing};
-use crate::tier::{Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::tier::{Adopted, Capabilities, ObjectMeta, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 use crate::writes::WritesInFlight;
 
 /// Configuration of a [`PosixTier`].
@@ -262,6 +262,16 @@ impl Tier for PosixTier {
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         self.inner.root.lock(name).map(Some).map_err(|e| e.context(Operation::Open, name, self.name()))
+    }
+
+    /// [`FsRoot::adopt`] on the pool; declined (`Ok(None)`) when commits are not synced
+    /// ([`PosixConfig::sync`] false), so that a copy is committed the way this tier commits.
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        if !self.inner.sync {
+            return Ok(None);
+        }
+        let (inner, f, k) = (Arc::clone(&self.inner), from.to_string(), key.to_string());
+        self.inner.pool.run(move || inner.root.adopt(&f, &k)).await.map_err(|e| e.with_tier(self.name()))
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

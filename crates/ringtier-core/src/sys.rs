@@ -1,10 +1,10 @@
 //! Every system call of the core crate, each wrapped small and safe: the `*at` calls relative
 //! to directory descriptors (`openat2`, `fstatat`, `mkdirat`, `unlinkat`, `renameat`,
 //! `getdents` through `fdopendir`) that [`FsRoot`](crate::fs::FsRoot) builds its confinement
-//! from, `flock`, `fsync`, and the file-system queries (`statx(STATX_DIOALIGN)`, `fstatfs`,
-//! `fstatvfs`, `statfs`), and what the host gives the process (`getrlimit(RLIMIT_MEMLOCK)`,
-//! `uname`) for [`host`](crate::host). The only other unsafe code of the crate is the aligned
-//! buffers' allocation (`buf.rs`).
+//! from, `flock`, `fsync`, `sync_file_range`, and the file-system queries
+//! (`statx(STATX_DIOALIGN)`, `fstatfs`, `fstatvfs`, `statfs`), and what the host gives the
+//! process (`getrlimit(RLIMIT_MEMLOCK)`, `uname`) for [`host`](crate::host). The only other
+//! unsafe code of the crate is the aligned buffers' allocation (`buf.rs`).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -99,6 +99,13 @@ pub(crate) fn fsync(fd: RawFd) -> io::Result<()> {
             other => return other,
         }
     }
+}
+
+/// `sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)`: starts the writeback of every dirty
+/// page of the file without waiting for it (a hint: durability still needs an fsync).
+pub(crate) fn start_writeback(fd: RawFd) -> io::Result<()> {
+    // SAFETY: sync_file_range on an open descriptor; it touches no memory of ours.
+    check(unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) })
 }
 
 /// `flock(fd, op)`.

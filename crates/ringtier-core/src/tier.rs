@@ -72,6 +72,16 @@ pub struct ObjectMeta {
     pub modified: Option<SystemTime>,
 }
 
+/// What [`Tier::adopt`] published: the object's metadata and the CRC-32C of its bytes, read
+/// once as they were adopted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adopted {
+    /// The object now under the key.
+    pub meta: ObjectMeta,
+    /// CRC-32C (Castagnoli) of its bytes.
+    pub crc32c: u32,
+}
+
 /// A staged object being written. Nothing is visible under its key until [`commit`].
 ///
 /// Dropping a writer without committing discards the staged data (best effort).
@@ -234,6 +244,27 @@ pub trait Tier: Send + Sync + fmt::Debug + 'static {
 
     /// Starts a staged object under `key`.
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
+
+    /// Publishes what lies at `from` under `key` without copying its bytes, with the durability
+    /// of [`ObjectWriter::commit`], and returns it with the CRC-32C of its bytes; `Ok(None)`
+    /// where it is not adopted, and then `from` is left as it was (copy it instead).
+    ///
+    /// `from` is written as a key (relative, no `..`, no `.ringtier` component). File tiers
+    /// ([`crate::fs::FsRoot::adopt`]): a regular file under the root that a program wrote there
+    /// itself (TensorFlow's saver into a directory of the fast tier), never through a link (a
+    /// link on the way or at `from` is [`ErrorKind::PermissionDenied`] naming it; a FIFO, a
+    /// directory or a device is [`ErrorKind::InvalidInput`]). It is moved into the tier's
+    /// staging directory, read once for its CRC-32C (from the page cache, while its writeback
+    /// runs), its data fsynced, renamed onto `key`, the directory fsynced. A file with several
+    /// links (another name could change the object) or on another file system is declined.
+    /// The memory tier moves the object. The default, `Ok(None)`: object stores, and layers
+    /// that change writes (see [`crate::layers::LayeredTier::adopt`]). The caller must not
+    /// change the file while it is adopted; an error after the move puts it back at `from`
+    /// where it can.
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        let _ = (from, key);
+        Ok(None)
+    }
 
     /// Opens `key` for many positional reads, where the tier has a faster way than reading by
     /// key each time: the io_uring tier opens the file once (O_DIRECT per the file, a fixed

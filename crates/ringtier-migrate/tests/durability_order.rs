@@ -17,6 +17,10 @@
 //!   mounted), on the io_uring tier, and checks that every rename follows a completed
 //!   `IORING_OP_FSYNC` of each file written through the ring since the previous rename.
 //!
+//! The strace checks run twice: once with every step saved, once with step 2 committed from
+//! files the child wrote under the fast tier (`commit_files`: adopted, their data fsynced by a
+//! system call on either tier before their rename into the step).
+//!
 //! Either check prints why it skipped where its tool is missing or not permitted.
 
 use std::path::{Path, PathBuf};
@@ -28,6 +32,11 @@ use ringtier_migrate::{CheckpointStore, Part, StoreConfig};
 use ringtier_uring::{DirectIoPolicy, UringConfig, UringTier, UringTierOptions};
 
 const CHILD_ENV: &str = "RINGTIER_DURABILITY_CHILD";
+/// Set to 1: the traced child commits step 2 from files it first writes under the fast tier
+/// (`CheckpointStore::commit_files`, the files adopted) instead of saving it.
+const COMMIT_FILES_ENV: &str = "RINGTIER_DURABILITY_COMMIT_FILES";
+/// The step the child commits from files when asked to.
+const FILES_STEP: u64 = 2;
 const MARKER: &str = "ringtier-durability-marker";
 /// Parts the traced child's saves write at once, where set (default: all of them).
 const LANES_ENV: &str = "RINGTIER_DURABILITY_SAVE_PARALLELISM";
@@ -88,10 +97,22 @@ fn traced_child() {
         let lanes = std::env::var(LANES_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(PARTS.len());
         cfg = cfg.with_save_parallelism(lanes);
         let store = CheckpointStore::open(t, cfg).await.expect("open");
+        let commit_files = std::env::var(COMMIT_FILES_ENV).is_ok_and(|v| v == "1");
         for step in STEPS {
             let data: Vec<Vec<u8>> = PARTS.iter().enumerate().map(|(i, (_, n))| part_bytes(step, i, *n)).collect();
-            let parts = PARTS.iter().zip(&data).map(|((name, _), d)| Part::bytes(*name, d)).collect();
-            store.save(step, parts).await.expect("save");
+            if commit_files && step == FILES_STEP {
+                let incoming = base.join("fast/incoming");
+                std::fs::create_dir_all(&incoming).expect("mkdir");
+                for ((name, _), d) in PARTS.iter().zip(&data) {
+                    std::fs::write(incoming.join(name), d).expect("write a file to commit");
+                }
+                let names: Vec<String> = PARTS.iter().map(|(n, _)| n.to_string()).collect();
+                let r = store.commit_files(step, "incoming", &names).await.expect("commit_files");
+                assert_eq!(r.adopted_bytes, r.bytes, "every file adopted");
+            } else {
+                let parts = PARTS.iter().zip(&data).map(|((name, _), d)| Part::bytes(*name, d)).collect();
+                store.save(step, parts).await.expect("save");
+            }
             mark(&base, &format!("saved-{step}"));
             if tiers == 1 {
                 continue;
@@ -236,7 +257,12 @@ fn parent(p: &str) -> &str {
 /// Checks the durability order of every commit, directory creation and eviction under `root`,
 /// `ack` naming the marker that acknowledges each step there. Returns what it checked, for
 /// the test to assert the trace covered everything.
-fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(u64) -> String) -> (usize, usize) {
+fn check_root(
+    calls: &[Call],
+    root: &str,
+    data_sync_visible: &dyn Fn(&str) -> bool,
+    ack: &dyn Fn(u64) -> String,
+) -> (usize, usize) {
     let ok = |c: &&Call| c.ret >= 0;
     let renames: Vec<&Call> = calls
         .iter()
@@ -260,7 +286,7 @@ fn check_root(calls: &[Call], root: &str, data_sync_visible: bool, ack: &dyn Fn(
         let (src, dst) = (&paths[0], &paths[1]);
         // The data is durable before the name is: the staged file's fsync ends before the
         // rename, after its last write.
-        if data_sync_visible {
+        if data_sync_visible(dst) {
             let sync = fsyncs
                 .iter()
                 .rev()
@@ -355,7 +381,10 @@ fn strace_works() -> Result<(), String> {
     }
 }
 
-fn strace_check(kind: &str) {
+/// The strace checks on tier `kind`; with `commit_files`, step [`FILES_STEP`] is committed
+/// from files the child wrote under the fast tier (adopted: their data fsync is a system call
+/// on either tier, checked before each one's rename into the step).
+fn strace_check(kind: &str, commit_files: bool) {
     if let Err(why) = strace_works() {
         eprintln!("SKIPPED durability order of the {kind} tier: {why}");
         return;
@@ -364,6 +393,7 @@ fn strace_check(kind: &str) {
     let base_path = base.path().canonicalize().expect("canonical temp dir");
     let trace = base_path.join("strace.txt");
     let mut cmd = child_command("strace", kind, &base_path, 2);
+    cmd.env(COMMIT_FILES_ENV, if commit_files { "1" } else { "0" });
     cmd.args(["-f", "-y", "-qq", "-o"]).arg(&trace).args([
         "-e",
         "trace=openat,rename,renameat,renameat2,fsync,fdatasync,pwrite64,pwritev,pwritev2,mkdir,mkdirat,unlink,unlinkat",
@@ -373,10 +403,11 @@ fn strace_check(kind: &str) {
     let root = |t: &str| base_path.join(t).display().to_string();
     // The io_uring tier's data fsync goes through the ring, which strace does not show (the
     // perf test checks it); its buffered fallback would show as pwrite + fdatasync.
-    let data_sync_visible = kind == "posix";
+    let adopted = format!("{}/ckpt/{FILES_STEP:020}/parts/", root("fast"));
+    let data_sync_visible = |dst: &str| kind == "posix" || (commit_files && dst.starts_with(&adopted));
     let (fast_manifests, fast_evicted) =
-        check_root(&calls, &root("fast"), data_sync_visible, &|s| format!("saved-{s}"));
-    let (slow_manifests, _) = check_root(&calls, &root("slow"), data_sync_visible, &|s| format!("drained-{s}"));
+        check_root(&calls, &root("fast"), &data_sync_visible, &|s| format!("saved-{s}"));
+    let (slow_manifests, _) = check_root(&calls, &root("slow"), &data_sync_visible, &|s| format!("drained-{s}"));
     assert_eq!((fast_manifests, slow_manifests), (STEPS.len(), STEPS.len()), "every commit was traced");
     // keep_last 0: every drained checkpoint was evicted from the fast tier, part by part.
     let nonempty = PARTS.len();
@@ -390,12 +421,22 @@ fn strace_check(kind: &str) {
 
 #[test]
 fn posix_tier_commits_in_durability_order() {
-    strace_check("posix");
+    strace_check("posix", false);
 }
 
 #[test]
 fn uring_tier_commits_in_durability_order() {
-    strace_check("uring");
+    strace_check("uring", false);
+}
+
+#[test]
+fn posix_tier_commits_adopted_files_in_durability_order() {
+    strace_check("posix", true);
+}
+
+#[test]
+fn uring_tier_commits_adopted_files_in_durability_order() {
+    strace_check("uring", true);
 }
 
 // ---- perf trace (io_uring tracepoints) ------------------------------------------------------

@@ -1,5 +1,5 @@
-//! The checkpoint store through seeded schedules of save / drain / evict / reopen with power
-//! cuts at every step (the power-cut layer over memory tiers; see `docs/CHECKPOINTS.md`,
+//! The checkpoint store through seeded schedules of save (from memory, or files committed in
+//! place) / drain / evict / reopen with power cuts at every step (the power-cut layer over memory tiers; see `docs/CHECKPOINTS.md`,
 //! "Power cuts").
 //!
 //! After every cut the machine reboots and the store is opened again; then:
@@ -50,6 +50,10 @@ struct Tally {
     schedules: u64,
     ops: u64,
     saves_acked: u64,
+    /// Saves made as `commit_files` of files written first on the fast tier.
+    commits_of_files: u64,
+    /// Bytes of acknowledged saves committed without a copy (adopted).
+    adopted_bytes: u64,
     cuts: u64,
     cuts_in_recovery: u64,
     reboots: u64,
@@ -67,6 +71,8 @@ impl Tally {
         self.schedules += o.schedules;
         self.ops += o.ops;
         self.saves_acked += o.saves_acked;
+        self.commits_of_files += o.commits_of_files;
+        self.adopted_bytes += o.adopted_bytes;
         self.cuts += o.cuts;
         self.cuts_in_recovery += o.cuts_in_recovery;
         self.reboots += o.reboots;
@@ -240,16 +246,31 @@ impl Schedule {
         Ok(())
     }
 
+    /// Saves `step`: from memory (`save`), or, two times in five, from files written first
+    /// on the fast tier and committed in place (`commit_files`: adopted where the tier can,
+    /// copied where a layer declines).
     async fn save(&mut self, store: &CheckpointStore, step: u64) -> Result<(), String> {
         self.attempted.insert(step);
         let data = parts_of(self.seed, step);
-        let parts = data.iter().map(|(n, d)| Part::bytes(n.clone(), d)).collect();
-        let res = bounded("save", store.save(step, parts)).await?;
+        let res = if self.rng.chance(40) {
+            self.tally.commits_of_files += 1;
+            match self.write_files(step, &data).await? {
+                Ok(dir) => {
+                    let names: Vec<String> = data.iter().map(|(n, _)| n.clone()).collect();
+                    bounded("commit_files", store.commit_files(step, &dir, &names)).await?
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            let parts = data.iter().map(|(n, d)| Part::bytes(n.clone(), d)).collect();
+            bounded("save", store.save(step, parts)).await?
+        };
         match res {
             Ok(r) => {
                 self.tally.saves_acked += 1;
+                self.tally.adopted_bytes += r.adopted_bytes;
                 self.acked.insert(step);
-                self.note(format!("save {step}: ok on {} ({} bytes)", r.tier, r.bytes));
+                self.note(format!("save {step}: ok on {} ({} bytes, {} adopted)", r.tier, r.bytes, r.adopted_bytes));
             }
             Err(e) if self.power.is_down() => self.note(format!("save {step}: cut: {e}")),
             Err(e) if matches!(e.kind(), ErrorKind::NoSpace | ErrorKind::AlreadyExists) => {
@@ -268,6 +289,24 @@ impl Schedule {
             Err(e) => return Err(self.fail(format!("save {step} failed with the power on: {e}"))),
         }
         Ok(())
+    }
+
+    /// Writes the parts of `step` as objects `incoming/STEP/NAME` of the fast tier (what a
+    /// framework's own saver does before the commit) and returns that directory.
+    async fn write_files(
+        &mut self,
+        step: u64,
+        data: &[(String, Vec<u8>)],
+    ) -> Result<ringtier_core::Result<String>, String> {
+        let fast = self.fast.reopen();
+        let dir = format!("incoming/{step:020}");
+        for (name, bytes) in data {
+            let key = format!("{dir}/{name}");
+            if let Err(e) = bounded("write files", ringtier_core::ops::put(&fast, &key, bytes, 4096)).await? {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(dir))
     }
 
     async fn drain(&mut self, store: &CheckpointStore) -> Result<(), String> {
@@ -505,6 +544,9 @@ fn no_acknowledged_checkpoint_is_lost_or_torn_across_power_cuts() {
     if t.schedules >= 100 {
         assert!(t.cuts > t.schedules, "cuts happen in most schedules: {t:?}");
         assert!(t.cuts_in_recovery > 0 && t.uncertain_kept > 0 && t.uncertain_lost > 0, "{t:?}");
+        // Both ways of committing files run: adopted (memory tier) and copied (the
+        // throttled layer declines adoption).
+        assert!(t.commits_of_files > 0 && t.adopted_bytes > 0, "{t:?}");
         // Cuts land in every step: a save's writes and commits, the drain's copy and its
         // manifest on the slow tier, eviction's and recovery's deletes.
         for during in [

@@ -310,6 +310,46 @@ def test_checkpoint_save_drain_restore(tiers, tmp_path):
         assert m.restore() == 2 and float(v[1, 1]) == 2.0
 
 
+def test_save_commits_tensorflows_own_files_without_a_second_write(tiers, tmp_path):
+    """The step's parts are the very files TensorFlow wrote (same inodes, one link each):
+    adopted, not copied, with wait=True and wait=False; a staging directory off the fast
+    tier is copied instead (adopted_bytes 0), and both restore."""
+    v, step, ckpt = model_state(5000)
+    with rtf.CheckpointManager(ckpt, tiers, keep_last=3) as m:
+        written: Dict[str, int] = {}
+        write = m._write
+
+        def spy(s: int):
+            where, seconds = write(s)
+            for name in os.listdir(where):
+                written[f"{s}/{name}"] = os.stat(os.path.join(where, name)).st_ino
+            return where, seconds
+
+        m._write = spy  # type: ignore[method-assign]
+        for s, wait in ((1, True), (2, False)):
+            v.assign(tf.fill(v.shape, float(s)))
+            rep = m.save(s, wait=wait) if wait else m.save(s, wait=False).result()
+            assert rep["adopted_bytes"] == rep["bytes"] > v.shape[0] * 64 * 4, rep
+        assert len(written) == 4, written
+        for key, ino in written.items():
+            s, name = key.split("/")
+            part = Path(tiers[0]) / "tf-ckpt" / f"{int(s):020d}" / "parts" / name
+            st = part.stat()
+            assert (st.st_ino, st.st_nlink) == (ino, 1), f"{part} is a copy of what TensorFlow wrote"
+        assert not os.listdir(m.staging_dir)
+        for t, err in m.store.verify(2):
+            assert err is None, (t, err)
+    # TensorFlow writing off the fast tier: copied, and the step is the same kind of step.
+    elsewhere = tmp_path / "elsewhere"
+    with rtf.CheckpointManager(ckpt, tiers, staging_dir=elsewhere) as m:
+        v.assign(tf.fill(v.shape, 3.0))
+        rep = m.save(3)
+        assert rep["adopted_bytes"] == 0 and rep["bytes"] > 0, rep
+        v.assign(tf.zeros(v.shape))
+        assert m.restore(2) == 2 and float(v[7, 7]) == 2.0
+        assert m.restore() == 3 and float(v[7, 7]) == 3.0
+
+
 def test_restore_or_initialize_calls_init_fn(tiers):
     _, _, ckpt = model_state(4)
     called = []

@@ -449,6 +449,43 @@ pub async fn batch_reads(tier: Arc<dyn Tier>) {
     assert_eq!(n, 44);
 }
 
+/// Adoption ([`Tier::adopt`]): an adopted object is under its new key with its bytes and
+/// their CRC-32C, replacing what was there, and gone from where it was; a declined one
+/// (`Ok(None)`, the default) is left as it was and nothing appears under the key. A tier that
+/// adopts refuses bad keys, a missing source and adopting an object onto itself.
+pub async fn adopt(tier: Arc<dyn Tier>) {
+    let t = tier.as_ref();
+    let data = pattern(9, 70_001);
+    put(t, "adopt/src.bin", &data).await;
+    put(t, "adopt/dst/old.bin", b"old").await;
+    let adopted = t.adopt("adopt/src.bin", "adopt/dst/old.bin").await;
+    let adopted = adopted.unwrap_or_else(|e| panic!("[{}] adopt: {e}", t.name()));
+    let Some(a) = adopted else {
+        assert_eq!(ops::get(t, "adopt/src.bin").await.expect("declined: left"), data, "[{}]", t.name());
+        assert_eq!(ops::get(t, "adopt/dst/old.bin").await.expect("declined"), b"old", "[{}]", t.name());
+        return;
+    };
+    assert_eq!((a.meta.key.as_str(), a.meta.size), ("adopt/dst/old.bin", data.len() as u64), "[{}]", t.name());
+    assert_eq!(a.crc32c, crc32c::crc32c(&data), "[{}] the CRC-32C of the adopted bytes", t.name());
+    assert_eq!(ops::get(t, "adopt/dst/old.bin").await.expect("adopted"), data, "[{}]", t.name());
+    let gone = t.stat("adopt/src.bin").await.expect_err("the source is gone");
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "[{}]", t.name());
+    let keys: Vec<String> = t.list("adopt/").await.expect("list").into_iter().map(|m| m.key).collect();
+    assert_eq!(keys, ["adopt/dst/old.bin"], "[{}]", t.name());
+    // An empty object, into a new directory.
+    put(t, "adopt/empty", b"").await;
+    let a = t.adopt("adopt/empty", "adopt/new/dir/empty").await.expect("adopt empty").expect("adopted");
+    assert_eq!((a.meta.size, a.crc32c), (0, 0), "[{}]", t.name());
+    assert_eq!(ops::get(t, "adopt/new/dir/empty").await.expect("get"), b"", "[{}]", t.name());
+    let kind = |r: ringtier_core::Result<Option<ringtier_core::Adopted>>| r.map(|_| ()).expect_err("refused").kind();
+    assert_eq!(kind(t.adopt("adopt/missing", "adopt/x").await), ErrorKind::NotFound, "[{}]", t.name());
+    assert_eq!(kind(t.adopt("../escape", "adopt/x").await), ErrorKind::InvalidKey, "[{}]", t.name());
+    assert_eq!(kind(t.adopt("adopt/dst/old.bin", "/abs").await), ErrorKind::InvalidKey, "[{}]", t.name());
+    let own = t.adopt("adopt/dst/old.bin", "adopt/dst/old.bin").await;
+    assert_eq!(kind(own), ErrorKind::InvalidInput, "[{}]", t.name());
+    assert_eq!(ops::get(t, "adopt/dst/old.bin").await.expect("still there"), data, "[{}]", t.name());
+}
+
 /// Expands to one `#[tokio::test]` per conformance check, each on a fresh fixture from
 /// `$factory` (an expression of type `fn() -> Fixture`).
 #[macro_export]
@@ -456,7 +493,7 @@ macro_rules! conformance_tests {
     ($factory:expr) => {
         $crate::conformance_tests!(@each $factory;
             round_trip, short_read_at_eof, unaligned_ranges, sub_block_objects, concurrent_readers,
-            list_and_delete, bad_keys, commit_visibility, batch_reads, locks, empty_dirs);
+            list_and_delete, bad_keys, commit_visibility, batch_reads, locks, empty_dirs, adopt);
     };
     (@each $factory:expr; $($name:ident),*) => {
         $(
@@ -498,7 +535,7 @@ where
     let cases: [(&str, std::path::PathBuf); 3] =
         [("a", outside.join("a")), ("a/b", outside.join("b")), ("a/b/c.bin", outside.join("c.bin"))];
     for (i, (link_at, target)) in cases.iter().enumerate() {
-        for op in ["stat", "read", "write", "delete", "prune", "list", "list-prefix"] {
+        for op in ["stat", "read", "write", "delete", "prune", "list", "list-prefix", "adopt", "adopt-to"] {
             let root = base.path().join(format!("root-{i}-{op}"));
             std::fs::create_dir_all(&root).expect("root");
             fill_outside();
@@ -520,6 +557,15 @@ where
                 "write" => ops::put(tier.as_ref(), key, b"inside", 1 << 20).await.map(|_| ()),
                 "delete" => tier.delete(key).await,
                 "prune" => tier.remove_empty_dirs(link_at).await,
+                // The file to adopt reached through the link, and a file adopted onto a key
+                // whose way is the link: refused, and that file left where it was.
+                "adopt" => tier.adopt(key, "adopted.bin").await.map(|_| ()),
+                "adopt-to" => {
+                    std::fs::write(root.join("src.bin"), b"to adopt").expect("file to adopt");
+                    let res = tier.adopt("src.bin", key).await.map(|_| ());
+                    assert_eq!(std::fs::read(root.join("src.bin")).ok().as_deref(), Some(&b"to adopt"[..]), "{name}");
+                    res
+                }
                 "list" => tier.list("").await.map(|_| ()),
                 _ => tier.list("a/").await.map(|_| ()),
             };

@@ -9,7 +9,9 @@
 //! Staged (uncommitted) objects live in `ROOT/.ringtier-staging/`, which listing skips, and
 //! become visible only through [`FsRoot::commit_staged`]: data fsync, atomic rename, directory
 //! fsync. A staged file carries its writer's pid in its name and a shared `flock` for its
-//! life: [`FsRoot::lock`] removes those of dead writers (pid gone, lock free).
+//! life: [`FsRoot::lock`] removes those of dead writers (pid gone, lock free). A file that a
+//! program wrote under the root itself becomes an object without a copy through
+//! [`FsRoot::adopt`]: moved into staging, then the same commit.
 //!
 //! A read-only dataset root may instead follow symbolic links ([`FsRoot::following_links`]):
 //! files and directories that are links (to another disk, a shared copy) are listed and read
@@ -42,6 +44,7 @@ pub mod trace;
 #[cfg(feature = "fs-trace")]
 use trace::{FsOp, FsTrace};
 
+mod adopt;
 mod listing;
 mod listing_cache;
 mod staging;

@@ -27,6 +27,25 @@ pub struct StagedFile {
 }
 
 impl StagedFile {
+    /// A new name for a staged file of this process in the staging directory `dir` (the name
+    /// [`FsRoot::create_staged`] gives), for a file moved there rather than created
+    /// ([`FsRoot::adopt`]). Nothing is created; its operations are not traced.
+    pub(super) fn new_name(dir: Arc<OwnedFd>) -> Result<Self> {
+        let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
+        let name = at::c_name(&format!("{}-{seq}", std::process::id())).map_err(Error::from)?;
+        Ok(StagedFile {
+            dir,
+            name,
+            #[cfg(feature = "fs-trace")]
+            traced: None,
+        })
+    }
+
+    /// The staging directory's descriptor and the file's name in it.
+    pub(super) fn dir_and_name(&self) -> (std::os::fd::RawFd, &std::ffi::CStr) {
+        (self.dir.as_raw_fd(), &self.name)
+    }
+
     /// Removes the staged file (a missing one counts as removed).
     pub fn remove(&self) -> Result<()> {
         match at::unlinkat(self.dir.as_raw_fd(), &self.name) {

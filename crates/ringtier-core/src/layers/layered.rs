@@ -10,12 +10,14 @@ use async_trait::async_trait;
 use crate::buf::{AlignedBuf, BufferPool};
 use crate::error::Result;
 use crate::listing::{ListOptions, Listing};
-use crate::tier::{Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock};
+use crate::tier::{Adopted, Capabilities, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Space, Tier, TierLock};
 
 /// A layer: a tier that wraps an inner [`Tier`] and is a tier itself (the model is opendal's
 /// `LayeredAccess`). Every method forwards to [`inner`](LayeredTier::inner) by default, so a
 /// layer implements only what it changes, and a method added to [`Tier`] reaches every layer
 /// without touching it. Every `LayeredTier` is a [`Tier`] through a blanket implementation.
+/// One exception: [`adopt`](LayeredTier::adopt) is declined unless a layer forwards it, since
+/// it publishes bytes that never passed through the layer (declining only costs a copy).
 ///
 /// What a layer must keep in mind when it changes one method:
 ///
@@ -119,6 +121,15 @@ pub trait LayeredTier: Send + Sync + fmt::Debug + 'static {
     /// [`Tier::create`]; default: forwarded (the inner tier's writer, unwrapped).
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         self.inner().create(key).await
+    }
+
+    /// [`Tier::adopt`]; default: **not** forwarded, `Ok(None)` (the caller copies instead,
+    /// through the layer's own writer). Adopting publishes bytes that never went through the
+    /// layer, so a layer that changes or watches writes (throttle, faults, power cut) would be
+    /// passed by; a layer that may let it through says so by forwarding it (the metered layer).
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        let _ = (from, key);
+        Ok(None)
     }
 
     /// [`Tier::open_read`]; default: forwarded (the inner tier's reader, unwrapped). A layer
@@ -237,6 +248,16 @@ impl<L: LayeredTier> Tier for L {
         Self: 'f,
     {
         LayeredTier::create(self, key)
+    }
+
+    fn adopt<'s, 'a, 'k, 'f>(&'s self, from: &'a str, key: &'k str) -> BoxFuture<'f, Result<Option<Adopted>>>
+    where
+        's: 'f,
+        'a: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        LayeredTier::adopt(self, from, key)
     }
 
     fn open_read<'s, 'k, 'f>(&'s self, key: &'k str) -> BoxFuture<'f, Result<Option<Arc<dyn ObjectReader>>>>

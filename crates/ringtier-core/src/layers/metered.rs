@@ -10,7 +10,7 @@ use crate::buf::AlignedBuf;
 use crate::catalog;
 use crate::error::Result;
 use crate::listing::{ListOptions, Listing};
-use crate::tier::{ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
+use crate::tier::{Adopted, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch, Tier};
 
 #[derive(Clone, Copy)]
 #[repr(usize)]
@@ -149,6 +149,16 @@ impl LayeredTier for Metered {
         let res = self.inner.create(key).await;
         self.handles.record(Op::Create, start, &res, 0);
         Ok(Box::new(MeteredWriter { inner: res?, handles: Arc::clone(&self.handles) }))
+    }
+
+    /// Forwarded, and counted as a commit of no bytes: adopting writes nothing.
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        let start = Instant::now();
+        let res = self.inner.adopt(from, key).await;
+        if !matches!(res, Ok(None)) {
+            self.handles.record(Op::Commit, start, &res, 0);
+        }
+        res
     }
 
     async fn open_read(&self, key: &str) -> Result<Option<Arc<dyn ObjectReader>>> {

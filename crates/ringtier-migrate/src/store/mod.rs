@@ -5,6 +5,7 @@
 //! * [`config`]: [`StoreConfig`] and [`OnFull`];
 //! * [`part`]: what a save takes ([`Part`]) and the chunk sources saves and drains read;
 //! * [`save`]: room on the fast tier, streaming parts, the commit order;
+//! * [`adopt`]: committing files already on the fast tier without writing them again;
 //! * [`drain`]: the background copy to slower tiers;
 //! * [`evict`]: removing drained faster copies, manifest first;
 //! * [`read`]: the one read path (chunks in flight, in order) and [`RestoreSink`];
@@ -27,6 +28,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify, Semaphore};
 
+mod adopt;
 mod committed;
 mod config;
 mod direct;

@@ -17,6 +17,9 @@ pub struct SaveReport {
     pub blocking: Duration,
     /// True when the fast tier was full and the checkpoint went to a slower tier.
     pub wrote_through: bool,
+    /// Bytes committed without being written again: files adopted by
+    /// [`CheckpointStore::commit_files`] (0 for [`CheckpointStore::save`]).
+    pub adopted_bytes: u64,
 }
 
 /// Whether a save fits on a tier.
@@ -40,7 +43,7 @@ pub(super) fn free_slack(need: u64) -> u64 {
 pub(super) struct StepGuard<'a>(&'a Inner, u64);
 
 impl<'a> StepGuard<'a> {
-    fn new(inner: &'a Inner, step: u64) -> Result<Self> {
+    pub(super) fn new(inner: &'a Inner, step: u64) -> Result<Self> {
         if !inner.saving_steps.lock().unwrap_or_else(|p| p.into_inner()).insert(step) {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -62,7 +65,7 @@ impl Drop for StepGuard<'_> {
 pub(super) struct SavingGuard<'a>(&'a Inner);
 
 impl<'a> SavingGuard<'a> {
-    fn new(inner: &'a Inner) -> Self {
+    pub(super) fn new(inner: &'a Inner) -> Self {
         inner.saving.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         SavingGuard(inner)
     }
@@ -76,6 +79,38 @@ impl Drop for SavingGuard<'_> {
 }
 
 impl Inner {
+    /// Refuses a save of `step` where it exists: committed, or quarantined, on any tier.
+    pub(super) async fn check_new_step(&self, step: u64) -> Result<()> {
+        for t in 0..self.tiers.len() {
+            if self.is_committed(t, step).await? {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("checkpoint {step} already exists on tier {:?}", self.tiers[t].name()),
+                ));
+            }
+            if self.is_quarantined(t, step).await? {
+                return Err(Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!(
+                        "checkpoint {step} has a quarantined copy on tier {:?} (see `ringtier ckpt ls`); remove it \
+                         first (`ringtier ckpt rm --step {step}`, CheckpointStore::delete)",
+                        self.tiers[t].name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the manifest of checkpoint `step` (its parts, in order) on tier `t`: the commit
+    /// point, once every part is committed there. Returns the checkpoint's bytes.
+    pub(super) async fn commit_manifest(&self, t: usize, step: u64, parts: Vec<PartMeta>) -> Result<u64> {
+        let manifest =
+            CheckpointManifest { format: FORMAT.into(), version: VERSION, step, created_unix_ms: now_ms(), parts };
+        self.write_object(t, &self.manifest_key(step), &manifest.to_bytes()).await?;
+        Ok(manifest.total_bytes())
+    }
+
     pub(super) async fn write_object(&self, t: usize, key: &str, data: &[u8]) -> Result<()> {
         let mut attempt = 0;
         loop {
@@ -218,9 +253,11 @@ impl Inner {
         }
     }
 
-    /// Whether `need` more bytes fit on tier `t` now: within the fast tier's capacity bound and
-    /// the file system's free space (less [`free_slack`]).
-    pub(super) async fn room(&self, t: usize, step: u64, need: u64) -> Result<Room> {
+    /// Whether a checkpoint of `need` bytes fits on tier `t` now: within the fast tier's
+    /// capacity bound, and `new_bytes` of it (what is still to be written: `need` for a save, 0
+    /// for adopted files, which are on the file system already) within the file system's free
+    /// space (less [`free_slack`]).
+    pub(super) async fn room_for(&self, t: usize, step: u64, need: u64, new_bytes: u64) -> Result<Room> {
         let name = self.tiers[t].name();
         if t == 0 {
             if let Some(cap) = self.cfg.fast_capacity_bytes {
@@ -238,6 +275,10 @@ impl Inner {
                 }
             }
         }
+        if new_bytes == 0 {
+            return Ok(Room::Fits);
+        }
+        let need = new_bytes;
         match self.tiers[t].space().await {
             Ok(Some(space)) if need > space.total_bytes => Ok(Room::Never(format!(
                 "checkpoint {step} ({need} bytes) is larger than tier {name:?} ({} bytes in all)",
@@ -294,24 +335,7 @@ impl CheckpointStore {
         // One save of a step at a time (two `async_save`s of one step from Python, say): the
         // second is refused rather than racing the first's files.
         let _step_guard = StepGuard::new(inner, step)?;
-        for t in 0..inner.tiers.len() {
-            if inner.is_committed(t, step).await? {
-                return Err(Error::new(
-                    ErrorKind::AlreadyExists,
-                    format!("checkpoint {step} already exists on tier {:?}", inner.tiers[t].name()),
-                ));
-            }
-            if inner.is_quarantined(t, step).await? {
-                return Err(Error::new(
-                    ErrorKind::AlreadyExists,
-                    format!(
-                        "checkpoint {step} has a quarantined copy on tier {:?} (see `ringtier ckpt ls`); remove it \
-                         first (`ringtier ckpt rm --step {step}`, CheckpointStore::delete)",
-                        inner.tiers[t].name()
-                    ),
-                ));
-            }
-        }
+        inner.check_new_step(step).await?;
         let last = inner.tiers.len() - 1;
         let checked = start.elapsed();
         let estimate: u64 = parts.iter().map(Part::size_hint).sum();
@@ -361,6 +385,7 @@ impl CheckpointStore {
                         tier: inner.tiers[target].name().to_string(),
                         blocking,
                         wrote_through,
+                        adopted_bytes: 0,
                     });
                 }
                 Err((e, consumed_stream)) => {
@@ -409,14 +434,20 @@ impl CheckpointStore {
     /// can help. `Ok(true)` when it fits, `Ok(false)` to write through
     /// ([`OnFull::WriteThrough`]); [`ErrorKind::NoSpace`] when waiting cannot help.
     pub(super) async fn make_room(&self, t: usize, step: u64, need: u64) -> Result<bool> {
+        self.make_room_for(t, step, need, need).await
+    }
+
+    /// [`CheckpointStore::make_room`] for a checkpoint of `need` bytes of which `new_bytes`
+    /// are still to be written to its file system (see [`Inner::room_for`]).
+    pub(super) async fn make_room_for(&self, t: usize, step: u64, need: u64, new_bytes: u64) -> Result<bool> {
         let inner = &self.inner;
         let mut last_look = false;
         // Most saves fit: one look at the tier's room, no eviction scan on the blocking path.
-        let mut room = inner.room(t, step, need).await?;
+        let mut room = inner.room_for(t, step, need, new_bytes).await?;
         loop {
             if matches!(room, Room::Full(_)) {
                 inner.evict(t, Evict::Room(need)).await?;
-                room = inner.room(t, step, need).await?;
+                room = inner.room_for(t, step, need, new_bytes).await?;
             }
             let why = match room {
                 Room::Fits => return Ok(true),
@@ -444,7 +475,7 @@ impl CheckpointStore {
                 }
                 last_look = true;
             }
-            room = inner.room(t, step, need).await?;
+            room = inner.room_for(t, step, need, new_bytes).await?;
         }
     }
 
@@ -536,18 +567,7 @@ impl CheckpointStore {
                 Error::new(ErrorKind::Io, format!("checkpoint {step}: only {} of {n} parts were written", metas.len()));
             return Err((e, consumed_stream));
         }
-        let manifest = CheckpointManifest {
-            format: FORMAT.into(),
-            version: VERSION,
-            step,
-            created_unix_ms: now_ms(),
-            parts: metas,
-        };
-        inner
-            .write_object(t, &inner.manifest_key(step), &manifest.to_bytes())
-            .await
-            .map_err(|e| (e, consumed_stream))?;
-        Ok(manifest.total_bytes())
+        inner.commit_manifest(t, step, metas).await.map_err(|e| (e, consumed_stream))
     }
 }
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import tempfile
 import warnings
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
@@ -10,7 +13,7 @@ from . import _safetensors_state as st_codec
 from . import _state_dict_codec as codec
 from ._ringtier import CheckpointStore as _Store
 from ._ringtier import SaveFuture
-from ._types import PathLike, tier_path
+from ._types import PathLike, is_s3_url, tier_path
 from .errors import CorruptError, NotFoundError
 from .safetensors import _parse_size
 
@@ -62,6 +65,11 @@ class CheckpointStore:
 
     One process at a time opens a store for writing (a second gets :class:`ringtier.BusyError`).
     Use it as a context manager, or call :meth:`close`.
+
+    Files another library writes (TensorFlow's saver, a safetensors writer) become a step
+    without being written a second time: write them into :meth:`staging_dir` (or any directory
+    under the fast tier) and :meth:`commit_files`, or ``with store.staging(step) as s:`` write
+    into ``s.path``.
     """
 
     def __init__(
@@ -108,11 +116,21 @@ class CheckpointStore:
             read_only=read_only,
             create=create,
         )
+        fast = self._store.tiers[0]
+        # Where `staging_dir` makes directories: on the fast tier's file system, so that their
+        # files are adopted, not copied (for an S3 fast tier: the system's temp directory).
+        self._staging_root: Optional[str] = None
+        if not is_s3_url(fast):
+            self._staging_root = os.path.join(fast, f".staging-{prefix.replace('/', '_')}")
+            if not read_only:
+                # The store's lock is held: what a killed writer of this prefix staged is garbage.
+                shutil.rmtree(self._staging_root, ignore_errors=True)
 
     def save(self, step: int, state: Mapping[str, Any]) -> Dict[str, Any]:
         """Saves ``state`` as checkpoint ``step`` and returns once it is durable on the fast
-        tier: ``{"step", "bytes", "tier", "blocking_seconds", "wrote_through"}``. Do not change
-        the tensors while it runs (from other threads). The state is checked whole before
+        tier: ``{"step", "bytes", "tier", "blocking_seconds", "wrote_through",
+        "adopted_bytes"}`` (``adopted_bytes`` is 0 here; see :meth:`commit_files`). Do not
+        change the tensors while it runs (from other threads). The state is checked whole before
         anything is written: a bad value (``TypeError``/``ValueError``) leaves no step."""
         return self._store.save(_step(step), self._encode(state))
 
@@ -122,6 +140,69 @@ class CheckpointStore:
         change its tensors as soon as this returns; ``future.result()`` waits until the
         checkpoint is durable on the fast tier and returns the report."""
         return self._store.async_save(_step(step), self._encode(state))
+
+    def staging_dir(self) -> str:
+        """A new, empty directory to write one checkpoint's files into before
+        :meth:`commit_files`: under the fast tier's directory (``<fast>/.staging-<prefix>/``),
+        so that the files are adopted rather than copied (the system's temp directory for an
+        S3 fast tier). What is left there is removed when a store opens for writing."""
+        if self._staging_root is None:
+            return tempfile.mkdtemp(prefix="ringtier-staging-")
+        os.makedirs(self._staging_root, exist_ok=True)
+        return tempfile.mkdtemp(prefix="step-", dir=self._staging_root)
+
+    def staging(self, step: int) -> "FileStaging":
+        """``with store.staging(step) as s:`` write files into ``s.path``; when the block ends
+        without an exception they are committed as ``step`` (:meth:`commit_files`; the report
+        in ``s.report``); the directory is removed either way."""
+        return FileStaging(self, _step(step))
+
+    def commit_files(self, step: int, directory: PathLike, names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Commits the files ``names`` (default: every entry of ``directory``, sorted) that a
+        program wrote into ``directory`` as the parts of checkpoint ``step``, and returns once
+        the step is durable on the fast tier, with the report of :meth:`save` (its
+        ``adopted_bytes``: the bytes not written again).
+
+        Where ``directory`` lies under the fast tier's directory (:meth:`staging_dir` does),
+        each file is *adopted*: checked to be a regular file reached without a symbolic link,
+        checksummed (CRC-32C) from the page cache, fsynced and renamed into the step, so its
+        bytes are not written a second time and it is gone from ``directory`` afterwards. A file
+        the tier cannot adopt (a second hard link, another file system below the fast
+        directory) is copied and left. Where ``directory`` is elsewhere (outside the fast
+        tier, or an S3 fast tier) every file is copied, as :meth:`save` copies. Either way the
+        step is committed as :meth:`save` commits (manifest last: a crash leaves the previous
+        step or this one) and restores, drains and verifies like any other.
+
+        A symbolic link among the files (or on the way to them under the fast tier) is a
+        ``PermissionError``; a name that is not a regular file (a FIFO, a directory) a
+        ``FileNotFoundError``; nothing is committed then. Do not change the files while this
+        runs."""
+        at = _step(step)
+        where = os.fspath(directory)
+        if isinstance(where, bytes):
+            where = os.fsdecode(where)
+        chosen = sorted(os.listdir(where)) if names is None else [str(n) for n in names]
+        rel = self._under_fast(where)
+        if rel is not None:
+            return self._store.commit_files(at, rel, chosen)
+        parts, maps = _mapped_files(where, chosen)
+        try:
+            return self._store.save(at, parts)
+        finally:
+            del parts
+            for m in maps:
+                m.close()
+
+    def _under_fast(self, directory: str) -> Optional[str]:
+        """``directory`` relative to the fast tier's directory, ``/``-separated, when it lies
+        under it (by name: links are not resolved here, the engine refuses them); else None."""
+        fast = self._store.tiers[0]
+        if is_s3_url(fast):
+            return None
+        rel = os.path.relpath(os.path.abspath(directory), os.path.abspath(fast))
+        if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+            return None
+        return rel.replace(os.sep, "/")
 
     def _encode(self, state: Mapping[str, Any]) -> List[Tuple[str, List[Any]]]:
         if self._format == "safetensors":
@@ -254,6 +335,66 @@ class CheckpointStore:
 
     def __repr__(self) -> str:
         return repr(self._store)
+
+
+class FileStaging:
+    """A directory for one checkpoint's files (:meth:`CheckpointStore.staging`): ``path``,
+    committed as ``step`` when the ``with`` block ends without an exception (``report``)."""
+
+    def __init__(self, store: CheckpointStore, step: int) -> None:
+        self.store = store
+        self.step = step
+        self.path = ""
+        self.report: Optional[Dict[str, Any]] = None
+
+    def __enter__(self) -> "FileStaging":
+        self.path = self.store.staging_dir()
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.report = self.store.commit_files(self.step, self.path)
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _mapped_files(directory: str, names: Sequence[str]) -> Tuple[List[Tuple[str, List[Any]]], List[Any]]:
+    """The files as parts for a copying save: each mapped (no copy into Python), opened without
+    following a link (a link is a ``PermissionError``, anything but a regular file a
+    ``NotFoundError``, as the engine says for files under the fast tier). Returns the parts and
+    the mappings to close after the save."""
+    import mmap
+
+    parts: List[Tuple[str, List[Any]]] = []
+    maps: List[Any] = []
+    try:
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                if os.path.islink(path):
+                    why = f"{path} is a symbolic link: checkpoint files are never read through links"
+                    raise PermissionError(why) from e
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise NotFoundError(f"{path} is not a regular file")
+                if st.st_size == 0:
+                    parts.append((name, [b""]))
+                    continue
+                m = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+                maps.append(m)
+                parts.append((name, [m]))
+            finally:
+                os.close(fd)
+    except BaseException:
+        for m in maps:
+            m.close()
+        raise
+    return parts, maps
 
 
 def _step(step: Any) -> int:

@@ -7,10 +7,10 @@
   threads). Sharded by a ``tf.distribute.InputContext`` or an explicit ``(index, count)``;
   seeded, a new shuffle each epoch.
 * :class:`CheckpointManager`: a ``tf.train.Checkpoint`` saved through ringtier's burst buffer:
-  TensorFlow writes its files to a staging directory, the files are committed as one step of a
-  :class:`ringtier.CheckpointStore` (checksummed manifest, fsync, atomic rename) on the fast
-  tier and drained to the slow tiers (or S3) in the background; ``restore_or_initialize``
-  restores the newest intact step.
+  TensorFlow writes its files into a staging directory on the fast tier, the files are
+  committed in place as one step of a :class:`ringtier.CheckpointStore` (checksummed manifest,
+  fsync, atomic rename; not written a second time) and drained to the slow tiers (or S3) in
+  the background; ``restore_or_initialize`` restores the newest intact step.
 
 TensorFlow is imported when first needed (``pip install ringtier[tensorflow]``): importing this
 module does not import it. docs/TENSORFLOW.md has the guarantees and the measurements.
@@ -37,6 +37,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 
@@ -66,22 +67,27 @@ class CheckpointManager:
     experiment, around TensorFlow's own saver).
 
     ``save(step)``: TensorFlow writes the checkpoint's files (``checkpoint.write``) into a
-    staging directory, then the files are committed as step ``step`` of a
-    :class:`ringtier.CheckpointStore` over ``tiers`` (fastest first): written to the fast tier,
-    checksummed in a manifest, fsynced and renamed into place, so a crash leaves the previous
-    step or the new one, never a torn one. The store drains each step to the next tiers (a
-    slower disk, NFS, ``s3://...``) in the background and keeps ``keep_last`` steps on each
-    faster tier once drained; ``max_to_keep`` (None: all) deletes older steps everywhere.
+    staging directory on the fast tier, then the files are committed in place as step ``step``
+    of a :class:`ringtier.CheckpointStore` over ``tiers`` (fastest first,
+    :meth:`ringtier.CheckpointStore.commit_files`): each checksummed from the page cache,
+    fsynced and renamed into the step (TensorFlow's write is the only one), the manifest written
+    last, so a crash leaves the previous step or the new one, never a torn one. The store drains
+    each step to the next tiers (a slower disk, NFS, ``s3://...``) in the background and keeps
+    ``keep_last`` steps on each faster tier once drained; ``max_to_keep`` (None: all) deletes
+    older steps everywhere (in the background once a save is durable; :meth:`wait` waits for
+    it).
 
     ``restore_or_initialize()``: restores the newest intact step (a step whose every copy is
     bad is passed over, with a ``RuntimeWarning``) and returns its number, or runs
     ``init_fn`` and returns None when there is none.
 
-    ``staging_dir``: where TensorFlow writes before the commit (default: a directory beside the
-    fast tier's, ``<fast>/.tf-staging-<prefix>``; for an S3 fast tier, the system's temp
-    directory); emptied when the manager opens (one writer per prefix: the store's lock) and
-    after each save. Restored files are kept in it until the next restore or :meth:`close`
-    (TensorFlow may read them late, for variables created after the restore).
+    ``staging_dir``: where TensorFlow writes before the commit (default: a directory in the fast
+    tier's, ``<fast>/.tf-staging-<prefix>``; for an S3 fast tier, the system's temp directory);
+    emptied when the manager opens (one writer per prefix: the store's lock) and after each
+    save. Files under the fast tier's directory are adopted; a ``staging_dir`` elsewhere (or an
+    S3 fast tier) makes the commit copy them, as a second write. Restored files are kept in it
+    until the next restore or :meth:`close` (TensorFlow may read them late, for variables
+    created after the restore).
 
     A save of a step that is being saved (``wait=False``, another thread) raises
     :class:`ringtier.BusyError`; a step already committed, :class:`ringtier.AlreadyExistsError`.
@@ -145,45 +151,44 @@ class CheckpointManager:
         self.checkpoint.write(os.path.join(where, "ckpt"))
         return where, time.perf_counter() - t0
 
-    def _commit(self, step: int, where: str, tf_write_seconds: float, t0: float) -> Dict[str, Any]:
-        import mmap
-
+    def _commit(self, step: int, where: str, tf_write_seconds: float, t0: float, background: bool) -> Dict[str, Any]:
         try:
-            parts: List[Tuple[str, List[Any]]] = []
-            maps: List[Any] = []
-            for name in sorted(os.listdir(where)):
-                with open(os.path.join(where, name), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if size == 0:
-                        parts.append((name, [b""]))
-                        continue
-                    m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-                    maps.append(m)
-                    parts.append((name, [m]))
-            if not parts:
+            names = sorted(os.listdir(where))
+            if not names:
                 raise InvalidInputError(f"checkpoint.write wrote no files for step {step}")
             t1 = time.perf_counter()
-            report = dict(self.store._store.save(step, parts))
+            # TensorFlow's files become the step's parts where they are (adopted), or are
+            # copied where the staging directory is not on the fast tier.
+            report = dict(self.store.commit_files(step, where, names))
             report["commit_seconds"] = time.perf_counter() - t1
-            report["files"] = [name for name, _ in parts]
-            del parts
-            for m in maps:
-                m.close()
+            report["files"] = names
         finally:
             shutil.rmtree(where, ignore_errors=True)
             with self._lock:
                 self._saving.discard(step)
         report["tf_write_seconds"] = tf_write_seconds
         report["blocking_seconds"] = time.perf_counter() - t0
-        self._prune()
+        if background:
+            self._prune()
+        else:
+            # Old steps are deleted off the training loop's thread (wait() waits for it).
+            self._background().submit(self._prune)
         return report
+
+    def _background(self) -> Any:
+        """The one thread that commits ``wait=False`` saves and prunes old steps, in order."""
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtier-tf-commit")
+        return self._executor
 
     def save(self, step: Optional[int] = None, *, wait: bool = True) -> Any:
         """Saves the checkpoint as ``step`` (None: the step after the newest). With ``wait``
         (the default) returns once the step is durable on the fast tier: ``{"step", "bytes",
-        "tier", "blocking_seconds", "tf_write_seconds", "commit_seconds", ...}``. With
-        ``wait=False`` returns a :class:`SaveFuture` once TensorFlow has written its files
-        (the variables may change from then on); the commit runs in the background."""
+        "tier", "blocking_seconds", "tf_write_seconds", "commit_seconds", "adopted_bytes",
+        ...}``. With ``wait=False`` returns a :class:`SaveFuture` once TensorFlow has written
+        its files (the variables may change from then on); the commit runs in the background."""
         t0 = time.perf_counter()
         step = self._claim(step)
         try:
@@ -193,22 +198,23 @@ class CheckpointManager:
                 self._saving.discard(step)
             raise
         if wait:
-            return self._commit(step, where, tf_seconds, t0)
-        if self._executor is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtier-tf-commit")
-        return SaveFuture(step, self._executor.submit(self._commit, step, where, tf_seconds, t0))
+            return self._commit(step, where, tf_seconds, t0, False)
+        return SaveFuture(step, self._background().submit(self._commit, step, where, tf_seconds, t0, True))
 
     def _prune(self) -> None:
+        """Deletes the steps beyond the newest ``max_to_keep`` everywhere (in the background
+        thread); a failure is a ``RuntimeWarning``, the next save prunes again."""
         if self.max_to_keep is None:
             return
-        steps = [c["step"] for c in self.store.list()]
-        for old in steps[: max(0, len(steps) - self.max_to_keep)]:
-            try:
-                self.store.delete(old)
-            except (BusyError, NotFoundError):
-                pass
+        try:
+            steps = [c["step"] for c in self.store.list()]
+            for old in steps[: max(0, len(steps) - self.max_to_keep)]:
+                try:
+                    self.store.delete(old)
+                except (BusyError, NotFoundError):
+                    pass
+        except Exception as e:  # noqa: BLE001 (reported, not lost in a future nobody reads)
+            warnings.warn(f"ringtier: deleting checkpoints beyond max_to_keep failed: {e}", RuntimeWarning)
 
     # -- restoring ------------------------------------------------------------------------
 
@@ -257,7 +263,7 @@ class CheckpointManager:
         self.store.drain()
 
     def wait(self) -> None:
-        """Waits for the pending ``wait=False`` commits."""
+        """Waits for the pending ``wait=False`` commits and ``max_to_keep`` deletions."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -60,6 +60,7 @@ fn report_dict<'py>(py: Python<'py>, r: &SaveReport) -> PyResult<Bound<'py, PyDi
     d.set_item("tier", &r.tier)?;
     d.set_item("blocking_seconds", r.blocking.as_secs_f64())?;
     d.set_item("wrote_through", r.wrote_through)?;
+    d.set_item("adopted_bytes", r.adopted_bytes)?;
     Ok(d)
 }
 
@@ -183,6 +184,22 @@ impl CheckpointStore {
             .collect();
         let report = wait_plain(py, &st.engine, st.store.save(step, rust_parts))?.py_err()?;
         drop(exported);
+        report_dict(py, &report)
+    }
+
+    /// Commits the files `dir/NAME` (`dir` a directory under the fast tier, relative to its
+    /// root, `/`-separated) as the parts of checkpoint `step` without writing them again where
+    /// the fast tier adopts them (`CheckpointStore::commit_files`); returns once durable on the
+    /// fast tier, the report's `adopted_bytes` saying how much was not copied.
+    fn commit_files<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        dir: String,
+        names: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.st()?;
+        let report = wait_plain(py, &st.engine, st.store.commit_files(step, &dir, &names))?.py_err()?;
         report_dict(py, &report)
     }
 

@@ -53,8 +53,8 @@ use ringtier_core::listing::{ListOptions, Listing};
 use ringtier_core::ops;
 use ringtier_core::tier::read_one_at_a_time;
 use ringtier_core::{
-    AlignedBuf, Capabilities, Error, ErrorKind, ObjectMeta, ObjectReader, ObjectWriter, Operation, ReadBatch, Result,
-    Space, Tier, TierLock,
+    Adopted, AlignedBuf, Capabilities, Error, ErrorKind, ObjectMeta, ObjectReader, ObjectWriter, Operation, ReadBatch,
+    Result, Space, Tier, TierLock,
 };
 
 /// What survives a power cut on a [`PowerCutTier`] (see the [module docs](self)).
@@ -595,6 +595,30 @@ impl LayeredTier for PowerCutTier {
             name: self.name.clone(),
         };
         Ok(Box::new(PowerCutWriter { tier, inner, shadow: Vec::new() }))
+    }
+
+    /// Adopts through the wrapped tier as two changes of the model, `from` gone and `key`
+    /// holding its bytes: each counted (a cut may come during either), durable once this
+    /// returns, uncertain if the power goes out first. A rename is atomic on a real file
+    /// system; the model is weaker (a cut may keep one change without the other), which only
+    /// widens what the tests check. Declined by the wrapped tier: nothing changed.
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        self.check_up(Operation::Commit, from)?;
+        let data =
+            ops::get(self.inner.as_ref(), from).await.map_err(|e| e.context(Operation::Commit, from, &self.name))?;
+        let mut gone = self.begin_change(Operation::Commit, from, None).await?;
+        let mut here = self.begin_change(Operation::Commit, key, Some(Arc::from(data))).await?;
+        let res = self.inner.adopt(from, key).await;
+        if matches!(res, Ok(None)) {
+            gone.change = None;
+            here.change = None;
+        }
+        // A refused adoption changed nothing: both changes are dropped with its error.
+        let outcome = if res.is_ok() { Ok(()) } else { Err(Error::new(ErrorKind::Io, "adoption refused")) };
+        let moved = gone.finish(Operation::Commit, from, outcome);
+        let adopted = here.finish(Operation::Commit, key, res)?;
+        moved?;
+        Ok(adopted)
     }
 
     /// Reads by key, so that each fails once the power is out.

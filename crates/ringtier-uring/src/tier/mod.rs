@@ -16,8 +16,8 @@ use ringtier_core::error::{Error, ErrorKind, Operation, Result};
 use ringtier_core::fs::{dio_align_of_fd, fs_type_name, probe_dio_align, FsRoot, StagedFile, StagedGuard};
 use ringtier_core::key::validate_key;
 use ringtier_core::{
-    AlignedBuf, BufferPool, Capabilities, ListOptions, Listing, ObjectMeta, ObjectReader, ObjectWriter, ReadBatch,
-    Space, Tier, TierLock,
+    Adopted, AlignedBuf, BufferPool, Capabilities, ListOptions, Listing, ObjectMeta, ObjectReader, ObjectWriter,
+    ReadBatch, Space, Tier, TierLock,
 };
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
@@ -496,6 +496,14 @@ impl Tier for UringTier {
 
     async fn lock(&self, name: &str) -> Result<Option<TierLock>> {
         self.inner.root.lock(name).map(Some).map_err(|e| e.context(Operation::Open, name, self.name()))
+    }
+
+    /// [`FsRoot::adopt`] on the metadata threads: the files this tier writes and the ones it
+    /// adopts lie alike under its root, so adopted objects read as written ones do (O_DIRECT
+    /// decided per file).
+    async fn adopt(&self, from: &str, key: &str) -> Result<Option<Adopted>> {
+        let (inner, f, k) = (Arc::clone(&self.inner), from.to_string(), key.to_string());
+        self.inner.meta.run(move || inner.root.adopt(&f, &k)).await.map_err(|e| e.with_tier(self.name()))
     }
 
     async fn read_at(&self, key: &str, offset: u64, len: usize, buf: AlignedBuf) -> (Result<usize>, AlignedBuf) {

@@ -3,7 +3,8 @@
 ringtier.tensorflow.dataset, on the same files, cold, interleaved, pair by pair.
 
 Each pass runs in its own process under /usr/bin/time (wall of the pass itself, user+sys CPU
-and peak RSS of the process), after every file is evicted from the page cache
+and peak RSS of the process; "pass" CPU: the pass alone, without Python's start and
+TensorFlow's import), after every file is evicted from the page cache
 (posix_fadvise DONTNEED per file; `--drop-caches` as root: sync + drop_caches). Per repeat:
 ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike.
 
@@ -21,8 +22,13 @@ ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike
             num_parallel_calls=k) -> map(strings.length) -> batch(1024) -> prefetch(2)
   ringtier: dataset(D, format="tfrecord", batch_size=1024) -> map(strings.length) -> prefetch(2)
 
+--malloc-parallel K runs tf.data at parallelism K once more per repeat with the glibc malloc
+settings ringtier.tensorflow makes for its tf.string batches (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_): the same heap policy on both sides. The best tf.data side is the best
+of all of them.
+
 usage: PYTHONPATH=PKG target/tf-venv/bin/python bench/tensorflow/read.py --dir D --format files
-       [--repeats 5] [--parallel 1,16,autotune] [--json OUT.json]
+       [--repeats 5] [--parallel 1,16,autotune] [--malloc-parallel 16] [--json OUT.json]
 """
 
 import argparse
@@ -39,11 +45,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from benchlib import evict, fs_type, summary  # noqa: E402
 
 CHILD = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf
 side, fmt, d, k = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 par = tf.data.AUTOTUNE if k == "autotune" else int(k)
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+c0 = cpu()
 t0 = time.perf_counter()
 if side == "ringtier":
     import ringtier.tensorflow as rtf
@@ -82,8 +92,18 @@ for x in ds:
     n += int(x.shape[0])
     if fmt != "jpeg":
         b += int(tf.reduce_sum(tf.cast(x, tf.int64)))
-print(json.dumps({"samples": n, "payload_bytes": b, "wall": time.perf_counter() - t0}))
+print(json.dumps({"samples": n, "payload_bytes": b, "wall": time.perf_counter() - t0, "pass_cpu": cpu() - c0}))
 """
+
+
+def tuned_malloc_env():
+    """The glibc malloc settings ringtier.tensorflow sets for its tf.string batches
+    (ringtier._tf_data.keep_heap_for, at its smallest trim threshold), as environment variables:
+    the same heap policy for a tf.data side."""
+    from ringtier import _tf_data
+
+    return {"MALLOC_MMAP_THRESHOLD_": str(_tf_data.MMAP_THRESHOLD_BYTES),
+            "MALLOC_TRIM_THRESHOLD_": str(_tf_data.TRIM_THRESHOLD_BYTES[0])}
 
 
 def timed(cmd, env):
@@ -111,6 +131,9 @@ def main():
     ap.add_argument("--format", choices=["files", "jpeg", "tfrecord"], default="files")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--parallel", default="1,16,autotune")
+    ap.add_argument("--malloc-parallel", default="",
+                    help="tf.data parallelisms run once more with ringtier's malloc settings as MALLOC_* "
+                         "environment variables (sides 'tf.data K malloc'), e.g. 16")
     ap.add_argument("--drop-caches", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -121,16 +144,20 @@ def main():
     total = sum(os.path.getsize(f) for f in files)
     env = dict(os.environ)
     sides = ["ringtier"] + [f"tf.data {k}" for k in a.parallel.split(",")]
+    sides += [f"tf.data {k} malloc" for k in a.malloc_parallel.split(",") if k]
+    malloc_env = dict(env, **tuned_malloc_env())
     runs = {s: [] for s in sides}
     for r in range(a.repeats):
         for s in sides:
             cold(files, a.drop_caches)
             side, k = ("ringtier", "0") if s == "ringtier" else ("tf", s.split()[1])
-            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k], env)
+            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k],
+                                  malloc_env if s.endswith(" malloc") else env)
             if res["samples"] != (len(files) if a.format != "tfrecord" else res["samples"]):
                 sys.exit(f"{s}: {res['samples']} samples, not {len(files)}")
             runs[s].append({"mb_per_sec": total / res["wall"] / 1e6, "images_per_sec": res["samples"] / res["wall"],
                             "wall_seconds": res["wall"], "cpu_seconds_per_gib": cpu / (total / 2**30),
+                            "pass_cpu_seconds_per_gib": res["pass_cpu"] / (total / 2**30),
                             "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
               file=sys.stderr, flush=True)
@@ -138,6 +165,11 @@ def main():
     best = max(tf_sides, key=lambda s: statistics.median(x["mb_per_sec"] for x in runs[s]))
     ratio = [o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs["ringtier"], runs[best])]
     cpu_ratio = [o["cpu_seconds_per_gib"] / t["cpu_seconds_per_gib"] for o, t in zip(runs["ringtier"], runs[best])]
+    pass_cpu_ratio = [o["pass_cpu_seconds_per_gib"] / t["pass_cpu_seconds_per_gib"]
+                      for o, t in zip(runs["ringtier"], runs[best])]
+    # Pair by pair against every tf.data side, not only the best.
+    per_side = {s: summary([o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs["ringtier"], runs[s])])
+                for s in tf_sides}
     import ringtier
 
     report = {
@@ -152,17 +184,23 @@ def main():
         "best_tf_data": best,
         "ringtier_over_best_tf_data_mb_per_sec": summary(ratio),
         "ringtier_over_best_tf_data_cpu_per_gib": summary(cpu_ratio),
+        "ringtier_over_best_tf_data_pass_cpu_per_gib": summary(pass_cpu_ratio),
+        "ringtier_over_each_tf_data_mb_per_sec": per_side,
+        "malloc_env_of_malloc_sides": tuned_malloc_env() if a.malloc_parallel else None,
         "sides": {s: {"mb_per_sec": summary([x["mb_per_sec"] for x in v]),
                       "images_per_sec": summary([x["images_per_sec"] for x in v]),
                       "cpu_seconds_per_gib": summary([x["cpu_seconds_per_gib"] for x in v]),
+                      "pass_cpu_seconds_per_gib": summary([x["pass_cpu_seconds_per_gib"] for x in v]),
                       "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in v), "runs": v} for s, v in runs.items()},
     }
     for s, v in report["sides"].items():
-        m, c = v["mb_per_sec"], v["cpu_seconds_per_gib"]
-        print(f"{s:<20} {m['min']:8.1f} {m['median']:8.1f} {m['max']:8.1f} MB/s  {c['median']:6.2f} CPU s/GiB  "
-              f"peak RSS {v['peak_rss_bytes_max'] / 2**20:7.1f} MiB")
+        m, c, pc = v["mb_per_sec"], v["cpu_seconds_per_gib"], v["pass_cpu_seconds_per_gib"]
+        print(f"{s:<22} {m['min']:8.1f} {m['median']:8.1f} {m['max']:8.1f} MB/s  {c['median']:6.2f} CPU s/GiB "
+              f"(pass {pc['median']:5.2f})  peak RSS {v['peak_rss_bytes_max'] / 2**20:7.1f} MiB")
     print(f"ringtier / {best}: {summary(ratio)['median']:.2f}x MB/s (min {min(ratio):.2f}, max {max(ratio):.2f}); "
-          f"CPU per GiB {summary(cpu_ratio)['median']:.2f}x")
+          f"CPU per GiB {summary(cpu_ratio)['median']:.2f}x (pass {summary(pass_cpu_ratio)['median']:.2f}x)")
+    for s, r in per_side.items():
+        print(f"  ringtier / {s}: {r['median']:.2f}x (min {r['min']:.2f}, max {r['max']:.2f})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

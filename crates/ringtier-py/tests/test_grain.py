@@ -78,6 +78,45 @@ def test_concurrent_getitem_is_coalesced_and_exact(dataset):
     assert sum(reads) == len(src) and max(reads) <= 16
 
 
+def test_reads_in_flight_bounds_concurrent_batched_reads(dataset):
+    root, files = dataset
+    src = rg.FileSource(root, max_batch=8, reads_in_flight=2)
+    lock = threading.Lock()
+    running, most, reads = [0], [0], []
+    real_read = src.read
+
+    def slow(keys):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            threading.Event().wait(0.002)  # a read long enough for requests to pile up
+            return real_read(keys)
+        finally:
+            with lock:
+                running[0] -= 1
+                reads.append(len(keys))
+
+    src.read = slow  # type: ignore[method-assign]
+    out = [None] * len(src)
+
+    def worker(lo: int) -> None:
+        for i in range(lo, len(src), 16):
+            out[i] = src[i].tobytes()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [files[k] for k in src.keys]
+    assert sum(reads) == len(src) and max(reads) <= 8
+    assert most[0] == 2, most  # two batched reads overlapped, never three
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="reads_in_flight"):
+            rg.FileSource(root, reads_in_flight=bad)
+
+
 def test_shards_are_disjoint_and_complete(dataset):
     root, files = dataset
     shards = [rg.FileSource(root, shard_index=i, shard_count=4) for i in range(4)]

@@ -25,6 +25,7 @@ tf = pytest.importorskip("tensorflow")
 
 import ringtier  # noqa: E402
 import ringtier.tensorflow as rtf  # noqa: E402
+from ringtier import _tf_data as rtf_data  # noqa: E402
 from ringtier import transforms as T  # noqa: E402
 
 from conftest import write_dataset  # noqa: E402
@@ -53,6 +54,86 @@ def test_files_uint8_output_shares_the_bytes(dataset):
     assert got == files
     ds = rtf.dataset(root, output="uint8")
     assert ds.element_spec == tf.TensorSpec((None,), tf.uint8)
+
+
+def test_empty_and_large_files_cross_byte_identical(tmp_path):
+    """0-byte files, a 5 MB file (several reads) and small ones, in every crossing: batched and
+    single tf.string elements, with keys, and uint8 vectors."""
+    root = tmp_path / "mix"
+    rng = np.random.default_rng(5)
+    files = {f"d{i % 2}/e{i}.bin": b"" for i in range(5)}
+    files.update({f"d{i % 2}/s{i}.bin": rng.bytes(int(rng.integers(1, 9000))) for i in range(40)})
+    files["d0/large.bin"] = rng.bytes(5 << 20)
+    files["d1/zeros.bin"] = bytes(70_000)  # ends in NUL bytes: nothing may strip them
+    for k, v in files.items():
+        (root / k).parent.mkdir(parents=True, exist_ok=True)
+        (root / k).write_bytes(v)
+    for kw in ({}, {"batch_size": 7}, {"batch_size": 64, "read_batch": 8}):
+        got: Dict[str, bytes] = {}
+        for keys, data in rtf.dataset(root, with_keys=True, seed=1, **kw):
+            pairs = zip(keys.numpy(), data.numpy()) if "batch_size" in kw else [(keys.numpy(), data.numpy())]
+            for k, v in pairs:
+                assert k.decode() not in got
+                got[k.decode()] = v
+        assert got == files, kw
+        plain = rtf.dataset(root, seed=1, **kw)
+        sizes = sorted(len(v) for b in plain for v in (b.numpy() if "batch_size" in kw else [b.numpy()]))
+        assert sizes == sorted(len(v) for v in files.values())
+    got = {k.numpy().decode(): bytes(v.numpy()) for k, v in rtf.dataset(root, with_keys=True, output="uint8")}
+    assert got == files
+
+
+MALLINFO = r"""
+import ctypes, json, sys
+from ringtier._tf_data import keep_heap_for
+libc = ctypes.CDLL(None)
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+kept = keep_heap_for(1 << 20) if sys.argv[1] == "tune" else None
+before = libc.mallinfo2().hblkhd
+p = libc.malloc(16 << 20)
+mapped = libc.mallinfo2().hblkhd - before >= 16 << 20
+libc.free(p)
+print(json.dumps({"kept": kept, "mmapped": mapped, "top_kept": libc.mallinfo2().keepcost >= 16 << 20}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "confstr") or not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc only")
+def test_tune_malloc_keeps_freed_batch_memory_in_the_heap():
+    def run(arg: str, **env: str) -> Dict[str, object]:
+        e = {k: v for k, v in os.environ.items() if k not in rtf_data.MALLOC_ENV}
+        e.update(env)
+        out = subprocess.run([sys.executable, "-c", MALLINFO, arg], capture_output=True, text=True, env=e, check=True)
+        return json.loads(out.stdout)
+
+    # glibc's default: a 16 MiB block is mapped, and unmapped when freed.
+    assert run("plain") == {"kept": None, "mmapped": True, "top_kept": False}
+    # Tuned: it comes from the heap and stays there, freed, for the next batch.
+    assert run("tune") == {"kept": True, "mmapped": False, "top_kept": True}
+    # The user's own malloc settings are left alone; other glibc tunables are not such a choice.
+    assert run("tune", MALLOC_TOP_PAD_="0")["kept"] is False
+    assert run("tune", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000")["kept"] is False
+    assert run("tune", GLIBC_TUNABLES="glibc.cpu.x86_rep_movsb_threshold=4096")["kept"] is True
+
+
+def test_file_loader_pool_is_lazy_unless_asked(dataset, monkeypatch):
+    root, _ = dataset
+    made = []
+    real = rtf_data.Loader
+
+    def loader(*args, **kwargs):
+        made.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rtf_data, "Loader", loader)
+    assert len(list(rtf.dataset(root, batch_size=100))) == 3
+    assert made[-1]["lazy_pool"] is True
+    assert len(list(rtf.dataset(root, batch_size=100, lazy_pool=False))) == 3
+    assert made[-1]["lazy_pool"] is False
 
 
 def test_batches_and_drop_last(dataset):
@@ -139,6 +220,8 @@ def test_missing_directory_and_bad_arguments(tmp_path, dataset):
         rtf.dataset(root, transform=T.Compose([T.CenterCrop(8)]))  # no batch_size
     with pytest.raises(ringtier.InvalidInputError):
         rtf.dataset(root, format="wds")
+    with pytest.raises(ringtier.InvalidInputError, match="tune_malloc"):
+        rtf.dataset(root, tune_malloc="yes")
 
 
 # -- decoded batches --------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import threading
 from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
@@ -23,6 +24,82 @@ def _tf() -> Any:
             "ringtier.tensorflow needs TensorFlow: pip install 'ringtier[tensorflow]' (tensorflow-cpu>=2.21)"
         ) from e
     return tf
+
+
+# -- the heap under tf.string batches ----------------------------------------------------------
+
+# mallopt(3) parameters of glibc's malloc.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: Allocations above this come from mmap (glibc's own ceiling for its dynamic threshold).
+MMAP_THRESHOLD_BYTES = 32 << 20
+#: The smallest and the largest trim threshold :func:`keep_heap_for` sets.
+TRIM_THRESHOLD_BYTES = (64 << 20, 1 << 30)
+#: Environment variables by which a user has chosen glibc's malloc parameters; where one is
+#: set (``GLIBC_TUNABLES``: with a ``glibc.malloc.`` tunable), :func:`keep_heap_for` leaves
+#: them alone.
+MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+
+
+def _user_chose_malloc() -> bool:
+    env = os.environ
+    return any(v in env for v in MALLOC_ENV[:-1]) or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
+
+_heap_lock = threading.Lock()
+_heap_trim = 0  # the trim threshold this module set; 0: none yet
+_heap_refused = False
+
+
+def _mallopt() -> Any:
+    """glibc's ``mallopt``, or None (another C library, or a preloaded allocator that is not
+    glibc's: then its own policy applies)."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        fn = ctypes.CDLL(None).mallopt
+    except (ValueError, OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def keep_heap_for(batch_bytes: int) -> bool:
+    """Keeps glibc's malloc from giving the memory of freed batches back to the kernel
+    between batches; True where the parameters are set (now or before).
+
+    Why: a ``tf.string`` batch is copied twice into fresh heap memory (a Python ``bytes`` per
+    sample, then TensorFlow's strings), on threads whose malloc arenas glibc trims as soon as
+    the freed top exceeds twice its (dynamic, often 1 MiB) mmap threshold. Every batch then
+    faulted its pages in again: on the ImageNet-like files the faults and unmaps were most of
+    the pipeline's CPU, which fell from about 2.0 to 0.6 s per GiB with this (perf;
+    docs/TENSORFLOW.md). This sets ``M_MMAP_THRESHOLD`` to 32 MiB (the ceiling of
+    glibc's own dynamic threshold) and ``M_TRIM_THRESHOLD`` to four batches, at least 64 MiB
+    and at most 1 GiB, raised when a larger batch comes. The process keeps up to that much
+    freed memory per arena for reuse instead of unmapping it (never more than its peak use).
+    Nothing is changed where the user chose malloc's parameters (:data:`MALLOC_ENV`) or the
+    C library is not glibc."""
+    global _heap_trim, _heap_refused
+    want = min(max(TRIM_THRESHOLD_BYTES[0], 4 * int(batch_bytes)), TRIM_THRESHOLD_BYTES[1])
+    want = 1 << (want - 1).bit_length()
+    if want <= _heap_trim:
+        return True
+    if _heap_refused:
+        return False
+    with _heap_lock:
+        if want <= _heap_trim:
+            return True
+        mallopt = None if _user_chose_malloc() else _mallopt()
+        if mallopt is None:
+            _heap_refused = True
+            return False
+        if _heap_trim == 0 and not mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
+            _heap_refused = True
+            return False
+        if not mallopt(_M_TRIM_THRESHOLD, want):
+            _heap_refused = True
+            return False
+        _heap_trim = want
+    return True
 
 
 def _shard_of(input_context: Any, shard: Optional[Tuple[int, int]]) -> Tuple[int, int]:
@@ -124,8 +201,13 @@ class Source:
     epoch (and ``position``, samples of this shard to skip: resuming) of the next iteration.
     The order of an epoch depends only on (seed, epoch). ``shuffle=False`` reads in key order.
 
+    ``tune_malloc`` (default True): where batches cross as ``tf.string`` (raw files, records,
+    WebDataset fields), keep glibc's malloc from unmapping freed batch memory between batches
+    (:func:`keep_heap_for`; without it most of the pipeline's CPU went to page faults).
+
     ``options`` go to the loader (:class:`ringtier.Loader`: ``prefetch``, ``engine``,
-    ``verify``, ``cache``, ``hold`` ...; :class:`ringtier.RecordLoader`: ``depth``,
+    ``verify``, ``cache``, ``hold``, ``lazy_pool`` (default True here: the read buffers are
+    faulted in as reads fill them, not all before the first batch) ...; :class:`ringtier.RecordLoader`: ``depth``,
     ``read_size``, ``shuffle_buffer``, ``index_dir`` ...).
     """
 
@@ -153,6 +235,7 @@ class Source:
         depth: int = 2,
         image_field: Optional[str] = None,
         label_field: Optional[str] = "cls",
+        tune_malloc: bool = True,
         **options: Any,
     ) -> None:
         if format not in FORMATS:
@@ -164,6 +247,8 @@ class Source:
         for name, v in (("batch_size", batch_size), ("read_batch", read_batch)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InvalidInputError(f"{name} must be a positive int, not {v!r}")
+        if not isinstance(tune_malloc, bool):
+            raise InvalidInputError(f"tune_malloc must be True or False, not {tune_malloc!r}")
         if labels not in (None, "inferred"):
             raise InvalidInputError(f"labels must be None or 'inferred', not {labels!r}")
         self.path = tier_path(path)
@@ -179,6 +264,7 @@ class Source:
         self.decode_threads = decode_threads
         self.image_field, self.label_field = image_field, label_field
         self.fields = list(fields) if fields is not None else None
+        self.tune_malloc = tune_malloc
         self.options = dict(options)
         if format == "wds" and transform is None and not self.fields:
             raise InvalidInputError("a WebDataset source without transform= needs fields= (e.g. ['jpg', 'cls'])")
@@ -237,6 +323,10 @@ class Source:
             return self._state[1]
         options = dict(self.options)
         if self.format == "files":
+            # The pool's buffers are each the largest file (about 1 MiB for the ImageNet-like
+            # set, 10x the median): faulting them all in and registering them cost 0.4 to 1 s
+            # before the first batch; a lazy pool faults in only what the reads fill, once.
+            options.setdefault("lazy_pool", True)
             if self.transform is not None:
                 options.setdefault("hold", self.read_batch * (self.depth + 2))
             elif self.output == "uint8":
@@ -331,6 +421,8 @@ class Source:
                         parts.append(label_of[i])
                     yield tuple(parts) if len(parts) > 1 else data
                 continue
+            if self.tune_malloc:
+                keep_heap_for(batch.bytes)
             data = np.array([s.to_bytes() for s in samples], dtype=object)
             del samples
             out: List[Any] = [data]
@@ -347,6 +439,8 @@ class Source:
         pending: List[Any] = []
 
         def pack(records: List[Any]) -> Any:
+            if self.tune_malloc:
+                keep_heap_for(sum(len(r) for r in records))
             if not wds:
                 return np.array([r.to_bytes() for r in records], dtype=object)
             out = {f: np.array([r[f].to_bytes() if f in r else b"" for r in records], dtype=object) for f in fields}

@@ -11,11 +11,11 @@ the files of a directory or an S3 prefix::
     ds = grain.MapDataset.source(source).shuffle(seed=0).map(decode).batch(64)
 
 grain asks a source for one index at a time from many threads (``ReadOptions.num_threads``,
-16 by default) in each worker process. The source gathers the requests that arrive while a
-read is in flight into the next read (a group commit: no timer, no added wait for a lone
-request), so concurrent ``__getitem__`` calls become one batched read of many files through
-the engine (io_uring, O_DIRECT where the file system allows it). ``_getitems`` reads its
-indices as one batch directly.
+16 by default) in each worker process. The source gathers the requests that arrive while
+reads are in flight into the next read (a group commit: no timer, no added wait for a lone
+request; up to ``reads_in_flight`` batched reads at once), so concurrent ``__getitem__`` calls
+become batched reads of many files through the engine (io_uring, O_DIRECT where the file
+system allows it). ``_getitems`` reads its indices as one batch directly.
 
 An element is the file's bytes as a ``uint8`` numpy array over the engine's read buffer (no
 copy), or ``(key, array)`` with ``with_keys``. The source is plain data (path, keys, shard) and
@@ -54,14 +54,15 @@ def process_shard() -> Tuple[int, int]:
 class _Slot:
     """One request waiting in the group commit."""
 
-    __slots__ = ("key", "event", "value", "error", "lead")
+    __slots__ = ("key", "event", "value", "error", "done", "lead")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.event = threading.Event()
         self.value: Any = None
         self.error: Optional[BaseException] = None
-        self.lead = False
+        self.done = False  # value or error is set
+        self.lead = False  # handed the lead: read the next batch
 
 
 class FileSource:
@@ -69,8 +70,9 @@ class FileSource:
     ``s3://bucket/prefix?endpoint=...``), or only ``keys``, as a grain data source: index ``i``
     is the ``i``-th key of this shard (keys sorted).
 
-    ``max_batch``: the most files one batched read takes; ``engine``: ``"auto"``, ``"uring"``
-    or ``"posix"`` (:class:`ringtier.Loader`). A missing or unreadable file raises
+    ``max_batch``: the most files one batched read takes; ``reads_in_flight``: the most
+    batched reads at once (2: measured best; more made smaller batches, and each read has a
+    fixed cost); ``engine``: ``"auto"``, ``"uring"`` or ``"posix"`` (:class:`ringtier.Loader`). A missing or unreadable file raises
     :class:`ringtier.RingtierError` from ``__getitem__``."""
 
     def __init__(
@@ -82,6 +84,7 @@ class FileSource:
         shard_count: Optional[int] = None,
         with_keys: bool = False,
         max_batch: int = 256,
+        reads_in_flight: int = 2,
         engine: str = "auto",
     ) -> None:
         self.path = tier_path(path)
@@ -93,23 +96,25 @@ class FileSource:
             shard_index, shard_count = process_shard()
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        for name, v in (("max_batch", max_batch), ("reads_in_flight", reads_in_flight)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int of at least 1, not {v!r}")
         if keys is None:
             keys = Loader(self.path, batch_size=1, shuffle=False, prefetch=0, lazy_pool=True, engine=engine).keys()
         self.keys: List[str] = sorted(keys)[shard_index::shard_count]
         self.shard_index, self.shard_count = shard_index, shard_count
         self.with_keys, self.max_batch, self.engine = with_keys, max_batch, engine
+        self.reads_in_flight = reads_in_flight
         self._init_state()
 
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._pending: List[_Slot] = []
-        self._leading = False
+        self._leaders = 0  # threads reading a batch, or handed the lead and about to
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
-        for k in ("_lock", "_pending", "_leading"):
+        for k in ("_lock", "_pending", "_leaders"):
             state.pop(k, None)
         return state
 
@@ -170,49 +175,53 @@ class FileSource:
 
     def __getitem__(self, index: int) -> Any:
         """The element of ``index``: read together with the other threads' requests that
-        arrive while a read is in flight."""
+        arrive while reads are in flight."""
         slot = _Slot(self._key(index))
         with self._lock:
             self._pending.append(slot)
-            lead = not self._leading
+            lead = self._leaders < self.reads_in_flight
             if lead:
-                self._leading = True
-        while not lead:
-            slot.event.wait()
-            if slot.lead and slot.value is None and slot.error is None:
+                self._leaders += 1
+        while True:
+            if lead:
+                self._lead()
+            with self._lock:
+                lead = slot.lead
                 slot.lead = False
-                slot.event.clear()
-                lead = True
-            else:
-                break
-        if lead:
-            self._lead()
+                if not lead:
+                    if slot.done:
+                        break
+                    slot.event.clear()
+            if not lead:
+                slot.event.wait()
         if slot.error is not None:
             raise slot.error
         return slot.value
 
     def _lead(self) -> None:
-        """Reads the pending requests (this thread's first among them) as one batch, then hands
-        the lead to the oldest request still pending, if any."""
+        """Reads the oldest pending requests (up to ``max_batch``) as one batch, then hands the
+        lead to the oldest request still pending and not led, if any (else gives it up)."""
         with self._lock:
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
-        try:
-            values = self.read([s.key for s in batch])
-            for s, v in zip(batch, values):
-                s.value = v
-        except BaseException as e:  # every waiter of the batch gets the error
-            for s in batch:
-                s.error = e
+        if batch:
+            try:
+                values = self.read([s.key for s in batch])
+                for s, v in zip(batch, values):
+                    s.value = v
+            except BaseException as e:  # every waiter of the batch gets the error
+                for s in batch:
+                    s.error = e
         with self._lock:
             for s in batch:
+                s.done = True
                 s.event.set()
-            if self._pending:
-                nxt = self._pending[0]
+            nxt = next((s for s in self._pending if not s.lead), None)
+            if nxt is not None:
                 nxt.lead = True
                 nxt.event.set()
             else:
-                self._leading = False
+                self._leaders -= 1
 
 
 __all__ = ["FileSource", "process_shard"]

@@ -27,7 +27,7 @@ import os
 import sys
 import weakref
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -264,17 +264,39 @@ class PackedBatch:
                 v = v.cast("B")
             views.append(v)
             offsets.append(offsets[-1] + v.nbytes)
-        total = offsets[-1]
-        taken = ring.take(worker, total) if ring is not None and total > 0 else None
-        if taken is not None:
-            data = taken[0][:total]
-        else:
-            data = _shared_bytes(total) if total > 0 else torch.empty(0, dtype=torch.uint8)
-        if total > 0:
-            dst = memoryview(data.numpy())
+
+        def fill(dst: memoryview) -> List[int]:
             for v, o in zip(views, offsets):
                 dst[o : o + v.nbytes] = v
-        batch = cls(data, offsets, None, keys)
+            return offsets
+
+        return cls.filled(offsets[-1], fill, keys, ring=ring, worker=worker)
+
+    @classmethod
+    def filled(
+        cls,
+        nbytes: int,
+        fill: Callable[[memoryview], Sequence[int]],
+        keys: Optional[List[str]] = None,
+        ring: Optional[SlotRing] = None,
+        worker: int = 0,
+    ) -> "PackedBatch":
+        """A batch of ``nbytes`` bytes that ``fill`` writes: it is given the batch's memory (a
+        writable ``memoryview`` of exactly ``nbytes``: a free slot of ``ring`` for ``worker``,
+        else fresh shared memory) and returns the samples' offsets. What a loader that packs
+        its samples itself uses (``RecordBatch.pack_into``): the bytes go straight into the
+        memory that crosses to the main process, with no Python object per sample."""
+        taken = ring.take(worker, nbytes) if ring is not None and nbytes > 0 else None
+        if taken is not None:
+            data = taken[0][:nbytes]
+        else:
+            data = _shared_bytes(nbytes) if nbytes > 0 else torch.empty(0, dtype=torch.uint8)
+        try:
+            batch = cls(data, fill(memoryview(data.numpy())), None, keys)
+        except BaseException:
+            if taken is not None and ring is not None and ring.flags is not None:
+                ring.flags[taken[1]] = 0  # the slot was never handed out
+            raise
         if taken is not None and ring is not None:
             batch._lease = _Lease(ring.token, taken[1])
         return batch

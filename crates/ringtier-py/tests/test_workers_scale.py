@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 import ringtier.torch as rt
 from ringtier import transforms as T
+from ringtier.torch import _packed
 from ringtier.torch._packed import SLOTS_PER_WORKER
 from test_transforms import write_jpegs
 
@@ -108,6 +109,7 @@ def test_record_batches_packed_by_the_loader_stay_intact_while_held(tmp_path: Pa
     got = [(k, bytes(t.numpy())) for b in held for k, t in b]
     assert sorted(d for _, d in got) == sorted(where)
     assert all(where[d] == (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k, d in got)
+    assert ds._ring.by_reference.value == 1, "the slots crossed by reference after the first batch"
     del held
     # Batches dropped as they come: the slots are reused, the records right every time.
     for epoch in (1, 1):
@@ -118,3 +120,19 @@ def test_record_batches_packed_by_the_loader_stay_intact_while_held(tmp_path: Pa
                 assert where[bytes(t.numpy())] == (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]))
             n += len(b)
         assert n == len(where)
+
+
+def test_slots_cross_the_torch_way_where_the_main_process_cannot_open_them(tmp_path: Path, monkeypatch):
+    from test_records import write_tfrecords
+
+    def refused(ref):
+        raise PermissionError("no /proc here")
+
+    monkeypatch.setattr(_packed, "_open_segment", refused)
+    where = write_tfrecords(tmp_path / "tf", shards=2, per_shard=40)
+    ds = rt.RecordDataset(tmp_path / "tf", rank=0, world_size=1, batched=True, batch_size=4, seed=1)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = [bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for t in b]
+        assert sorted(got) == sorted(where)
+    assert ds._ring.by_reference.value == 0, "never by reference"

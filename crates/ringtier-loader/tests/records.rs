@@ -421,3 +421,237 @@ async fn truncated_records_and_corrupt_tar_headers_name_shard_and_offset() {
     let loader = RecordLoader::new(tier, s2, RecordFormat::WebDataset, skip).expect("loader");
     assert_eq!(skipping(&loader).await, (6, 1), "samples 0-5 whole, the cut one skipped");
 }
+
+/// Every batch of an epoch (`max_records`, `max_bytes`), each checked to pack into a buffer of
+/// its exact size with offsets that give back each record's bytes.
+async fn batches(
+    e: &mut ringtier_loader::records::RecordEpoch,
+    max_records: usize,
+    max_bytes: u64,
+) -> Vec<Vec<Record>> {
+    let mut out = Vec::new();
+    loop {
+        let b = e.next_batch(max_records, max_bytes).await.expect("batch");
+        if b.is_empty() {
+            // The end stays the end.
+            assert!(e.next_batch(max_records, max_bytes).await.expect("end").is_empty());
+            return out;
+        }
+        let mut buf = vec![0xA5u8; b.packed_len(None) + 3];
+        let offsets = b.pack_into(None, &mut buf).expect("pack");
+        assert_eq!((offsets.len(), offsets[0], offsets[b.len()]), (b.len() + 1, 0, b.packed_len(None)));
+        assert_eq!(&buf[b.packed_len(None)..], &[0xA5; 3], "nothing written past the batch");
+        for (i, r) in b.records().iter().enumerate() {
+            assert_eq!(&buf[offsets[i]..offsets[i + 1]], r.fields[0].data.as_slice());
+        }
+        assert_eq!(b.bytes(), b.records().iter().map(Record::bytes).sum::<u64>());
+        out.push(b.into_records());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_split_an_epoch_into_every_record_once_in_the_same_order() {
+    let (dir, all) = tfrecord_shards();
+    let (tier, shards, _) = uring(dir.path()).await;
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, cfg()).expect("loader");
+    let order = |v: &[Record]| v.iter().map(|r| (r.shard, r.offset)).collect::<Vec<_>>();
+    let one_by_one = order(&collect(&loader, 2, 0).await);
+    for size in [1, 7, 64, 10_000] {
+        let mut e = loader.epoch(2, 0);
+        let got = batches(&mut e, size, 0).await;
+        let (last, full) = got.split_last().expect("batches");
+        assert!(full.iter().all(|b| b.len() == size) && !last.is_empty() && last.len() <= size, "size {size}");
+        assert_eq!(order(&got.concat()), one_by_one, "batches of {size}: the record-by-record order");
+        assert_eq!((e.position(), e.stats().records), (all.len() as u64, all.len() as u64));
+        assert_eq!(e.held().now, 0);
+    }
+    // Batches and single records mixed; the position after a batch resumes the rest.
+    let mut e = loader.epoch(2, 0);
+    let first = e.next_batch(10, 0).await.expect("batch").into_records();
+    let single = e.next().await.expect("a record").expect("record");
+    let second = e.next_batch(10, 0).await.expect("batch").into_records();
+    let mixed: Vec<Record> = first.into_iter().chain([single]).chain(second).collect();
+    assert_eq!(order(&mixed), one_by_one[..21]);
+    assert_eq!(e.position(), 21);
+    drop(e); // one epoch of a loader at a time: they share its read pool
+    let mut rest = loader.epoch(2, 21);
+    assert_eq!(order(&batches(&mut rest, 16, 0).await.concat()), one_by_one[21..]);
+    // Across ranks and workers: every record once.
+    let mut seen = BTreeMap::new();
+    for reader in 0..4 {
+        let c = cfg().with_rank(reader / 2).with_world(2).with_worker(reader % 2).with_workers(2);
+        let l = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, c).expect("loader");
+        for r in batches(&mut l.epoch(1, 0), 5, 0).await.concat() {
+            assert!(seen.insert((shards[r.shard].key.clone(), r.offset), r.fields[0].data.clone()).is_none());
+        }
+    }
+    assert_eq!(seen, all, "every record once, intact");
+    // A global order (through indexes): the same records in batches, and a resume after one.
+    let c = cfg().with_read_size(256 << 10);
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, c).expect("loader");
+    let mut indexes = Vec::new();
+    for i in 0..shards.len() {
+        indexes.push(loader.build_index(i).await.expect("index"));
+    }
+    let indexes = Arc::new(indexes);
+    let mut e = loader.global_epoch(Arc::clone(&indexes), 1, 0).expect("epoch");
+    let mut one_by_one = Vec::new();
+    while let Some(r) = e.next().await {
+        one_by_one.push(r.expect("record"));
+    }
+    drop(e);
+    let one_by_one = order(&one_by_one);
+    let mut e = loader.global_epoch(Arc::clone(&indexes), 1, 0).expect("epoch");
+    assert_eq!(order(&batches(&mut e, 13, 0).await.concat()), one_by_one);
+    drop(e);
+    let mut e = loader.global_epoch(Arc::clone(&indexes), 1, 26).expect("epoch");
+    assert_eq!(order(&batches(&mut e, 13, 0).await.concat()), one_by_one[26..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_larger_than_the_byte_bound_or_the_buffer_is_never_cut() {
+    let (dir, all) = tfrecord_shards();
+    let (tier, shards, _) = uring(dir.path()).await;
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, cfg()).expect("loader");
+    let max = all.values().map(Vec::len).max().expect("records") as u64;
+    let bound = 50_000u64;
+    assert!(max > 3 * bound, "records of {max} bytes, far over the bound");
+    let got = batches(&mut loader.epoch(0, 0), 1000, bound).await;
+    for b in &got {
+        let bytes: u64 = b.iter().map(Record::bytes).sum();
+        let (before, last) = (bytes - b[b.len() - 1].bytes(), b[b.len() - 1].bytes());
+        assert!(before < bound, "the batch closes at the record that reaches the bound");
+        assert!(bytes >= bound || std::ptr::eq(b, &got[got.len() - 1]), "only the last batch ends short");
+        assert!(last <= max);
+    }
+    assert!(got.iter().any(|b| b.len() == 1 && b[0].bytes() > bound), "a large record alone in its batch");
+    let mut seen = BTreeMap::new();
+    for r in got.concat() {
+        assert!(seen.insert((shards[r.shard].key.clone(), r.offset), r.fields[0].data.clone()).is_none());
+    }
+    assert_eq!(seen, all);
+    // A buffer smaller than the batch: refused, nothing written, the batch still whole.
+    let mut e = loader.epoch(0, 0);
+    let b = e.next_batch(40, 0).await.expect("batch");
+    let need = b.packed_len(None);
+    let mut small = vec![7u8; need - 1];
+    let err = b.pack_into(None, &mut small).expect_err("too small");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains(&format!("{need} bytes")), "{err}");
+    assert!(small.iter().all(|&x| x == 7), "nothing written");
+    let mut exact = vec![0u8; need];
+    let offsets = b.pack_into(None, &mut exact).expect("fits");
+    assert_eq!(offsets[40], need);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_count_skipped_records_and_end_before_an_error() {
+    let (dir, all) = tfrecord_shards();
+    let key = "train-00003-of-00007.tfrecord";
+    let second = all.keys().filter(|(k, _)| k == key).nth(1).expect("second").1;
+    let path = dir.path().join(key);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[second as usize + 20] ^= 1;
+    std::fs::write(&path, &bytes).expect("write");
+    let (tier, shards, _) = uring(dir.path()).await;
+    let skip = cfg().with_on_bad(OnBadSample::Skip);
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, skip).expect("loader");
+    let mut e = loader.epoch(0, 0);
+    let got = batches(&mut e, 9, 0).await.concat();
+    assert_eq!((got.len(), e.stats().skipped, e.position()), (all.len() - 1, 1, all.len() as u64 - 1));
+    assert!(!got.iter().any(|r| shards[r.shard].key == key && r.offset == second), "the bad record left out");
+    // Failing: the batch holding the records before the error ends there, the error comes
+    // with the next call, and those records are delivered (the position counts them).
+    let loader = RecordLoader::new(tier, shards, RecordFormat::TfRecord, cfg()).expect("loader");
+    let mut before = 0;
+    {
+        let mut e = loader.epoch(0, 0);
+        while let Some(r) = e.next().await {
+            if r.is_err() {
+                break;
+            }
+            before += 1;
+        }
+    }
+    let mut e = loader.epoch(0, 0);
+    let mut delivered = 0;
+    let err = loop {
+        match e.next_batch(1000, 0).await {
+            Ok(b) => {
+                assert!(!b.is_empty(), "an error before the end");
+                delivered += b.len();
+            }
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Corrupt);
+    assert!(err.to_string().contains(&format!("byte offset {second}")), "{err}");
+    assert_eq!((delivered, e.position()), (before, before as u64), "the records before the error, delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_over_empty_shards_and_webdataset_fields() {
+    // Shards with no records among others, and a set of empty shards alone.
+    let (dir, all) = tfrecord_shards();
+    for s in 0..3 {
+        std::fs::write(dir.path().join(format!("empty-{s}.tfrecord")), b"").expect("write");
+    }
+    let (tier, shards, _) = uring(dir.path()).await;
+    assert_eq!(shards.len(), 10);
+    let mut seen = BTreeMap::new();
+    for worker in 0..3 {
+        let c = cfg().with_worker(worker).with_workers(3);
+        let l = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, c).expect("loader");
+        for r in batches(&mut l.epoch(0, 0), 8, 0).await.concat() {
+            assert!(seen.insert((shards[r.shard].key.clone(), r.offset), r.fields[0].data.clone()).is_none());
+        }
+    }
+    assert_eq!(seen, all);
+    let empty: Vec<_> = shards.iter().filter(|s| s.size == 0).cloned().collect();
+    let l = RecordLoader::new(Arc::clone(&tier), empty, RecordFormat::TfRecord, cfg()).expect("loader");
+    let mut e = l.epoch(0, 0);
+    assert!(e.next_batch(8, 0).await.expect("end").is_empty());
+    assert_eq!((e.position(), e.stats()), (0, Default::default()));
+
+    // WebDataset: a field of every sample packed per name; a sample without `cls` takes no
+    // bytes of that column.
+    let dir = tempfile::Builder::new().prefix("wdsbatch").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut tar = Vec::new();
+    let mut want = BTreeMap::new();
+    for i in 0..30u64 {
+        let key = format!("k{i:03}");
+        let jpg = pattern(i, 100 + (i as usize * 571) % 4000);
+        write_tar_member(&mut tar, &format!("{key}.jpg"), &jpg);
+        let cls = (i % 4 != 1).then(|| format!("{i}").into_bytes());
+        if let Some(c) = &cls {
+            write_tar_member(&mut tar, &format!("{key}.cls"), c);
+        }
+        want.insert(key, (jpg, cls.unwrap_or_default()));
+    }
+    write_tar_end(&mut tar);
+    std::fs::write(dir.path().join("s.tar"), &tar).expect("write");
+    let (tier, _, shards) = uring(dir.path()).await;
+    let loader = RecordLoader::new(tier, shards, RecordFormat::WebDataset, cfg()).expect("loader");
+    let mut e = loader.epoch(0, 0);
+    let mut got = BTreeMap::new();
+    loop {
+        let b = e.next_batch(7, 0).await.expect("batch");
+        if b.is_empty() {
+            break;
+        }
+        let mut names = b.field_names();
+        names.sort_unstable();
+        assert_eq!(names, ["cls", "jpg"]);
+        let mut cols = Vec::new();
+        for name in ["jpg", "cls"] {
+            let mut buf = vec![0u8; b.packed_len(Some(name))];
+            let offsets = b.pack_into(Some(name), &mut buf).expect("pack");
+            cols.push((buf, offsets));
+        }
+        for (i, r) in b.records().iter().enumerate() {
+            let field = |c: usize| cols[c].0[cols[c].1[i]..cols[c].1[i + 1]].to_vec();
+            assert!(got.insert(r.key.clone(), (field(0), field(1))).is_none());
+        }
+    }
+    assert_eq!(got, want);
+}

@@ -29,6 +29,7 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cache::Cache>()?;
     m.add_class::<records::RecordLoader>()?;
     m.add_class::<records::RecordEpoch>()?;
+    m.add_class::<records::RecordBatch>()?;
     m.add_class::<records::Record>()?;
     m.add_class::<records::Field>()?;
     m.add_class::<store::CheckpointStore>()?;

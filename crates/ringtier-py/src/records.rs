@@ -9,6 +9,7 @@ use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyKeyError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -408,6 +409,40 @@ impl RecordEpoch {
         Record::new(py, r, key).map(Some)
     }
 
+    /// Up to `max_records` next records as one [`RecordBatch`] (and where `max_bytes` is not 0,
+    /// no more once their bytes reach it: the record that reaches it ends the batch), waited
+    /// for with the GIL released; `None` at the end of the epoch. No Python object is made per
+    /// record: `RecordBatch.pack_into` copies them into a buffer. An error after some records
+    /// of the batch ends the batch there and is raised by the next call.
+    #[pyo3(signature = (max_records, max_bytes=0))]
+    fn next_batch(&mut self, py: Python<'_>, max_records: usize, max_bytes: u64) -> PyResult<Option<RecordBatch>> {
+        if max_records == 0 {
+            return Err(errors::invalid("max_records must be at least 1".into()));
+        }
+        let st = self.state.get_mut()?;
+        let mut batch = records::RecordBatch::new();
+        // Records the last `__next__` wait took come first (already counted as delivered).
+        while batch.has_room(max_records, max_bytes) {
+            let Some(r) = st.ready.pop_front() else { break };
+            st.ready_bytes -= r.bytes();
+            batch.push(r);
+        }
+        if batch.has_room(max_records, max_bytes) && !self.done {
+            let engine = Arc::clone(&st.engine);
+            let (epoch, into) = (&mut st.epoch, &mut batch);
+            let filled = wait_plain(py, &engine, epoch.fill_batch(into, max_records, max_bytes))?;
+            if let Err(e) = filled {
+                self.done = true;
+                return Err(errors::to_py(e));
+            }
+        }
+        if batch.is_empty() {
+            self.done = true;
+            return Ok(None);
+        }
+        Ok(Some(RecordBatch { batch, shards: Arc::clone(&st.shards) }))
+    }
+
     /// Records of this reader delivered in this epoch, counting the resumed-from position:
     /// pass it to `RecordLoader.epoch(epoch, position)` to resume after a restart.
     #[getter]
@@ -436,6 +471,74 @@ impl RecordEpoch {
         d.set_item("held_bytes", held.now + st.ready_bytes)?;
         d.set_item("held_peak", held.peak + st.ready_peak)?;
         Ok(d)
+    }
+}
+
+/// Records of one epoch taken together (`RecordEpoch.next_batch`), held in Rust: no Python
+/// object per record. `pack_into` copies a field of every record end to end into a buffer the
+/// caller gives (a DataLoader worker's shared-memory slot) and returns the offsets.
+#[pyclass(module = "ringtier._ringtier", name = "RecordBatch", frozen)]
+#[derive(Debug)]
+pub(crate) struct RecordBatch {
+    batch: records::RecordBatch,
+    shards: Arc<Vec<Shard>>,
+}
+
+#[pymethods]
+impl RecordBatch {
+    /// Records in the batch.
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// The field names, each once, in the order they first appear (`[""]` for TFRecord).
+    fn names(&self) -> Vec<String> {
+        self.batch.field_names().into_iter().map(str::to_owned).collect()
+    }
+
+    /// Bytes `pack_into(out, field)` writes.
+    #[pyo3(signature = (field=None))]
+    fn nbytes(&self, field: Option<&str>) -> usize {
+        self.batch.packed_len(field)
+    }
+
+    /// Each record's key: the WebDataset sample key, or `SHARD:OFFSET` (a TFRecord).
+    fn keys(&self) -> Vec<String> {
+        let shard_key = |i: usize| self.shards.get(i).map_or("", |s| s.key.as_str());
+        self.batch
+            .records()
+            .iter()
+            .map(|r| if r.key.is_empty() { format!("{}:{}", shard_key(r.shard), r.offset) } else { r.key.clone() })
+            .collect()
+    }
+
+    /// Copies `field` of every record (`None`: all of each record's fields) end to end into
+    /// the front of `out` (writable, contiguous, at least `nbytes(field)` bytes) and returns
+    /// the offsets: record `i` is `out[offsets[i]:offsets[i + 1]]`.
+    #[pyo3(signature = (out, field=None))]
+    fn pack_into(&self, out: &Bound<'_, PyAny>, field: Option<&str>) -> PyResult<Vec<usize>> {
+        let view =
+            PyUntypedBuffer::get(out).map_err(|_| errors::type_error("out must support the buffer protocol".into()))?;
+        if view.readonly() || !view.is_c_contiguous() {
+            return Err(errors::invalid(format!(
+                "out must be writable and contiguous; it is {}",
+                if view.readonly() { "read-only" } else { "not contiguous" }
+            )));
+        }
+        let len = view.len_bytes();
+        let bytes: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: `view` holds the exporter's writable, C-contiguous buffer of `len` bytes
+            // for this call; the GIL is held throughout, so no Python code touches it while the
+            // slice lives, and the slice is dropped before `view` is released.
+            unsafe { std::slice::from_raw_parts_mut(view.buf_ptr().cast::<u8>(), len) }
+        };
+        self.batch.pack_into(field, bytes).py_err()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ringtier.RecordBatch(records={}, bytes={})", self.batch.len(), self.batch.bytes())
     }
 }
 

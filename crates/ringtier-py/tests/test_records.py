@@ -320,3 +320,210 @@ def test_torch_record_dataset_splits_over_dataloader_workers(tf, wds):
     }
     assert sorted(out) == sorted(samples)
     assert all(list(v) == ["cls"] and bytes(v["cls"].numpy()) == samples[k]["cls"] for k, v in out.items())
+
+
+def batches_of(epoch, n: int, max_bytes: int = 0) -> List[Tuple[List[str], List[bytes]]]:
+    """Every batch of ``epoch`` as (keys, records), each packed into a buffer of its exact size."""
+    out = []
+    while (b := epoch.next_batch(n, max_bytes)) is not None:
+        buf = bytearray(b.nbytes() + 5)
+        offsets = b.pack_into(buf)
+        assert len(offsets) == len(b) + 1 and offsets[0] == 0 and offsets[-1] == b.nbytes()
+        assert buf[b.nbytes() :] == bytearray(5), "nothing past the batch's bytes"
+        out.append((b.keys(), [bytes(buf[offsets[i] : offsets[i + 1]]) for i in range(len(b))]))
+    assert epoch.next_batch(n) is None, "the end stays the end"
+    return out
+
+
+def test_record_batches_hold_the_records_in_the_same_order(tf):
+    root, where = tf
+    mk = lambda **kw: ringtier.RecordLoader(root, format="tfrecord", seed=4, shuffle_buffer=64, **kw)  # noqa: E731
+    records = list(mk().epoch(2))
+    want = [(f"{r.shard_key}:{r.offset}", r.to_bytes()) for r in records]
+    for n in (1, 7, 64, 1000):
+        e = mk().epoch(2)
+        got = batches_of(e, n)
+        assert all(len(k) == n for k, _ in got[:-1]) and 0 < len(got[-1][0]) <= n
+        assert [(k, d) for keys, data in got for k, d in zip(keys, data)] == want, n
+        s = e.stats()
+        assert (e.position, s["records"], s["bytes"]) == (len(where), len(where), sum(map(len, where)))
+        assert s["held_bytes"] == 0
+    # Records one by one (the first wait takes more than one into Python), then a batch: the
+    # same order; then a resume from the position.
+    e = mk().epoch(2)
+    head = [(f"{r.shard_key}:{r.offset}", r.to_bytes()) for r in (next(e) for _ in range(3))]
+    b = e.next_batch(10)
+    buf = bytearray(b.nbytes())
+    o = b.pack_into(buf)
+    assert head + list(zip(b.keys(), (bytes(buf[o[i] : o[i + 1]]) for i in range(len(b))))) == want[:13]
+    assert e.position == 13
+    assert [x for keys, data in batches_of(mk().epoch(2, e.position), 16) for x in zip(keys, data)] == want[13:]
+    # A byte bound: the record that reaches it ends the batch, whole.
+    bound = 40_000
+    got = batches_of(mk().epoch(2), 1000, bound)
+    assert all(sum(map(len, data[:-1])) < bound for _, data in got)
+    assert [d for _, data in got for d in data] == [d for _, d in want]
+    # Global order through indexes: the same.
+    g = lambda: ringtier.RecordLoader(root, format="tfrecord", order="global", seed=1)  # noqa: E731
+    assert [d for _, data in batches_of(g().epoch(3), 9) for d in data] == [r.to_bytes() for r in g().epoch(3)]
+
+
+def test_record_batches_pack_only_into_a_writable_buffer_large_enough(tf, wds):
+    root, _ = tf
+    e = ringtier.RecordLoader(root, format="tfrecord").epoch(0)
+    b = e.next_batch(20)
+    assert b.names() == [""] and "records=20" in repr(b)
+    small = bytearray(b.nbytes() - 1)
+    with pytest.raises(ringtier.InvalidInputError, match=f"take {b.nbytes()} bytes, the buffer has {len(small)}"):
+        b.pack_into(small)
+    assert small == bytearray(len(small)), "nothing written"
+    with pytest.raises(ringtier.InvalidInputError, match="writable"):
+        b.pack_into(bytes(b.nbytes()))
+    with pytest.raises(TypeError, match="buffer protocol"):
+        b.pack_into([0] * b.nbytes())
+    with pytest.raises(ringtier.InvalidInputError, match="at least 1"):
+        e.next_batch(0)
+    arr = np.zeros(b.nbytes(), dtype=np.uint8)
+    o = b.pack_into(arr)
+    first = [r.to_bytes() for r, _ in zip(ringtier.RecordLoader(root, format="tfrecord").epoch(0), range(20))]
+    assert [arr[o[i] : o[i + 1]].tobytes() for i in range(20)] == first
+    # WebDataset: one column per field, keys the sample keys; a sample without a field: empty.
+    wroot, samples = wds
+    e = ringtier.RecordLoader(wroot, format="wds", seed=1).epoch(0)
+    seen = {}
+    while (b := e.next_batch(16)) is not None:
+        assert b.names() == ["jpg", "cls"] and b.nbytes() == b.nbytes("jpg") + b.nbytes("cls")
+        assert b.nbytes("txt") == 0 and b.pack_into(bytearray(0), "txt") == [0] * (len(b) + 1)
+        cols = {}
+        for f in ("jpg", "cls"):
+            buf = bytearray(b.nbytes(f))
+            cols[f] = (buf, b.pack_into(buf, f))
+        for i, k in enumerate(b.keys()):
+            seen[k] = {f: bytes(buf[o[i] : o[i + 1]]) for f, (buf, o) in cols.items()}
+    assert seen == samples
+
+
+def test_record_batches_count_skipped_records_and_raise_after_the_records_before_an_error(tf):
+    root, where = tf
+    name = "train-00002-of-00004.tfrecord"
+    offsets = sorted(off for n, off in where.values() if n == name)
+    p = root / name
+    raw = bytearray(p.read_bytes())
+    raw[offsets[5] + 12] ^= 1
+    p.write_bytes(bytes(raw))
+    e = ringtier.RecordLoader(root, format="tfrecord", on_bad="skip").epoch(0)
+    got = [d for _, data in batches_of(e, 32) for d in data]
+    assert len(got) == len(set(got)) == len(where) - 1 and e.stats()["skipped"] == 1
+    e = ringtier.RecordLoader(root, format="tfrecord", shuffle_buffer=0, shuffle_shards=False).epoch(0)
+    delivered = []
+    with pytest.raises(ringtier.CorruptError, match=rf"shard {name}, byte offset {offsets[5]}"):
+        while (b := e.next_batch(1000)) is not None:
+            buf = bytearray(b.nbytes())
+            o = b.pack_into(buf)
+            delivered += [bytes(buf[o[i] : o[i + 1]]) for i in range(len(b))]
+    # Shards in order, records in shard order: shards 0 and 1 and the five records before the
+    # bad one, all delivered (the error came with the call after their batch).
+    assert delivered == sorted(where, key=lambda d: where[d])[: 50 * 2 + 5]
+    assert e.position == len(delivered)
+
+
+def dataloader_items(ds, workers: int) -> List[Tuple[str, bytes]]:
+    """(key, bytes) of every record a batched TFRecord dataset with keys yields."""
+    from torch.utils.data import DataLoader
+
+    out = []
+    for b in DataLoader(ds, batch_size=None, num_workers=workers):
+        out += [(k, bytes(t.numpy())) for k, t in b]
+    return out
+
+
+@pytest.mark.parametrize("order", ["stream", "global"])
+def test_batched_dataset_yields_the_records_and_keys_of_the_per_record_form(tf, order):
+    pytest.importorskip("torch")
+    from ringtier.torch import RecordDataset
+    from ringtier.torch._packed import PackedBatch
+
+    root, where = tf
+    opts = dict(format="tfrecord", order=order, rank=0, world_size=1, seed=3, with_keys=True)
+    per_record = RecordDataset(root, **opts)
+    batched = RecordDataset(root, batched=True, batch_size=16, **opts)
+    for epoch in (0, 1):
+        per_record.set_epoch(epoch)
+        batched.set_epoch(epoch)
+        want = [(k, bytes(t.numpy())) for k, t in per_record]
+        assert sorted(d for _, d in want) == sorted(where)
+        assert all(where[d] == (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k, d in want)
+        # No workers: the same records in the same order.
+        assert dataloader_items(batched, 0) == want
+        # Two workers: each worker's records in its reader's order, every record once.
+        got = dataloader_items(batched, 2)
+        assert sorted(got) == sorted(want) and len(set(got)) == len(where)
+        for w in range(2):
+            reader = ringtier.RecordLoader(
+                root, format="tfrecord", order=order, seed=3, worker=w, workers=2
+            ).epoch(epoch)
+            mine = [(f"{r.shard_key}:{r.offset}", r.to_bytes()) for r in reader]
+            assert [x for x in got if x in set(mine)] == mine, (epoch, w)
+    # The batches crossed packed, in the workers' slots.
+    from torch.utils.data import DataLoader
+
+    for b in DataLoader(batched, batch_size=None, num_workers=2):
+        assert isinstance(b, PackedBatch) and len(b) <= 16 and b.keys is not None
+
+
+def test_batched_webdataset_from_workers_matches_the_per_record_form(wds, tmp_path):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from ringtier.torch import RecordDataset
+
+    root, samples = wds
+    # One more shard whose samples lack the cls field, and one with an extra txt field.
+    extra = {}
+    with tarfile.open(root / "shard-000009.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(10):
+            key = f"x/s{i:03d}"
+            fields = {"jpg": bytes([i]) * (i * 100 + 1)} if i % 2 else {"jpg": b"j" * i, "txt": b"t" * (i + 1)}
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            extra[key] = fields
+    everything = {**samples, **extra}
+    per_record = RecordDataset(root, format="wds", rank=0, world_size=1, seed=2, with_keys=True)
+    per_record.set_epoch(1)
+    want = {key: {n: bytes(t.numpy()) for n, t in item.items()} for key, item in per_record}
+    assert want == everything
+    batched = RecordDataset(root, format="wds", rank=0, world_size=1, seed=2, batched=True, batch_size=8)
+    batched.set_epoch(1)
+    for workers in (0, 2):
+        got = {}
+        for b in DataLoader(batched, batch_size=None, num_workers=workers):
+            for i, key in enumerate(b["__key__"]):
+                assert key not in got
+                # A column of a field the sample lacks holds an empty record for it.
+                fields = {n: bytes(b[n][i].numpy()) for n in b if n != "__key__"}
+                assert all(not d for n, d in fields.items() if n not in everything[key])
+                got[key] = {n: d for n, d in fields.items() if n in everything[key]}
+        assert got == want, workers
+
+
+def test_batched_dataset_skips_and_fails_across_workers(tf):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from ringtier.torch import RecordDataset
+
+    root, where = tf
+    name = "train-00003-of-00004.tfrecord"
+    off = sorted(o for n, o in where.values() if n == name)[7]
+    p = root / name
+    raw = bytearray(p.read_bytes())
+    raw[off + 12] ^= 1
+    p.write_bytes(bytes(raw))
+    skip = RecordDataset(root, rank=0, world_size=1, batched=True, batch_size=8, on_bad="skip")
+    got = [bytes(t.numpy()) for b in DataLoader(skip, batch_size=None, num_workers=2) for t in b]
+    assert len(got) == len(set(got)) == len(where) - 1
+    fail = RecordDataset(root, rank=0, world_size=1, batched=True, batch_size=8)
+    with pytest.raises(ringtier.CorruptError, match=rf"{name}, byte offset {off}"):
+        list(DataLoader(fail, batch_size=None, num_workers=2))

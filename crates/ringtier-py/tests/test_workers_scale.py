@@ -1,7 +1,8 @@
 """DataLoader workers that do not cost (issue 37): a transformed batch is decoded in a worker
 straight into shared memory the worker reuses and reaches the main process as a plain tensor
 without a copy; a slot is reused only once no view of its batch is left (batches held by the
-training loop stay intact); each worker's engine fits its share of the cores."""
+training loop stay intact), and so is a record batch the record loader packs into a slot
+itself; each worker's engine fits its share of the cores."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader
 
 import ringtier.torch as rt
 from ringtier import transforms as T
+from ringtier.torch import _packed
 from ringtier.torch._packed import SLOTS_PER_WORKER
 from test_transforms import write_jpegs
 
@@ -133,3 +135,44 @@ def test_a_ranks_engine_fits_its_share_of_the_node(tmp_path: Path):
         worker = max(1, min(2, rank_cores // 2))
         main = min(2, rank_cores) if local != "1" else 0  # one rank alone: the engine is left as it is
         assert out.stdout.split() == [f"[{worker},", f"{worker}]", f"[{main}]", str(rank_cores)], (local, mode, out.stdout)
+
+
+def test_record_batches_packed_by_the_loader_stay_intact_while_held(tmp_path: Path):
+    from test_records import write_tfrecords
+
+    where = write_tfrecords(tmp_path / "tf", shards=4, per_shard=60)
+    ds = rt.RecordDataset(tmp_path / "tf", rank=0, world_size=1, batched=True, batch_size=4, with_keys=True, seed=1)
+    # Every batch held to the end: more than the workers' slots, so later batches cannot reuse
+    # a slot a held batch is in (they fall back to fresh shared memory).
+    held = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(held) > 2 * SLOTS_PER_WORKER
+    got = [(k, bytes(t.numpy())) for b in held for k, t in b]
+    assert sorted(d for _, d in got) == sorted(where)
+    assert all(where[d] == (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k, d in got)
+    assert ds._ring.by_reference.value == 1, "the slots crossed by reference after the first batch"
+    del held
+    # Batches dropped as they come: the slots are reused, the records right every time.
+    for epoch in (1, 1):
+        ds.set_epoch(epoch)
+        n = 0
+        for b in DataLoader(ds, batch_size=None, num_workers=2):
+            for k, t in b:
+                assert where[bytes(t.numpy())] == (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1]))
+            n += len(b)
+        assert n == len(where)
+
+
+def test_slots_cross_the_torch_way_where_the_main_process_cannot_open_them(tmp_path: Path, monkeypatch):
+    from test_records import write_tfrecords
+
+    def refused(ref):
+        raise PermissionError("no /proc here")
+
+    monkeypatch.setattr(_packed, "_open_segment", refused)
+    where = write_tfrecords(tmp_path / "tf", shards=2, per_shard=40)
+    ds = rt.RecordDataset(tmp_path / "tf", rank=0, world_size=1, batched=True, batch_size=4, seed=1)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = [bytes(t.numpy()) for b in DataLoader(ds, batch_size=None, num_workers=2) for t in b]
+        assert sorted(got) == sorted(where)
+    assert ds._ring.by_reference.value == 0, "never by reference"

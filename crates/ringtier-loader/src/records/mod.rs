@@ -26,6 +26,7 @@
 //! rest of a shard whose framing is lost is skipped; a record whose data CRC fails is skipped
 //! alone).
 
+mod batch;
 #[doc(hidden)]
 pub mod fuzzing;
 mod index;
@@ -34,6 +35,7 @@ mod streamed;
 mod tfrecord;
 mod wds;
 
+pub use batch::RecordBatch;
 pub use index::{RecordIndex, MAX_INDEX_BYTES, MAX_INDEX_LINE_BYTES};
 
 use std::fmt;
@@ -329,7 +331,7 @@ impl RecordLoader {
         let task = start(async move {
             let _ = run_epoch(&inner, epoch, position, &q).await;
         });
-        RecordEpoch { rx, task, stats: RecordStats::default(), position, held }
+        RecordEpoch { rx, task, stats: RecordStats::default(), position, held, failed: None }
     }
 }
 
@@ -405,7 +407,7 @@ impl RecordLoader {
                 let _ = q.note(Item::Failed(e)).await;
             }
         });
-        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position, held })
+        Ok(RecordEpoch { rx, task, stats: RecordStats::default(), position, held, failed: None })
     }
 }
 
@@ -524,6 +526,8 @@ pub struct RecordEpoch {
     stats: RecordStats,
     position: u64,
     held: Arc<Held>,
+    /// The error that ended a batch early ([`RecordEpoch::fill_batch`]), for the next call.
+    failed: Option<Error>,
 }
 
 impl fmt::Debug for RecordEpoch {
@@ -546,6 +550,21 @@ impl RecordEpoch {
     /// The next record; `None` at the end of the epoch. With skip, bad records are counted in
     /// [`RecordEpoch::stats`] ([`RecordStats::skipped`]), each with a warning naming it.
     pub async fn next(&mut self) -> Option<Result<Record>> {
+        match self.take().await? {
+            Ok(r) => {
+                self.deliver(&r);
+                Some(Ok(r))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// The next record or error out of the queue (an error that ended a batch first), skipped
+    /// records counted; the record is not counted as delivered yet.
+    async fn take(&mut self) -> Option<Result<Record>> {
+        if let Some(e) = self.failed.take() {
+            return Some(Err(e));
+        }
         loop {
             let held = &self.held;
             let item = self
@@ -557,13 +576,7 @@ impl RecordEpoch {
                 })
                 .await?;
             match item {
-                Item::Record(r) => {
-                    let bytes = r.bytes();
-                    self.stats.records += 1;
-                    self.stats.bytes += bytes;
-                    self.position += 1;
-                    return Some(Ok(r));
-                }
+                Item::Record(r) => return Some(Ok(r)),
                 Item::Skipped(why) => {
                     self.stats.skipped += 1;
                     tracing::warn!("skipped: {why}");
@@ -571,6 +584,13 @@ impl RecordEpoch {
                 Item::Failed(e) => return Some(Err(e)),
             }
         }
+    }
+
+    /// Counts `r` as delivered (stats, position).
+    fn deliver(&mut self, r: &Record) {
+        self.stats.records += 1;
+        self.stats.bytes += r.bytes();
+        self.position += 1;
     }
 
     /// Totals so far.

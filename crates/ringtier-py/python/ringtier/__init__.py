@@ -7,7 +7,7 @@
 * :class:`RecordLoader` reads TFRecord and WebDataset (tar) shards: streamed (shards split
   over ranks and workers, a seeded shuffle buffer) or in one global random order through
   per-shard indexes; each :class:`Record` (its :class:`RecordField` s) is shared with numpy and
-  torch without a copy.
+  torch without a copy, or a :class:`RecordBatch` of them is packed into one buffer.
 * :class:`CheckpointStore` saves dicts of tensors, arrays and bytes (a ``state_dict``) to a
   fast tier, durable when :meth:`~CheckpointStore.save` returns, and drains them to slower
   tiers in the background.
@@ -36,6 +36,7 @@ from ._ringtier import (
     Loader,
     PartBuffer,
     Record,
+    RecordBatch,
     RecordEpoch,
     RecordField,
     RecordLoader,
@@ -117,6 +118,7 @@ __all__ = [
     "PermissionDeniedError",
     "PoolExhaustedError",
     "Record",
+    "RecordBatch",
     "RecordEpoch",
     "RecordField",
     "RecordLoader",

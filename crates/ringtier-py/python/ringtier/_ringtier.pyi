@@ -275,11 +275,37 @@ class Record:
         """Bytes of all fields."""
     def __buffer__(self, flags: int) -> memoryview: ...
 
+class RecordBatch:
+    """Records of one epoch taken together (:meth:`RecordEpoch.next_batch`), held by the
+    loader: no Python object per record. :meth:`pack_into` copies them end to end into a
+    buffer the caller gives (a ``DataLoader`` worker's shared-memory slot)."""
+
+    def __len__(self) -> int:
+        """Records in the batch."""
+    def names(self) -> List[str]:
+        """Field names, each once, in the order they first appear (``[""]`` for TFRecord)."""
+    def nbytes(self, field: Optional[str] = None) -> int:
+        """Bytes :meth:`pack_into` writes for ``field``."""
+    def keys(self) -> List[str]:
+        """Each record's key: the WebDataset sample key, or ``SHARD:OFFSET`` (a TFRecord)."""
+    def pack_into(self, out: Any, field: Optional[str] = None) -> List[int]:
+        """Copies ``field`` of every record (``None``: all of each record's fields; a record
+        without the field takes no bytes) end to end into the front of ``out`` (writable,
+        contiguous, at least :meth:`nbytes` bytes; else ``ringtier.InvalidInputError`` and
+        nothing written) and returns the ``len + 1`` offsets: record ``i`` is
+        ``out[offsets[i]:offsets[i + 1]]``."""
+
 class RecordEpoch:
     """One epoch's records, in this reader's order; the GIL is released while waiting."""
 
     def __iter__(self) -> "RecordEpoch": ...
     def __next__(self) -> Record: ...
+    def next_batch(self, max_records: int, max_bytes: int = 0) -> Optional[RecordBatch]:
+        """Up to ``max_records`` next records as one :class:`RecordBatch` (and, where
+        ``max_bytes`` is not 0, no more once their bytes reach it: the record that reaches it
+        ends the batch, whole); ``None`` at the end of the epoch. They count as delivered
+        (:attr:`position`, :meth:`stats`) as records from ``__next__`` do. An error after some
+        records of the batch ends the batch there and is raised by the next call."""
     @property
     def position(self) -> int:
         """Records of this reader delivered so far: ``RecordLoader.epoch(epoch, position)``

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import IterableDataset as _TorchIterable
 from torch.utils.data import get_worker_info
 
-from .._ringtier import RecordLoader
+from .._ringtier import RecordBatch, RecordLoader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
 from ..errors import InvalidInputError
@@ -63,12 +63,14 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     ``DataLoader(ds, batch_size=None, num_workers=N)``. In a worker a batch crosses to the main
     process packed: a TFRecord batch is one :class:`PackedBatch` (``batch[i]`` a record's
     tensor), a WebDataset batch a dict of field name to :class:`PackedBatch` (a record without
-    that field gives an empty tensor) plus ``"__key__"``, the sample keys; without workers the
-    same shapes hold lists of tensors sharing the records' memory. Records one at a time
-    (the default) are refused under ``DataLoader(num_workers=N, batch_size=None)`` (each would
-    cross the worker boundary as a shared-memory tensor of its own), with a message that says
-    what to write instead; ``num_workers=0`` is the fast setting (the loader has its own
-    threads).
+    that field gives an empty tensor) plus ``"__key__"``, the sample keys; the record loader
+    takes the batch whole (:meth:`ringtier.RecordEpoch.next_batch`) and copies its bytes
+    straight into one of the worker's shared-memory slots, with no Python object per record.
+    Without workers the same shapes hold lists of tensors sharing the records' memory. Records
+    one at a time (the default) are refused under ``DataLoader(num_workers=N,
+    batch_size=None)`` (each would cross the worker boundary as a shared-memory tensor of its
+    own), with a message that says what to write instead; ``num_workers=0`` is the fast
+    setting (the loader has its own threads).
     """
 
     def __init__(
@@ -178,17 +180,15 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         names = self.fields if self.fields is not None else record.names()
         return {n: _field_tensor(record[n]) for n in names}
 
-    def _batch(self, records: List[Any], worker: Optional[int]) -> Any:
-        """``records`` as one batch: packed in a worker (``worker`` its id; each record's bytes
-        copied once into the batch's shared memory, no tensor per record), lists without."""
+    def _batch(self, records: List[Any]) -> Any:
+        """``records`` as one batch without workers: lists of tensors sharing the records'
+        memory."""
         wds = self.format != "tfrecord"
         keys = [r.key or f"{r.shard_key}:{r.offset}" for r in records] if self.with_keys or wds else None
 
         def column(items: List[Any], with_keys: bool) -> Any:
-            if worker is None:
-                tensors = [_field_tensor(x) if len(x) else torch.empty(0, dtype=torch.uint8) for x in items]
-                return list(zip(keys or [], tensors)) if with_keys else tensors
-            return PackedBatch.pack_buffers(items, keys if with_keys else None, ring=self._ring, worker=worker)
+            tensors = [_field_tensor(x) if len(x) else torch.empty(0, dtype=torch.uint8) for x in items]
+            return list(zip(keys or [], tensors)) if with_keys else tensors
 
         if not wds:
             return column(records, self.with_keys)
@@ -200,17 +200,46 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         out["__key__"] = keys
         return out
 
+    def _packed(self, batch: RecordBatch, worker: int) -> Any:
+        """A :class:`RecordBatch` packed in a worker: the loader copies each column's bytes
+        straight into one of the worker's shared-memory slots (no Python object per record)."""
+        wds = self.format != "tfrecord"
+        keys = batch.keys() if self.with_keys or wds else None
+
+        def column(field: Optional[str], with_keys: bool) -> PackedBatch:
+            return PackedBatch.filled(
+                batch.nbytes(field),
+                lambda out: batch.pack_into(out, field),
+                keys if with_keys else None,
+                ring=self._ring,
+                worker=worker,
+            )
+
+        if not wds:
+            return column(None, self.with_keys)
+        names = list(self.fields) if self.fields is not None else batch.names()
+        out: Dict[str, Any] = {n: column(n, False) for n in names}
+        out["__key__"] = keys
+        return out
+
     def _batches(self) -> Iterator[Any]:
         info = get_worker_info()
-        worker = info.id if info is not None else None
+        epoch = self.loader().epoch(self.epoch, self.position)
+        if info is not None:
+            # In a worker: whole batches from the loader, packed by it into shared memory.
+            while True:
+                batch = epoch.next_batch(self.batch_size)
+                if batch is None:
+                    return
+                yield self._packed(batch, info.id)
         pending: List[Any] = []
-        for record in self.loader().epoch(self.epoch, self.position):
+        for record in epoch:
             pending.append(record)
             if len(pending) == self.batch_size:
-                yield self._batch(pending, worker)
+                yield self._batch(pending)
                 pending = []
         if pending:
-            yield self._batch(pending, worker)
+            yield self._batch(pending)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()

@@ -20,7 +20,8 @@ ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike
 --format tfrecord (shards; `ringtier gen --format tfrecord --shards 64 --dir D`):
   tf.data:  from_tensor_slices(shards) -> interleave(TFRecordDataset, cycle_length=k,
             num_parallel_calls=k) -> map(strings.length) -> batch(1024) -> prefetch(2)
-  ringtier: dataset(D, format="tfrecord", batch_size=1024) -> map(strings.length) -> prefetch(2)
+  ringtier: dataset(D, format="tfrecord", batch_size=1024, shuffle=False) -> map(strings.length)
+            -> prefetch(2)                   (both sides: shards in order, no shuffle buffer)
 
 --malloc-parallel K runs tf.data at parallelism K once more per repeat with the glibc malloc
 settings ringtier.tensorflow makes for its tf.string batches (MALLOC_MMAP_THRESHOLD_,
@@ -63,7 +64,8 @@ if side == "ringtier":
         from ringtier import transforms as T
         ds = rtf.dataset(d, batch_size=64, seed=0, transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip()]))
     else:
-        ds = rtf.dataset(d, format="tfrecord", batch_size=1024, seed=0).map(tf.strings.length)
+        # The same work as tf.data's side: the shards in order, no shuffle buffer.
+        ds = rtf.dataset(d, format="tfrecord", batch_size=1024, shuffle=False).map(tf.strings.length)
 else:
     if fmt in ("files", "jpeg"):
         ds = tf.data.Dataset.list_files(os.path.join(d, "*", "*"), shuffle=True, seed=0)

@@ -350,6 +350,36 @@ def test_webdataset_fields_every_sample_once(tmp_path):
     assert got == samples
 
 
+def test_records_batches_larger_than_a_crossing_chunk(tmp_path):
+    """Records cross in chunks of read_batch and are batched in the graph: batch sizes,
+    drop_last and every record once hold whatever the chunk."""
+    samples = write_wds(tmp_path / "wds", 3, 20)  # 60 samples
+    src = rtf.Source(tmp_path / "wds", format="wds", fields=["bin"], batch_size=25, read_batch=4)
+    assert [len(c["__key__"]) for c in src.generator()] == [4] * 15  # what crosses per call
+    for drop_last, sizes in ((False, [25, 25, 10]), (True, [25, 25])):
+        got = {}
+        ds = rtf.dataset(tmp_path / "wds", format="wds", fields=["bin"], batch_size=25, read_batch=4,
+                         drop_last=drop_last)
+        assert [int(b["__key__"].shape[0]) for b in ds] == sizes
+        for batch in ds:
+            for k, b in zip(batch["__key__"].numpy(), batch["bin"].numpy()):
+                assert k.decode() not in got
+                got[k.decode()] = b
+        assert len(got) == sum(sizes)
+        assert all(samples[k]["bin"] == v for k, v in got.items())
+    root = tmp_path / "tfr"
+    root.mkdir()
+    want = []
+    with tf.io.TFRecordWriter(str(root / "part-0.tfrecord")) as w:
+        for i in range(50):
+            want.append(os.urandom(i * 11))
+            w.write(want[-1])
+    ds = rtf.dataset(root, format="tfrecord", batch_size=16, read_batch=5, seed=4)
+    batches = [b.numpy().tolist() for b in ds]
+    assert [len(b) for b in batches] == [16, 16, 16, 2]
+    assert sorted(r for b in batches for r in b) == sorted(want)
+
+
 # -- checkpoints ------------------------------------------------------------------------------
 
 

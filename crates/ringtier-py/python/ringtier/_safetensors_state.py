@@ -39,7 +39,7 @@ import numpy as np
 
 from . import _ringtier
 from .errors import CorruptError
-from ._state_dict_codec import TreeWalker, describe, path_text
+from ._state_dict_codec import TreeWalker, check_same_keys, describe, path_text
 from .safetensors import _TORCH_NAMES, _view
 
 FORMAT = "ringtier-py-safetensors"
@@ -419,16 +419,7 @@ def fill(parts: List[Tuple[str, Any]], into: MutableMapping[str, Any]) -> Any:
 
     def plan(node: Dict[str, Any], target: Any, path: List[str], parent: Any, key: Any) -> None:
         if "d" in node:
-            if not isinstance(target, MutableMapping):
-                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
-            saved = [k for k, _ in node["d"]]
-            missing = [k for k in saved if k not in target]
-            unexpected = [k for k in target if k not in set(saved)]
-            if missing or unexpected:
-                raise ValueError(
-                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
-                    f"not in the checkpoint: {unexpected})"
-                )
+            check_same_keys(node, target, path)
             for k, v in node["d"]:
                 plan(v, target[k], path + [k], target, k)
             return

@@ -237,16 +237,7 @@ class _Decoder:
     def fill(self, node: Dict[str, Any], target: Any, path: List[str]) -> Any:
         """Copies the saved values into `target` in place where it holds tensors or arrays."""
         if "d" in node:
-            if not isinstance(target, MutableMapping):
-                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
-            saved = [k for k, _ in node["d"]]
-            missing = [k for k in saved if k not in target]
-            unexpected = [k for k in target if k not in set(saved)]
-            if missing or unexpected:
-                raise ValueError(
-                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
-                    f"not in the checkpoint: {unexpected})"
-                )
+            check_same_keys(node, target, path)
             for k, v in node["d"]:
                 target[k] = self.fill(v, target[k], path + [k])
             return target
@@ -277,6 +268,21 @@ def _descr(d: Any) -> Any:
     if isinstance(d, list):
         return [tuple(_descr(x) for x in f) if isinstance(f, list) else f for f in d]
     return d
+
+
+def check_same_keys(node: Dict[str, Any], target: Any, path: List[str]) -> None:
+    """A saved dict (``node["d"]``) and the mapping a load fills in place: the same keys, or a
+    ``ValueError`` naming what is missing on each side (both formats' in-place loads)."""
+    if not isinstance(target, MutableMapping):
+        raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
+    saved = [k for k, _ in node["d"]]
+    missing = [k for k in saved if k not in target]
+    unexpected = [k for k in target if k not in set(saved)]
+    if missing or unexpected:
+        raise ValueError(
+            f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
+            f"not in the checkpoint: {unexpected})"
+        )
 
 
 def describe(x: Any) -> str:
@@ -315,16 +321,7 @@ def load_in_place(meta_part: Any, into: MutableMapping[str, Any], scatter: Any) 
 
     def plan(node: Dict[str, Any], target: Any, path: List[str], parent: Any, key: Any) -> None:
         if "d" in node:
-            if not isinstance(target, MutableMapping):
-                raise ValueError(f"{path_text(path)}: the checkpoint has a dict here, the target a {type(target).__name__}")
-            saved = [k for k, _ in node["d"]]
-            missing = [k for k in saved if k not in target]
-            unexpected = [k for k in target if k not in set(saved)]
-            if missing or unexpected:
-                raise ValueError(
-                    f"{path_text(path)}: keys differ from the checkpoint's (missing in the target: {missing}, "
-                    f"not in the checkpoint: {unexpected})"
-                )
+            check_same_keys(node, target, path)
             for k, v in node["d"]:
                 plan(v, target[k], path + [k], target, k)
             return

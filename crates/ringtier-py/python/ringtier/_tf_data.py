@@ -11,9 +11,10 @@ from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._fields import image_of, label_of_record
 from ._ringtier import Loader, RecordLoader
 from ._types import PathLike, is_s3_url, tier_path
-from .errors import CorruptError, InvalidInputError, NotFoundError
+from .errors import InvalidInputError, NotFoundError
 
 def _tf() -> Any:
     """TensorFlow, imported on first use."""
@@ -125,38 +126,6 @@ def _class_of(key: str) -> str:
     if not sep:
         raise InvalidInputError(f"labels='inferred' needs class directories: {key!r} is not in one")
     return head
-
-
-#: The WebDataset fields taken as the image when ``image_field`` is not given, in order.
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
-
-
-def image_of(record: Any, field: Optional[str]) -> Any:
-    """The image field of a WebDataset sample (``field``, or the first of :data:`IMAGE_FIELDS`)."""
-    names = [field] if field is not None else list(IMAGE_FIELDS)
-    for name in names:
-        if name in record:
-            return record[name]
-    raise InvalidInputError(
-        f"record {record.key!r} of shard {record.shard_key} has none of the image fields {tuple(names)} "
-        f"(it has: {', '.join(record.names())}); give image_field="
-    )
-
-
-def label_of_record(record: Any, field: str) -> int:
-    """The integer label in a WebDataset sample's ``field`` (``cls``)."""
-    if field not in record:
-        raise InvalidInputError(
-            f"record {record.key!r} of shard {record.shard_key} has no label field {field!r} "
-            f"(it has: {', '.join(record.names())}); give label_field=None for images only"
-        )
-    text = record[field].to_bytes().strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise CorruptError(
-            f"record {record.key!r} of shard {record.shard_key}: label field {field!r} is not an integer: {text[:32]!r}"
-        ) from None
 
 
 FORMATS = ("files", "tfrecord", "wds")

@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset as _TorchIterable
 from torch.utils.data import get_worker_info
 
 from .._ringtier import Loader, TransformPipeline
+from .._fields import image_of, label_of_record
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
@@ -154,8 +155,6 @@ def iterate_files(ds: Any) -> Iterator[Any]:
         yield ([keys[i] for i in kept], images) if keys is not None else images
 
 
-#: The WebDataset fields taken as the image when ``image_field`` is not given, in order.
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp")
 
 
 def check_record_transform(transform: Any, batch_size: int, seed: int) -> None:
@@ -163,38 +162,6 @@ def check_record_transform(transform: Any, batch_size: int, seed: int) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidInputError(f"batch_size must be a positive int, not {batch_size!r}")
     compile_transform(transform, seed=seed, threads=1)
-
-
-def _label(record: Any, field: str) -> int:
-    if field not in record:
-        raise InvalidInputError(
-            f"record {record.key!r} of shard {record.shard_key} has no label field {field!r} "
-            f"(it has: {', '.join(record.names())}); give label_field=None for images only"
-        )
-    text = record[field].to_bytes().strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise CorruptError(
-            f"record {record.key!r} of shard {record.shard_key}: label field {field!r} is not an integer: {text[:32]!r}"
-        ) from None
-
-
-def _image(record: Any, field: Optional[str]) -> Any:
-    if field is not None:
-        if field not in record:
-            raise InvalidInputError(
-                f"record {record.key!r} of shard {record.shard_key} has no image field {field!r} "
-                f"(it has: {', '.join(record.names())})"
-            )
-        return record[field]
-    for name in IMAGE_FIELDS:
-        if name in record:
-            return record[name]
-    raise InvalidInputError(
-        f"record {record.key!r} of shard {record.shard_key} has none of the image fields {IMAGE_FIELDS} "
-        f"(it has: {', '.join(record.names())}); give image_field="
-    )
 
 
 def iterate_records(ds: Any) -> Iterator[Any]:
@@ -215,10 +182,10 @@ def iterate_records(ds: Any) -> Iterator[Any]:
         extra: Dict[int, Tuple[str, int]] = {}
         for record in loader.epoch(ds.epoch, ds.position):
             index = (record.shard << 40) | record.offset
-            items.append(_image(record, ds.image_field) if wds else record)
+            items.append(image_of(record, ds.image_field) if wds else record)
             indices.append(index)
             key = record.key or f"{record.shard_key}:{record.offset}"
-            extra[index] = (key, _label(record, ds.label_field) if labelled else -1)
+            extra[index] = (key, label_of_record(record, ds.label_field) if labelled else -1)
             if len(items) == ds.batch_size:
                 yield items, indices, extra
                 items, indices, extra = [], [], {}

@@ -39,7 +39,7 @@ import numpy as np
 
 from . import _ringtier
 from .errors import CorruptError
-from ._state_dict_codec import TreeWalker, check_same_keys, describe, path_text
+from ._state_dict_codec import TreeWalker, check_same_keys, contiguous_bytes, describe, path_text
 from .safetensors import _TORCH_NAMES, _view
 
 FORMAT = "ringtier-py-safetensors"
@@ -162,16 +162,10 @@ class _Encoder(TreeWalker):
             if name is not None:
                 node["t"] = name
                 return node
-        src = t.detach()
-        if src.device.type != "cpu":
-            src = src.cpu()
-        src = src.resolve_conj().resolve_neg()
-        if not src.is_contiguous():
-            src = src.contiguous()
+        src, flat = contiguous_bytes(torch, t)
         shape = list(src.shape)
         if dtype == "F4" and shape:
             shape[-1] *= 2  # the header counts F4 elements, torch's float4_e2m1fn_x2 bytes
-        flat = src.reshape(-1).view(torch.uint8)
         nbytes = flat.numel()
         name = self._add(path, dtype, shape, flat.numpy() if nbytes else None, nbytes)
         if alias is not None:

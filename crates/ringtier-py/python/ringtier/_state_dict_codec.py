@@ -39,6 +39,18 @@ def path_text(path: List[str]) -> str:
     return "state" + "".join(f"[{k!r}]" for k in path)
 
 
+def contiguous_bytes(torch: Any, t: Any) -> Tuple[Any, Any]:
+    """A tensor as it is saved: detached, on the CPU, conjugation and negation resolved,
+    contiguous (copied only where it must be), and its flat ``uint8`` view of the same memory."""
+    src = t.detach()
+    if src.device.type != "cpu":
+        src = src.cpu()
+    src = src.resolve_conj().resolve_neg()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    return src, src.reshape(-1).view(torch.uint8)
+
+
 class TreeWalker:
     """The walk of a state's tree both checkpoint formats share: dicts (string keys, order,
     ``OrderedDict`` and its ``_metadata``), lists and tuples, plain values; the leaves (tensors,
@@ -127,13 +139,7 @@ class _Encoder(TreeWalker):
         requires_grad = bool(t.requires_grad)
         shape = list(t.shape)
         dtype = str(t.dtype).replace("torch.", "")
-        src = t.detach()
-        if src.device.type != "cpu":
-            src = src.cpu()
-        src = src.resolve_conj().resolve_neg()
-        if not src.is_contiguous():
-            src = src.contiguous()
-        flat = src.reshape(-1).view(torch.uint8)
+        flat = contiguous_bytes(torch, t)[1]
         nbytes = flat.numel()
         entry = {"kind": "torch", "dtype": dtype, "shape": shape}
         if requires_grad:

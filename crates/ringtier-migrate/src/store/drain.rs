@@ -52,6 +52,16 @@ impl Inner {
         }
     }
 
+    /// A save (or commit of files) of `step` became durable on tier `target` after `blocking`:
+    /// counted, and queued for the drain unless `target` is the last tier.
+    pub(super) fn saved(&self, step: u64, target: usize, bytes: u64, blocking: std::time::Duration) {
+        self.m.blocking[target].record(blocking.as_secs_f64());
+        self.m.saves_ok[target].increment(1);
+        if target + 1 < self.tiers.len() {
+            self.enqueue(step, target, bytes);
+        }
+    }
+
     pub(super) fn enqueue(&self, step: u64, from: usize, bytes: u64) {
         {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -374,11 +374,7 @@ impl CheckpointStore {
                         blocking_ms = blocking.as_secs_f64() * 1e3,
                         "saved"
                     );
-                    inner.m.blocking[target].record(blocking.as_secs_f64());
-                    inner.m.saves_ok[target].increment(1);
-                    if target < last {
-                        inner.enqueue(step, target, bytes);
-                    }
+                    inner.saved(step, target, bytes, blocking);
                     return Ok(SaveReport {
                         step,
                         bytes,

@@ -34,13 +34,14 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
 
 SIDES = ("stat", "dirents", "cached", "torchvision")
+
+from _common import drop_caches, summary, write_outputs  # noqa: E402 (beside this script)
 
 
 def rss_mib() -> float:
@@ -102,11 +103,6 @@ def child(side: str, root: str, batch: int, epoch: bool) -> Dict[str, Any]:
     return out
 
 
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
 
 def run_pass(side: str, a: argparse.Namespace) -> Dict[str, Any]:
     drop_caches()
@@ -116,9 +112,6 @@ def run_pass(side: str, a: argparse.Namespace) -> Dict[str, Any]:
         raise RuntimeError(f"{side}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
-
-def summary(v: List[float]) -> Dict[str, float]:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main() -> int:
@@ -183,12 +176,7 @@ def main() -> int:
                      + (f" {res[s]['files_per_s']['median']:,.0f} |" if a.epoch else ""))
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(payload, f, indent=1)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text)
+    write_outputs(payload, text, a.json, a.md)
     return 0
 
 

@@ -26,13 +26,14 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
 
 SIDES = ("reference", "torch", "no-tensor")
+
+from _common import summary, write_outputs  # noqa: E402 (beside this script)
 
 
 def child(side: str, batches: int, records: int, nbytes: int, workers: int) -> Dict[str, Any]:
@@ -74,9 +75,6 @@ def child(side: str, batches: int, records: int, nbytes: int, workers: int) -> D
     return {"batches": n, "wall_s": wall, "us_per_batch": wall / n * 1e6,
             "main_cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)}
 
-
-def summary(v: List[float]) -> Dict[str, float]:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main() -> int:
@@ -126,12 +124,7 @@ def main() -> int:
                      f"{s['vs_torch']['median']:.2f} | {s['main_cpu_s']['median']:.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(payload, f, indent=1)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text)
+    write_outputs(payload, text, a.json, a.md)
     return 0
 
 

@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,8 @@ import zlib
 from typing import Any, Dict, List
 
 HERE = os.path.abspath(__file__)
+
+from _common import drop_caches, summary, write_outputs  # noqa: E402 (beside this script)
 
 
 # ------------------------------------------------------------------ one rank ----------------
@@ -123,11 +124,6 @@ def rank_main(side: str, root: str, workers: int, out: str, verify: bool) -> Non
 # ------------------------------------------------------------------ the parent --------------
 
 
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
 
 def one_pass(side: str, root: str, ranks: int, workers: int, verify: bool) -> Dict[str, Any]:
     drop_caches()
@@ -196,9 +192,6 @@ def check_exactly_once(seen: List[Any], expected: Dict[str, Any]) -> Dict[str, A
         "ok": not twice and not missing and not bad and len(counts) == len(expected),
     }
 
-
-def summary(v: List[float]) -> Dict[str, float]:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main() -> int:
@@ -269,9 +262,6 @@ def main() -> int:
         "verify": verify,
         "raw": runs,
     }
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
     lines = ["| side | ranks | workers | samples/s (min / median / max) | x 1 rank, 0 workers | x torchvision | "
              "CPU s / 1,000 | rank RSS MiB | worker RSS MiB | engine threads |", "|" + "---|" * 10]
     for name, t in table.items():
@@ -286,11 +276,9 @@ def main() -> int:
     for k, v in verify.items():
         lines.append(f"\nexactly once, {k}: {'ok' if v['ok'] else 'FAILED'} ({v['distinct']:,} of {v['expected']:,} "
                      f"files, {v['read_twice']} twice, {v['missing']} missing, {v['bytes_wrong']} with wrong bytes)")
-    text = "\n".join(lines)
+    text = "\n".join(lines) + "\n"
     print(text)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text + "\n")
+    write_outputs(report, text, a.json, a.md)
     return 0 if all(v["ok"] for v in verify.values()) else 1
 
 

@@ -35,11 +35,12 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Tuple
+
+from _common import drop_caches, summary, write_outputs  # noqa: E402 (beside this script)
 
 
 def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
@@ -120,14 +121,6 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
             "rss_main_mib": r1.ru_maxrss / 1024, "rss_worker_mib": rc.ru_maxrss / 1024}
 
 
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def summary(v: List[float]) -> Dict[str, float]:
-    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def main() -> int:
@@ -193,12 +186,7 @@ def main() -> int:
                      f"{s['rss_main_mib']['median']:.0f} / {s['rss_worker_mib']['median']:.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(payload, f, indent=1)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text)
+    write_outputs(payload, text, a.json, a.md)
     return 0
 
 

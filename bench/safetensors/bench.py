@@ -14,6 +14,10 @@ result touched, wall time from the call to the last page touched):
   runai      runai_model_streamer.SafetensorsStreamer over all shards, RUNAI_STREAMER_CONCURRENCY
              set by --runai-concurrency (swept once beforehand with --sweep-runai)
   torch.load torch.load of the same tensors saved by torch.save (one file)
+  populate   no read at all: fresh private anonymous memory of the model's size faulted in
+             (MADV_POPULATE_WRITE, 4 KiB pages), the CPU floor of any loader whose tensors live
+             in memory of their own (ringtier, fastsafetensors, runai, torch.load) rather than
+             in the page cache's pages of the file (safetensors' mmap)
   ringtier-s3  ringtier.safetensors.load_file("s3://BUCKET/model.safetensors.index.json?endpoint=...")
              from an S3 server on loopback (--s3-server: the test kit's ringtier-s3-server, s3s-fs
              over DIR's parent, DIR's name the bucket), --s3-depth range GETs of --chunk in flight
@@ -178,6 +182,14 @@ def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
                 tensors[name] = t
     elif side == "torch.load":
         tensors = torch.load(dirpath / "model.pt", weights_only=True)
+    elif side == "populate":
+        import mmap
+
+        nbytes = sum(os.path.getsize(f) for f in files)
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(23)  # MADV_POPULATE_WRITE (Linux 5.14; the mmap module has no name for it)
+        tensors = {"all": torch.frombuffer(m, dtype=torch.uint8)}
+        keep.append(m)
     elif side == "ringtier-s3":
         from ringtier import safetensors as rs
 

@@ -14,6 +14,7 @@ mod metrics;
 mod records;
 mod safetensors;
 mod store;
+mod thp;
 mod tiers;
 mod transforms;
 

@@ -4,7 +4,8 @@ torchvision's DatasetFolder at 0, 2, 4 and 8 workers and SPDL's thread pipeline,
 interleaved, one fresh process per pass.
 
     python bench/scale/workers.py [--raw DIR] [--photos DIR] [--records DIR] [--repeats 3]
-        [--workers 0,1,2,4,8] [--peer-workers 0,2,4,8] [--spdl 8,16] [--json out.json] [--md out.md]
+        [--workers 0,1,2,4,8] [--peer-workers 0,2,4,8] [--spdl 8,16] [--dali 2,4]
+        [--json out.json] [--md out.md]
 
 ``--raw DIR`` (bench/scale/make_files.py): ``ringtier.torch.IterableDataset(DIR,
 batch_size=256)`` through ``DataLoader(ds, batch_size=None, num_workers=N)`` (in a worker a
@@ -12,13 +13,20 @@ batch crosses as one PackedBatch), against ``torchvision.datasets.DatasetFolder(
 loader=<read bytes>, extensions=(".bin",))`` in ``DataLoader(batch_size=256, shuffle=True,
 num_workers=N, collate_fn=list)``, and (``--spdl 8,16``) SPDL 0.8's ``PipelineBuilder``
 (the files listed by ``os.walk``, shuffled, read by N threads, batched by 256; workers column:
-its threads). ``--records DIR`` (``ringtier gen --format tfrecord``): ``ringtier.torch.RecordDataset(DIR,
+its threads), and ``spdl-batched``: SPDL with the paths batched by 256 before the read stage,
+one task per batch (SPDL schedules each item as a task; a task per file is its slowest form
+here); (``--dali 2,4``) NVIDIA DALI's CPU pipeline (``device_id=None``: no GPU) with
+``fn.readers.file(file_root=DIR, random_shuffle=True)``, batch 256, N threads. ``--records DIR`` (``ringtier gen --format tfrecord``): ``ringtier.torch.RecordDataset(DIR,
 format="tfrecord", batched=True, batch_size=256)`` (in a worker a batch crosses as one
 PackedBatch). ``--photos DIR`` (bench/python/make_photos.py):
 ``ringtier.torch.ImageFolder(DIR, transform, batch_size=64)`` with the ImageNet training
 chain (RandomResizedCrop(224), RandomHorizontalFlip, ToDtype(float32, scale=True), Normalize)
 through ``DataLoader(ds, batch_size=None, num_workers=N)`` (in a worker a batch is decoded
-straight into shared memory the worker reuses). ringtier lists with its defaults (no stat per
+straight into shared memory the worker reuses), against torchvision's ``ImageFolder`` (PIL
+decode) with the same chain from ``torchvision.transforms.v2`` in ``DataLoader(batch_size=64,
+shuffle=True, num_workers=N)``, and (``--dali``) DALI's CPU pipeline: ``readers.file``,
+``decoders.image`` (libjpeg-turbo), ``random_resized_crop(224)``, ``crop_mirror_normalize``
+(float32, CHW, a random flip), batch 64. ringtier lists with its defaults (no stat per
 file; the listing cache beside the data set, made once before the passes).
 
 Every pass is one epoch in a fresh process after ``sync; echo 3 > /proc/sys/vm/drop_caches``
@@ -49,33 +57,17 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
 
     if side == "torchvision":
         import torchvision
-    elif side == "spdl":
+    elif side in ("spdl", "spdl-batched"):
         from spdl.pipeline import PipelineBuilder
+    elif side == "dali":
+        from nvidia.dali import fn, pipeline_def, types  # noqa: F401 (imported before the clock)
     else:
         import ringtier.torch as rt
         import ringtier.transforms as T
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    if side == "spdl":
-        # SPDL's thread pipeline: the files listed as torchvision lists them (os.walk), shuffled,
-        # read by WORKERS threads, batched by 256.
-        import random
-
-        def read_file(path: str) -> bytes:
-            with open(path, "rb") as f:
-                return f.read()
-
-        paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".bin"))
-        random.Random(1).shuffle(paths)
-        pipeline = (
-            PipelineBuilder().add_source(paths).pipe(read_file, concurrency=workers).aggregate(256).add_sink(4)
-            .build(num_threads=workers)
-        )
-        n = 0
-        with pipeline.auto_stop():
-            for batch in pipeline.get_iterator(timeout=600):
-                n += len(batch)
-                del batch
+    if side in ("spdl", "spdl-batched", "dali"):
+        n = spdl_epoch(root, workers, side == "spdl-batched") if side != "dali" else dali_epoch(kind, root, workers)
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -95,6 +87,18 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
     elif kind == "records":
         ds = rt.RecordDataset(root, format="tfrecord", batched=True, batch_size=256, seed=1, rank=0, world_size=1)
         dl = DataLoader(ds, batch_size=None, num_workers=workers)
+    elif side == "torchvision":
+        from torchvision.transforms import v2
+
+        tv_chain = v2.Compose([
+            v2.ToImage(),
+            v2.RandomResizedCrop(224, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ])
+        ds = torchvision.datasets.ImageFolder(root, transform=tv_chain)
+        dl = DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers)
     else:
         chain = T.Compose([
             T.RandomResizedCrop(224),
@@ -123,6 +127,68 @@ def child(kind: str, side: str, root: str, workers: int) -> Dict[str, Any]:
 
 
 
+def spdl_epoch(root: str, threads: int, batched: bool) -> int:
+    """SPDL's thread pipeline over the files listed as torchvision lists them (os.walk),
+    shuffled, read by THREADS threads: a task per file, or (batched) per 256 paths."""
+    import random
+
+    from spdl.pipeline import PipelineBuilder
+
+    def read_file(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def read_batch(paths: List[str]) -> List[bytes]:
+        return [read_file(p) for p in paths]
+
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".bin"))
+    random.Random(1).shuffle(paths)
+    b = PipelineBuilder().add_source(paths)
+    if batched:
+        b = b.aggregate(256).pipe(read_batch, concurrency=threads)
+    else:
+        b = b.pipe(read_file, concurrency=threads).aggregate(256)
+    pipeline = b.add_sink(4).build(num_threads=threads)
+    n = 0
+    with pipeline.auto_stop():
+        for batch in pipeline.get_iterator(timeout=600):
+            n += len(batch)
+            del batch
+    return n
+
+
+def dali_epoch(kind: str, root: str, threads: int) -> int:
+    """One epoch of DALI's CPU pipeline (no GPU: ``device_id=None``) with THREADS threads."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    batch = 256 if kind == "raw" else 64
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, seed=1, prefetch_queue_depth=2)
+    def pipe():
+        # DALI lists image extensions by default: the raw set's .bin files are named.
+        filters = ["*.bin"] if kind == "raw" else ["*.jpg", "*.jpeg", "*.JPEG"]
+        data, labels = fn.readers.file(file_root=root, file_filters=filters, random_shuffle=True, name="files",
+                                       pad_last_batch=True)
+        if kind == "raw":
+            return data, labels
+        images = fn.decoders.image(data, device="cpu", output_type=types.RGB)
+        images = fn.random_resized_crop(images, size=224)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], std=[0.229 * 255, 0.224 * 255, 0.225 * 255])
+        return images, labels
+
+    p = pipe()
+    p.build()
+    total = p.epoch_size("files")
+    n = 0
+    while n < total:
+        out = p.run()
+        n += min(len(out[0]), total - n)
+        del out
+    return n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw")
@@ -132,6 +198,7 @@ def main() -> int:
     ap.add_argument("--workers", default="0,1,2,4,8")
     ap.add_argument("--peer-workers", default="0,2,4,8")
     ap.add_argument("--spdl", default="", help="SPDL thread counts (raw only; needs `pip install spdl`)")
+    ap.add_argument("--dali", default="", help="DALI CPU thread counts (needs `pip install nvidia-dali-cuda130`)")
     ap.add_argument("--child", nargs=4, metavar=("KIND", "SIDE", "DIR", "WORKERS"))
     ap.add_argument("--json")
     ap.add_argument("--md")
@@ -148,9 +215,11 @@ def main() -> int:
             # The listing cache, made once (the data set's directories are older than two seconds).
             subprocess.run([sys.executable, "-c", "import ringtier, sys; ringtier.Loader(sys.argv[1])", root], check=True)
         configs += [(kind, "ringtier", root, int(w)) for w in a.workers.split(",")]
-        if kind == "raw":
+        if kind in ("raw", "photos"):
             configs += [(kind, "torchvision", root, int(w)) for w in a.peer_workers.split(",") if w]
-            configs += [(kind, "spdl", root, int(w)) for w in a.spdl.split(",") if w]
+            configs += [(kind, "dali", root, int(w)) for w in a.dali.split(",") if w]
+        if kind == "raw":
+            configs += [(kind, side, root, int(w)) for w in a.spdl.split(",") if w for side in ("spdl", "spdl-batched")]
     raw: Dict[str, List[Dict[str, Any]]] = {f"{k}/{s}/{w}": [] for k, s, _, w in configs}
     for r in range(a.repeats):
         for k, s, root, w in configs:

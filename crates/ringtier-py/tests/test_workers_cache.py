@@ -114,6 +114,26 @@ def test_worker_slots_are_reused_only_once_released(dataset, keep):
     assert sum(ring.flags) == 0, "every slot is free once no view of its batch is left"
 
 
+def test_a_worker_takes_its_first_free_slot():
+    """Slots are taken first free first, not in turn: a worker with few batches in flight
+    touches few slots (each a segment whose pages are faulted in once)."""
+    from ringtier.torch._packed import SLOTS_PER_WORKER, SlotRing
+
+    ring = SlotRing()
+    a, ia = ring.take(1, 1000)
+    b, ib = ring.take(1, 1000)
+    assert (ia, ib) == (SLOTS_PER_WORKER, SLOTS_PER_WORKER + 1)  # worker 1's first two
+    assert a.numel() == 1250, "a quarter more by default, for batches whose size varies"
+    ring.flags[ia] = 0  # the main process let go of the first batch
+    again, i = ring.take(1, 1000)
+    assert i == ia and again.data_ptr() == a.data_ptr(), "the freed slot is taken again, same segment"
+    exact, j = ring.take(1, 4096, headroom=False)
+    assert j == SLOTS_PER_WORKER + 2 and exact.numel() == 4096
+    for k in range(SLOTS_PER_WORKER):
+        ring.flags[SLOTS_PER_WORKER + k] = 1
+    assert ring.take(1, 10) is None, "every slot busy: the caller falls back to fresh memory"
+
+
 def test_a_sample_view_keeps_its_slot(dataset):
     root, files = dataset
     ds = rt.IterableDataset(root, batch_size=8, with_keys=True)

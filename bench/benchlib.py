@@ -31,3 +31,14 @@ def fs_type(path):
 def summary(v):
     """min / median / max of a list of numbers."""
     return {"min": min(v), "median": statistics.median(v), "max": max(v)}
+
+
+def git_commit():
+    """The commit of the checkout this script runs from, or "" where there is none (a script
+    written out by `ringtier paper`, a machine without git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+    except OSError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""

@@ -267,11 +267,14 @@ def main() -> int:
     for name, t in table.items():
         side, r, w = name.split()
         p, c = t["per_s"], t["cpu_s_per_1000"]
-        x1 = t["x_one_rank_no_workers"]
-        xt = t.get("x_torchvision_same")
+        # Ratios where their baseline ran in this invocation ("-" otherwise: --ranks 2,4 has no
+        # one-rank pass to divide by).
+        x1, xt = t["x_one_rank_no_workers"], t.get("x_torchvision_same")
+        x1_text = f"{x1['median']:.2f}" if x1 else "-"
+        xt_text = f"{xt['median']:.2f}" if xt else "-"
         lines.append(
             f"| {side} | {r[1:]} | {w[1:]} | {p['min']:,.0f} / {p['median']:,.0f} / {p['max']:,.0f} | "
-            f"{x1['median']:.2f} | {xt['median'] if xt else '-':{'.2f' if xt else ''}} | {c['median']:.3f} | "
+            f"{x1_text} | {xt_text} | {c['median']:.3f} | "
             f"{t['rss_main_mib_max']:.0f} | {t['rss_worker_mib_max']:.0f} | {t['engine_threads']} |")
     for k, v in verify.items():
         lines.append(f"\nexactly once, {k}: {'ok' if v['ok'] else 'FAILED'} ({v['distinct']:,} of {v['expected']:,} "

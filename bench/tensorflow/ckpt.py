@@ -27,13 +27,12 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchlib import fs_type, summary  # noqa: E402
+from benchlib import fs_type, git_commit, summary  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
@@ -137,7 +136,7 @@ def main():
     report = {
         "schema": "ringtier.bench.tensorflow.ckpt/1",
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": git_commit(),
         "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
                     "fast_filesystem": fs_type(a.fast), "slow_filesystem": fs_type(a.slow)},
         "slow_tier": a.slow_kind, "slowdown": a.slowdown, "checkpoint_bytes": rep["bytes"], "repeats": a.repeats,

@@ -19,13 +19,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchlib import fs_type, summary  # noqa: E402
+from benchlib import fs_type, git_commit, summary  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
@@ -123,7 +122,7 @@ def main():
     report = {
         "schema": "ringtier.bench.tensorflow.miniapp/1",
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": git_commit(),
         "machine": {"nproc": os.cpu_count(), "kernel": platform.release(), "filesystem": fs_type(a.dir)},
         "files": sum(len(fs) for _, _, fs in os.walk(a.dir)), "classes": classes, "batch": a.batch, "size": a.size,
         "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,

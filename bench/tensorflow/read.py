@@ -2,9 +2,9 @@
 """The paper's read micro-benchmark inside TensorFlow: tf.data's own readers against
 ringtier.tensorflow.dataset, on the same files, cold, interleaved, pair by pair.
 
-Each pass runs in its own process under /usr/bin/time (wall of the pass itself, user+sys CPU
-and peak RSS of the process; "pass" CPU: the pass alone, without Python's start and
-TensorFlow's import), after every file is evicted from the page cache
+Each pass runs in its own process (wall of the pass itself, user+sys CPU and peak RSS of the
+process, as it measures them at its end; "pass" CPU: the pass alone, without Python's start
+and TensorFlow's import), after every file is evicted from the page cache
 (posix_fadvise DONTNEED per file; `--drop-caches` as root: sync + drop_caches). Per repeat:
 ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike.
 
@@ -40,10 +40,9 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchlib import evict, fs_type, summary  # noqa: E402
+from benchlib import evict, fs_type, git_commit, summary  # noqa: E402
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -94,7 +93,9 @@ for x in ds:
     n += int(x.shape[0])
     if fmt != "jpeg":
         b += int(tf.reduce_sum(tf.cast(x, tf.int64)))
-print(json.dumps({"samples": n, "payload_bytes": b, "wall": time.perf_counter() - t0, "pass_cpu": cpu() - c0}))
+wall, pass_cpu = time.perf_counter() - t0, cpu() - c0
+print(json.dumps({"samples": n, "payload_bytes": b, "wall": wall, "pass_cpu": pass_cpu,
+                  "proc_cpu": cpu(), "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
@@ -109,13 +110,13 @@ def tuned_malloc_env():
 
 
 def timed(cmd, env):
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
-        out = subprocess.run(["/usr/bin/time", "-o", t.name, "-f", "%e %U %S %M"] + cmd,
-                             capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            sys.exit(f"{cmd} failed: {out.stderr[-3000:]}")
-        _wall, user, sys_, rss = t.read().split()[-4:]
-    return json.loads(out.stdout.strip().splitlines()[-1]), float(user) + float(sys_), int(rss) * 1024
+    """Runs one pass; returns its report, the process's user+sys CPU (Python's start and
+    TensorFlow's import included) and its peak RSS, both as the process measured them itself."""
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{cmd} failed: {out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return res, res["proc_cpu"], res["peak_rss"]
 
 
 def cold(files, drop):
@@ -177,7 +178,7 @@ def main():
     report = {
         "schema": "ringtier.bench.tensorflow.read/1",
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": git_commit(),
         "machine": {"nproc": os.cpu_count(), "kernel": platform.release(),
                     "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "filesystem": fs_type(a.dir)},
         "ringtier_jpeg_decoder": ringtier.JPEG_DECODER,

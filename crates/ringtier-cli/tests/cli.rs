@@ -582,3 +582,77 @@ fn paper_remote_without_boto3_fails_at_once_saying_what_it_needs() {
     assert!(stderr.contains("needs boto3") && stderr.contains("pip install boto3"), "{stderr}");
     assert!(!stderr.contains("== 1/"), "no experiment ran: {stderr}");
 }
+
+/// A stand-in `python3` that cannot import TensorFlow, in a directory to put first on PATH.
+fn python_without_tensorflow(dir: &std::path::Path) -> std::path::PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let py = bin.join("python3");
+    std::fs::write(&py, "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'tensorflow'\" >&2\nexit 1\n")
+        .expect("script");
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    py
+}
+
+#[test]
+fn paper_without_tensorflow_says_why_its_section_did_not_run_or_fails_at_once_when_asked() {
+    let dir = tempfile::Builder::new().prefix("cli-notf").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let py = python_without_tensorflow(dir.path());
+    // `on`: refused before any experiment, saying what to do.
+    let out = dir.path().join("report-on");
+    let run = ringtier()
+        .args(["paper", "--tiny", "--repeats", "1", "--tensorflow", "on", "--python"])
+        .arg(&py)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run ringtier");
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("--tensorflow on") && stderr.contains("No module named 'tensorflow'"), "{stderr}");
+    assert!(stderr.contains("pip install tensorflow-cpu"), "{stderr}");
+    assert!(!stderr.contains("== 1/"), "no experiment ran: {stderr}");
+    // `auto` (the default): the paper runs, and its last section says why TensorFlow's did not.
+    let out = dir.path().join("report-auto");
+    let run = ringtier()
+        .args(["paper", "--tiny", "--repeats", "1", "--python"])
+        .arg(&py)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run ringtier");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = paper_report(&out);
+    assert!(report.contains("## 4. The experiments inside TensorFlow"), "{report}");
+    assert!(report.contains("Not run: ") && report.contains("No module named 'tensorflow'"), "{report}");
+    assert!(!out.join("tf-read.json").exists());
+}
+
+/// The paper's experiments inside TensorFlow, for real: only where `RINGTIER_TF_PYTHON` names
+/// a Python with TensorFlow and this build of ringtier (CI sets it in its TensorFlow stage).
+#[test]
+fn paper_inside_tensorflow_runs_the_three_experiments() {
+    let Some(py) = std::env::var_os("RINGTIER_TF_PYTHON") else {
+        eprintln!("skipped: RINGTIER_TF_PYTHON is not set");
+        return;
+    };
+    let dir = tempfile::Builder::new().prefix("cli-tf").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let out = dir.path().join("report");
+    let run = ringtier()
+        .args(["paper", "--tiny", "--repeats", "1", "--tensorflow", "on", "--python"])
+        .arg(&py)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run ringtier");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report = paper_report(&out);
+    assert!(report.contains("## 4. The experiments inside TensorFlow"), "{report}");
+    assert!(report.contains("128 of the paper's files"), "{report}");
+    assert!(report.contains("| ringtier prefetch off |") && report.contains("burst buffer blocks"), "{report}");
+    for f in ["tf-read.json", "tf-miniapp.json", "tf-ckpt.json"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(f)).expect(f)).expect("parse");
+        assert!(v["sides"].as_object().is_some_and(|s| s.len() >= 3), "{f}: {v}");
+    }
+}

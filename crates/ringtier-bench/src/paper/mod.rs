@@ -1,6 +1,7 @@
 //! `ringtier paper`: the paper's three experiments in one command, with a report directory;
 //! with `--remote` a fourth, the remote-storage regime (S3 on loopback, a latency-throttled
-//! file tier; `crate::s3bench`).
+//! file tier; `crate::s3bench`); where a Python with TensorFlow and ringtier is at hand, the
+//! three again inside TensorFlow (`tensorflow`).
 //!
 //! The experiments return their typed reports (and write them as JSON); the report is rendered
 //! from those reports alone (plus the few facts of the run that no experiment records), and a
@@ -22,7 +23,9 @@ use crate::s3::S3Report;
 use crate::train::{self, TrainReport};
 
 mod render;
+pub(crate) mod tensorflow;
 use render::render;
+use tensorflow::{TfMode, TfOutcome};
 
 /// Settings of the paper run.
 #[derive(Debug, Clone)]
@@ -39,6 +42,9 @@ pub(crate) struct PaperConfig {
     /// The engine of the mini-app's and the burst buffer's tiers; `posix` also leaves io_uring
     /// out of the read sweep, `uring` makes a refused io_uring an error instead of a skip.
     pub(crate) engine: ringtier_uring::Engine,
+    /// Whether the experiments also run inside TensorFlow, and with which Python.
+    pub(crate) tensorflow: TfMode,
+    pub(crate) python: PathBuf,
 }
 
 /// A new temp work directory, preferably where direct I/O works so the read experiment
@@ -102,6 +108,8 @@ struct Results {
     ckpt: CkptReport,
     /// `remote.json`, when the remote experiment ran.
     remote: Option<S3Report>,
+    /// The experiments inside TensorFlow: run, or why not; `None` with `--tensorflow off`.
+    tensorflow: Option<TfOutcome>,
 }
 
 /// Runs the three experiments (four with `remote`) and writes `OUT/report.md`, JSON and the
@@ -114,11 +122,21 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         // Before the hour of the other experiments, not after.
         crate::s3::check_boto3()?;
     }
+    // Whether the TensorFlow section can run, known before the other experiments: `on` fails
+    // here where it cannot; `auto` carries the reason into the report.
+    let tf_ready = match cfg.tensorflow {
+        TfMode::Off => None,
+        TfMode::On => Some(Ok(tensorflow::probe(&cfg.python).map_err(|why| {
+            anyhow::anyhow!("--tensorflow on: {why}; install them (`pip install tensorflow-cpu ringtier`) or name a Python that has them with --python")
+        })?)),
+        TfMode::Auto => Some(tensorflow::probe(&cfg.python)),
+    };
     if cfg.engine == ringtier_uring::Engine::Uring {
         ringtier_uring::engine::uring_availability()
             .map_err(|why| anyhow::anyhow!("--engine uring: {why}; {}, or use --engine auto", why.remedy()))?;
     }
-    let n = if cfg.remote { 4 } else { 3 };
+    let tf_runs = matches!(tf_ready, Some(Ok(_)));
+    let n = 3 + usize::from(cfg.remote) + usize::from(tf_runs);
     let work_fs = ringtier_core::fs::fs_type_name(&cfg.work);
     // O_DIRECT reads where the file system has them; buffered io_uring reads otherwise.
     let uring = if ringtier_core::fs::dir_supports_direct_io(&cfg.work) == Some(true) {
@@ -232,7 +250,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
 
     // 4. The remote-storage regime (optional).
     let remote = if cfg.remote {
-        eprintln!("== 4/4: remote storage: S3 on loopback and a file tier with per-request latency");
+        eprintln!("== 4/{n}: remote storage: S3 on loopback and a file tier with per-request latency");
         let dir = cfg.work.join("remote");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let sweep = crate::s3::ReadSweep {
@@ -261,6 +279,35 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         None
     };
 
+    // 5. The experiments inside TensorFlow (where a Python has it).
+    let tensorflow = match tf_ready {
+        None => None,
+        Some(Err(why)) => {
+            eprintln!("note: the experiments inside TensorFlow do not run: {why}");
+            Some(TfOutcome::NotRun(why))
+        }
+        Some(Ok(versions)) => {
+            eprintln!("== {n}/{n}: the experiments inside TensorFlow ({versions})");
+            let tcfg = tensorflow::TfConfig {
+                python: cfg.python.clone(),
+                work: cfg.work.clone(),
+                out: cfg.out.clone(),
+                full: cfg.full,
+                tiny: cfg.tiny,
+                repeats: cfg.repeats,
+            };
+            match tensorflow::run(&tcfg, versions) {
+                Ok(r) => Some(TfOutcome::Ran(Box::new(r))),
+                // `on` asked for them: a failure is the command's; `auto` reports it and goes on.
+                Err(e) if cfg.tensorflow == TfMode::On => return Err(e.context("the experiments inside TensorFlow")),
+                Err(e) => {
+                    eprintln!("warning: the experiments inside TensorFlow failed: {e:#}");
+                    Some(TfOutcome::NotRun(format!("they failed: {e:#}")))
+                }
+            }
+        }
+    };
+
     let facts = RunFacts {
         work: cfg.work.clone(),
         work_fs: work_fs.to_string(),
@@ -270,7 +317,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         total_seconds: started.elapsed().as_secs_f64(),
         engine: cfg.engine,
     };
-    let md = render(&facts, &Results { read, train_read, train_decode, ckpt, remote })
+    let md = render(&facts, &Results { read, train_read, train_decode, ckpt, remote, tensorflow })
         .context("writing the report from the experiments' reports (their JSON is kept in the report directory)")?;
     let path = cfg.out.join("report.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
@@ -303,6 +350,8 @@ pub(crate) fn command(a: PaperArgs) -> Result<()> {
         repeats: a.repeats.max(1),
         remote: a.remote,
         engine: a.engine,
+        tensorflow: a.tensorflow,
+        python: a.python,
     };
     run(&cfg)
 }
@@ -338,4 +387,14 @@ pub struct PaperArgs {
     /// mini-app and the burst buffer run on the thread pool).
     #[arg(long, default_value = "auto")]
     pub(crate) engine: ringtier_uring::Engine,
+    /// The three experiments again inside TensorFlow (a last report section: tf.data against
+    /// ringtier.tensorflow.dataset, the mini-app in Keras, TensorFlow's saver with and without
+    /// the burst buffer): `auto` where `--python` imports tensorflow and ringtier.tensorflow
+    /// (the report says why not otherwise), `on` (an error before any experiment where it
+    /// cannot), `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) tensorflow: TfMode,
+    /// The Python for the TensorFlow experiments.
+    #[arg(long, default_value = "python3")]
+    pub(crate) python: PathBuf,
 }

@@ -59,6 +59,9 @@ pub(super) fn render(facts: &RunFacts, r: &Results) -> Result<String> {
     if let Some(remote) = &r.remote {
         remote_section(&mut md, remote)?;
     }
+    if let Some(tf) = &r.tensorflow {
+        tensorflow_section(&mut md, tf, if r.remote.is_some() { 5 } else { 4 })?;
+    }
     let _ = writeln!(md, "Total time: {:.0} s.", facts.total_seconds);
     Ok(md)
 }
@@ -240,6 +243,146 @@ fn ckpt_section(md: &mut String, ck: &CkptReport) -> Result<()> {
     Ok(())
 }
 
+/// The number at `path` of a script's JSON report; an error naming the file and the path
+/// where it is missing or not a number.
+fn json_num(v: &serde_json::Value, file: &str, path: &[&str]) -> Result<f64> {
+    let mut at = v;
+    for key in path {
+        at = at.get(key).with_context(|| format!("{file}: `{}` was not measured", path.join(".")))?;
+    }
+    at.as_f64().with_context(|| format!("{file}: `{}` is not a number", path.join(".")))
+}
+
+/// `median (min..max)` of a `{min, median, max}` summary at `path`.
+fn json_mmm(v: &serde_json::Value, file: &str, path: &[&str], digits: usize) -> Result<String> {
+    let mut p = path.to_vec();
+    let mut get = |k: &'static str| {
+        p.push(k);
+        let x = json_num(v, file, &p);
+        p.pop();
+        x
+    };
+    let (lo, mid, hi) = (get("min")?, get("median")?, get("max")?);
+    Ok(format!("{mid:.digits$} ({lo:.digits$}..{hi:.digits$})"))
+}
+
+/// The report's last section: the three experiments inside TensorFlow, or why they did not run.
+fn tensorflow_section(md: &mut String, tf: &TfOutcome, number: usize) -> Result<()> {
+    let _ = writeln!(md, "## {number}. The experiments inside TensorFlow\n");
+    let r = match tf {
+        TfOutcome::NotRun(why) => {
+            let _ = writeln!(
+                md,
+                "Not run: {why}. With a Python that imports `tensorflow` and `ringtier.tensorflow` (`pip install \
+                 tensorflow-cpu ringtier`), `ringtier paper --python PATH` runs the read micro-benchmark through \
+                 `tf.data`, the mini-app in Keras and TensorFlow's saver with the burst buffer; \
+                 `--tensorflow off` leaves this section out.\n"
+            );
+            return Ok(());
+        }
+        TfOutcome::Ran(r) => r,
+    };
+    let _ = writeln!(
+        md,
+        "{} in `{}`: the scripts of `bench/tensorflow/` at this report's sizes, each pass in a fresh process. Data: \
+         `tf-read.json`, `tf-miniapp.json`, `tf-ckpt.json`.\n",
+        r.versions,
+        r.python.display()
+    );
+
+    // Read.
+    let (rj, read) = ("tf-read.json", &r.read);
+    let sides =
+        read.get("sides").and_then(|s| s.as_object()).with_context(|| format!("{rj}: `sides` was not measured"))?;
+    let files = json_num(read, rj, &["files"])?;
+    let mb = json_num(read, rj, &["bytes"])? / 1e6;
+    let _ = writeln!(
+        md,
+        "**Read micro-benchmark.** {files:.0} of the paper's files ({mb:.0} MB), cold (evicted before every pass): \
+         `tf.data` (`list_files`, `map(read_file, num_parallel_calls=k)`, `batch(64)`) with `k` swept, against \
+         `ringtier.tensorflow.dataset(D, batch_size=64)`.\n"
+    );
+    let mut table = crate::harness::Table::new(["side", "MB/s", "pass CPU s/GiB"]);
+    for name in sides.keys() {
+        table.row([
+            name.clone(),
+            json_mmm(read, rj, &["sides", name, "mb_per_sec"], 0)?,
+            format!("{:.2}", json_num(read, rj, &["sides", name, "pass_cpu_seconds_per_gib", "median"])?),
+        ]);
+    }
+    md.push_str(&table.markdown());
+    let best = read
+        .get("best_tf_data")
+        .and_then(|b| b.as_str())
+        .with_context(|| format!("{rj}: `best_tf_data` was not measured"))?;
+    let _ = writeln!(
+        md,
+        "\n**Paper:** `tf.data` reads faster with more parallel calls. **Here:** ringtier's dataset at {}x the best \
+         `tf.data` side (`{best}`), pass by pass, median (min..max).\n",
+        json_mmm(read, rj, &["ringtier_over_best_tf_data_mb_per_sec"], 2)?
+    );
+
+    // Mini-app.
+    let (mj, mini) = ("tf-miniapp.json", &r.miniapp);
+    let _ = writeln!(
+        md,
+        "**AlexNet mini-app in Keras.** {:.0} small JPEGs, batches of {:.0}, {:.0} steps: the share of each step spent \
+         waiting for input (stall), with the prefetcher on and off.\n",
+        json_num(mini, mj, &["files"])?,
+        json_num(mini, mj, &["batch"])?,
+        json_num(mini, mj, &["steps"])?
+    );
+    let mut table = crate::harness::Table::new(["pipeline", "stall %", "images/s"]);
+    for name in ["tf.data prefetch on", "tf.data prefetch off", "ringtier prefetch on", "ringtier prefetch off"] {
+        table.row([
+            name.to_string(),
+            json_mmm(mini, mj, &["sides", name, "stall_percent"], 1)?,
+            json_mmm(mini, mj, &["sides", name, "images_per_sec"], 0)?,
+        ]);
+    }
+    md.push_str(&table.markdown());
+    let _ = writeln!(
+        md,
+        "\n**Paper:** the prefetcher hides the input pipeline behind the step (stall near zero with it on). \
+         **Here:** stall {:.1}% with `tf.data`'s prefetcher on, {:.1}% off; ringtier {:.1}% and {:.1}% (its loader \
+         reads ahead on its own).\n",
+        json_num(mini, mj, &["sides", "tf.data prefetch on", "stall_percent", "median"])?,
+        json_num(mini, mj, &["sides", "tf.data prefetch off", "stall_percent", "median"])?,
+        json_num(mini, mj, &["sides", "ringtier prefetch on", "stall_percent", "median"])?,
+        json_num(mini, mj, &["sides", "ringtier prefetch off", "stall_percent", "median"])?
+    );
+
+    // Checkpoints.
+    let (cj, ck) = ("tf-ckpt.json", &r.ckpt);
+    let _ = writeln!(
+        md,
+        "**Burst buffer around TensorFlow's saver.** A {:.0} MB `tf.train.Checkpoint`: seconds the save blocks.\n",
+        json_num(ck, cj, &["checkpoint_bytes"])? / 1e6
+    );
+    let mut table = crate::harness::Table::new(["save", "blocking s"]);
+    for (name, what) in [
+        ("tf -> slow", "TensorFlow straight to the slow tier, fsynced"),
+        ("tf -> fast", "TensorFlow to the fast tier, fsynced"),
+        ("raw fast write", "the same bytes, O_DIRECT to the fast tier"),
+        ("burst buffer", "`ringtier.tensorflow.CheckpointManager.save` (durable on the fast tier)"),
+    ] {
+        table.row([what.to_string(), json_mmm(ck, cj, &["sides", name, "seconds"], 3)?]);
+    }
+    md.push_str(&table.markdown());
+    let _ = writeln!(
+        md,
+        "\n**Paper:** the burst buffer blocked 2.6x less than TensorFlow writing straight to a 4x slower tier. \
+         **Here** the slow tier is the fast tier's own file system, not slowed (`bench/tensorflow/ckpt_blkio.sh 4` \
+         makes a 4x slower one, as root): the burst buffer blocks {}x as long as TensorFlow's own save to the fast \
+         tier and {}x a raw O_DIRECT write of the same bytes; the drain to the slow tier then takes {} s in the \
+         background.\n",
+        json_mmm(ck, cj, &["burst_buffer_over_tf_fast_write"], 2)?,
+        json_mmm(ck, cj, &["burst_buffer_over_raw_fast_write"], 2)?,
+        json_mmm(ck, cj, &["drain_seconds"], 2)?
+    );
+    Ok(())
+}
+
 fn remote_section(md: &mut String, rv: &S3Report) -> Result<()> {
     let rj = "remote.json";
     let rows = nonempty(&rv.rows, rj, "rows")?;
@@ -306,6 +449,7 @@ mod tests {
     use super::*;
     use crate::ckpt::{CkptBenchConfig, CkptPoint, FastTier, SlowTier};
     use crate::harness::{ColdMethod, Machine, Storage, Summary};
+    use crate::paper::tensorflow::TfReports;
     use crate::read::{DatasetInfo, Headline, Point};
     use crate::s3::{Row, RunSettings};
     use crate::train::{TrainConfig, TrainPoint};
@@ -498,7 +642,14 @@ mod tests {
             bandwidth_ratio: 2.0,
             cpu_per_gib_ratio: 0.1,
         };
-        Results { read, train_read: train(false), train_decode: train(true), ckpt, remote: Some(remote) }
+        Results {
+            read,
+            train_read: train(false),
+            train_decode: train(true),
+            ckpt,
+            remote: Some(remote),
+            tensorflow: None,
+        }
     }
 
     fn facts() -> RunFacts {
@@ -563,5 +714,50 @@ mod tests {
         let md = render(&facts(), &r).expect("render without io_uring");
         assert!(md.contains("io_uring did not run: io_uring is disabled by the sysctl"), "{md}");
         assert!(md.contains("(io_uring refused on this machine)"), "{md}");
+    }
+
+    fn tf_reports() -> TfReports {
+        // The committed results of bench/tensorflow/ (the same scripts the paper runs).
+        let json = |t: &str| serde_json::from_str::<serde_json::Value>(t).expect("committed JSON");
+        TfReports {
+            versions: "TensorFlow 2.21.0, ringtier 0.1.0".into(),
+            python: PathBuf::from("/venv/bin/python"),
+            read: json(include_str!("../../../../bench/results/tensorflow/read-files-8192.json")),
+            miniapp: json(include_str!("../../../../bench/results/tensorflow/miniapp.json")),
+            ckpt: json(include_str!("../../../../bench/results/tensorflow/ckpt-blkio-4x.json")),
+        }
+    }
+
+    #[test]
+    fn the_tensorflow_section_comes_from_the_scripts_reports() {
+        let r = Results { tensorflow: Some(TfOutcome::Ran(Box::new(tf_reports()))), ..results(Engine::UringDirect) };
+        let md = render(&facts(), &r).expect("render");
+        assert!(md.contains("## 5. The experiments inside TensorFlow"), "after the remote section: {md}");
+        assert!(md.contains("TensorFlow 2.21.0, ringtier 0.1.0 in `/venv/bin/python`"), "{md}");
+        assert!(md.contains("8192 of the paper's files"), "{md}");
+        assert!(md.contains("| ringtier | 1255 (789..1391) | 0.74 |"), "{md}");
+        assert!(md.contains("the best `tf.data` side (`tf.data 16 malloc`)"), "{md}");
+        assert!(md.contains("| ringtier prefetch on |"), "{md}");
+        assert!(md.contains("burst buffer blocks"), "{md}");
+        assert!(!md.contains("NaN"), "{md}");
+        let r = Results { remote: None, ..r };
+        assert!(render(&facts(), &r).expect("render").contains("## 4. The experiments inside TensorFlow"));
+        // A report without a figure the section needs: an error naming the file and the figure.
+        let mut bad = tf_reports();
+        bad.ckpt.as_object_mut().expect("object").remove("drain_seconds");
+        let r = Results { tensorflow: Some(TfOutcome::Ran(Box::new(bad))), ..results(Engine::UringDirect) };
+        let e = format!("{:#}", render(&facts(), &r).expect_err("missing"));
+        assert!(e.contains("tf-ckpt.json: `drain_seconds.min` was not measured"), "{e}");
+    }
+
+    #[test]
+    fn the_tensorflow_section_says_why_it_did_not_run() {
+        let why = "python3 cannot import tensorflow and ringtier.tensorflow (ModuleNotFoundError: No module named 'tensorflow')";
+        let r = Results { tensorflow: Some(TfOutcome::NotRun(why.into())), ..results(Engine::UringDirect) };
+        let md = render(&facts(), &r).expect("render");
+        assert!(md.contains(&format!("Not run: {why}.")), "{md}");
+        assert!(md.contains("--tensorflow off"), "{md}");
+        let md = render(&facts(), &results(Engine::UringDirect)).expect("render");
+        assert!(!md.contains("inside TensorFlow"), "no section with --tensorflow off: {md}");
     }
 }

@@ -253,17 +253,26 @@ fn json_num(v: &serde_json::Value, file: &str, path: &[&str]) -> Result<f64> {
     at.as_f64().with_context(|| format!("{file}: `{}` is not a number", path.join(".")))
 }
 
-/// `median (min..max)` of a `{min, median, max}` summary at `path`.
-fn json_mmm(v: &serde_json::Value, file: &str, path: &[&str], digits: usize) -> Result<String> {
-    let mut p = path.to_vec();
-    let mut get = |k: &'static str| {
+/// The `(min, median, max)` summary at `path` of a script's JSON report.
+fn json_summary(v: &serde_json::Value, file: &str, path: &[&str]) -> Result<(f64, f64, f64)> {
+    let at = |k: &str| {
+        let mut p = path.to_vec();
         p.push(k);
-        let x = json_num(v, file, &p);
-        p.pop();
-        x
+        json_num(v, file, &p)
     };
-    let (lo, mid, hi) = (get("min")?, get("median")?, get("max")?);
+    Ok((at("min")?, at("median")?, at("max")?))
+}
+
+/// `median (min..max)` of the summary at `path`.
+fn json_mmm(v: &serde_json::Value, file: &str, path: &[&str], digits: usize) -> Result<String> {
+    let (lo, mid, hi) = json_summary(v, file, path)?;
     Ok(format!("{mid:.digits$} ({lo:.digits$}..{hi:.digits$})"))
+}
+
+/// `medianx (min..max)` of a ratio's summary at `path`.
+fn json_ratio(v: &serde_json::Value, file: &str, path: &[&str]) -> Result<String> {
+    let (lo, mid, hi) = json_summary(v, file, path)?;
+    Ok(format!("{mid:.2}x ({lo:.2}..{hi:.2})"))
 }
 
 /// The report's last section: the three experiments inside TensorFlow, or why they did not run.
@@ -317,9 +326,9 @@ fn tensorflow_section(md: &mut String, tf: &TfOutcome, number: usize) -> Result<
         .with_context(|| format!("{rj}: `best_tf_data` was not measured"))?;
     let _ = writeln!(
         md,
-        "\n**Paper:** `tf.data` reads faster with more parallel calls. **Here:** ringtier's dataset at {}x the best \
+        "\n**Paper:** `tf.data` reads faster with more parallel calls. **Here:** ringtier's dataset at {} the best \
          `tf.data` side (`{best}`), pass by pass, median (min..max).\n",
-        json_mmm(read, rj, &["ringtier_over_best_tf_data_mb_per_sec"], 2)?
+        json_ratio(read, rj, &["ringtier_over_best_tf_data_mb_per_sec"])?
     );
 
     // Mini-app.
@@ -356,7 +365,7 @@ fn tensorflow_section(md: &mut String, tf: &TfOutcome, number: usize) -> Result<
     let (cj, ck) = ("tf-ckpt.json", &r.ckpt);
     let _ = writeln!(
         md,
-        "**Burst buffer around TensorFlow's saver.** A {:.0} MB `tf.train.Checkpoint`: seconds the save blocks.\n",
+        "**Burst buffer around TensorFlow's saver.** A `tf.train.Checkpoint` of {:.0} MB: seconds the save blocks.\n",
         json_num(ck, cj, &["checkpoint_bytes"])? / 1e6
     );
     let mut table = crate::harness::Table::new(["save", "blocking s"]);
@@ -373,11 +382,11 @@ fn tensorflow_section(md: &mut String, tf: &TfOutcome, number: usize) -> Result<
         md,
         "\n**Paper:** the burst buffer blocked 2.6x less than TensorFlow writing straight to a 4x slower tier. \
          **Here** the slow tier is the fast tier's own file system, not slowed (`bench/tensorflow/ckpt_blkio.sh 4` \
-         makes a 4x slower one, as root): the burst buffer blocks {}x as long as TensorFlow's own save to the fast \
-         tier and {}x a raw O_DIRECT write of the same bytes; the drain to the slow tier then takes {} s in the \
+         makes a 4x slower one, as root): the burst buffer blocks {} as long as TensorFlow's own save to the fast \
+         tier and {} a raw O_DIRECT write of the same bytes; the drain to the slow tier then takes {} s in the \
          background.\n",
-        json_mmm(ck, cj, &["burst_buffer_over_tf_fast_write"], 2)?,
-        json_mmm(ck, cj, &["burst_buffer_over_raw_fast_write"], 2)?,
+        json_ratio(ck, cj, &["burst_buffer_over_tf_fast_write"])?,
+        json_ratio(ck, cj, &["burst_buffer_over_raw_fast_write"])?,
         json_mmm(ck, cj, &["drain_seconds"], 2)?
     );
     Ok(())

@@ -170,9 +170,10 @@ pub(crate) async fn read_whole(
                     progress[p.sample] = Progress::Failed(
                         ErrorKind::Corrupt,
                         format!(
-                        "{key}: size mismatch, expected {} bytes, read {got}{more} (at byte {})",
-                        s.size, p.offset
-                    ));
+                            "{key}: size mismatch, expected {} bytes, read {got}{more} (at byte {})",
+                            s.size, p.offset
+                        ),
+                    );
                     let mut buf = buf;
                     buf.clear();
                     reserve.push(buf);

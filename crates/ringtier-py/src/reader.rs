@@ -84,11 +84,8 @@ impl FileReader {
         if sizes.as_ref().is_some_and(|s| s.len() != keys.len()) {
             return Err(errors::invalid("sizes must give one size per key".into()));
         }
-        let files: Vec<(&str, u64)> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), sizes.as_ref().map_or(UNKNOWN_SIZE, |s| s[i])))
-            .collect();
+        let files: Vec<(&str, u64)> =
+            keys.iter().enumerate().map(|(i, k)| (k.as_str(), sizes.as_ref().map_or(UNKNOWN_SIZE, |s| s[i]))).collect();
         let (tier, pool) = (st.tier.as_ref(), &st.pool);
         let read = wait_plain(py, &st.engine, ringtier_loader::read_files(tier, pool, &files))?;
         let mut out = Vec::with_capacity(read.len());

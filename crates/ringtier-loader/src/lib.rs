@@ -11,4 +11,4 @@ pub mod records;
 pub use config::LoaderConfig;
 pub use loader::{Batch, BlockingEpoch, Epoch, EpochStats, Loader, SampleData};
 pub use materialize::{materialized_prefix, materialized_prefix_cropped, Materialize};
-pub use pieces::DEFAULT_MAX_READ;
+pub use pieces::{read_files, DEFAULT_MAX_READ};

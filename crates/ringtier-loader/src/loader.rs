@@ -608,7 +608,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
                     raw.push((i, buf));
                 }
             }
-            Err(why) => bad(&mut out, why)?,
+            Err(e) => bad(&mut out, e.message().to_string())?,
         }
     }
     match (&shared.decoders, &shared.outputs, shared.cfg.decode) {

@@ -8,6 +8,7 @@
 //! at once, however large the samples.
 
 use ringtier_core::buf::AlignedBuf;
+use ringtier_core::error::{Error, ErrorKind};
 use ringtier_core::{BufferPool, ReadBatch, Tier, UNKNOWN_SIZE};
 
 /// Largest read when [`crate::LoaderConfig::read_size`] is 0: samples up to this size are read
@@ -73,7 +74,7 @@ enum Progress {
     Whole(AlignedBuf),
     /// Assembled from pieces: the buffer, and the bytes filled.
     Assembling(AlignedBuf, usize),
-    Failed(String),
+    Failed(ErrorKind, String),
 }
 
 /// The pieces of a sample of `size` bytes (exact or a hint) at most `piece` bytes each, the last
@@ -111,7 +112,7 @@ pub(crate) async fn read_whole(
     piece: usize,
     max_buffers: usize,
     reserve: &mut Vec<AlignedBuf>,
-) -> Vec<Result<AlignedBuf, String>> {
+) -> Vec<Result<AlignedBuf, Error>> {
     // Whole samples keep their buffer, so a wave always has one left while a split one waits.
     let max_buffers = max_buffers.max(samples.len());
     let mut pending = std::collections::VecDeque::with_capacity(samples.len());
@@ -138,7 +139,7 @@ pub(crate) async fn read_whole(
         for ((key, _, res, buf), p) in batch.drain().zip(&wave) {
             let s = samples[p.sample];
             let past_end = ends[p.sample].is_some_and(|end| p.offset >= end);
-            if matches!(progress[p.sample], Progress::Failed(_)) || past_end {
+            if matches!(progress[p.sample], Progress::Failed(..)) || past_end {
                 // A piece past the end of a file that shrank: nothing to keep.
                 if let Some(mut buf) = buf {
                     buf.clear();
@@ -149,11 +150,11 @@ pub(crate) async fn read_whole(
             let (n, buf) = match (res, buf) {
                 (Ok(n), Some(buf)) => (n, buf),
                 (Ok(_), None) => {
-                    progress[p.sample] = Progress::Failed(format!("{key}: the tier kept the buffer"));
+                    progress[p.sample] = Progress::Failed(ErrorKind::Io, format!("{key}: the tier kept the buffer"));
                     continue;
                 }
                 (Err(e), buf) => {
-                    progress[p.sample] = Progress::Failed(format!("{key}: {e} (at byte {})", p.offset));
+                    progress[p.sample] = Progress::Failed(e.kind(), format!("{key}: {e} (at byte {})", p.offset));
                     if let Some(mut buf) = buf {
                         buf.clear();
                         reserve.push(buf);
@@ -166,10 +167,13 @@ pub(crate) async fn read_whole(
                 if n as u64 != want {
                     let got = p.offset + n as u64;
                     let more = if n as u64 > want { " or more" } else { "" };
-                    progress[p.sample] = Progress::Failed(format!(
-                        "{key}: size mismatch, expected {} bytes, read {got}{more} (at byte {})",
-                        s.size, p.offset
-                    ));
+                    progress[p.sample] = Progress::Failed(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{key}: size mismatch, expected {} bytes, read {got}{more} (at byte {})",
+                            s.size, p.offset
+                        ),
+                    );
                     let mut buf = buf;
                     buf.clear();
                     reserve.push(buf);
@@ -190,7 +194,7 @@ pub(crate) async fn read_whole(
             }
             let mut buf = buf;
             if let Err(why) = assemble(&mut progress[p.sample], s, p.offset as usize, buf.as_slice(), pool.align()) {
-                progress[p.sample] = Progress::Failed(format!("{key}: {why}"));
+                progress[p.sample] = Progress::Failed(ErrorKind::ResourceExhausted, format!("{key}: {why}"));
             }
             // `buf` is free again for the next wave.
             buf.clear();
@@ -204,12 +208,38 @@ pub(crate) async fn read_whole(
             Progress::Whole(b) => Ok(b),
             Progress::Assembling(mut b, filled) => match b.set_window(0, filled) {
                 Ok(()) => Ok(b),
-                Err(e) => Err(format!("{}: {e}", s.key)),
+                Err(e) => Err(Error::new(e.kind(), format!("{}: {e}", s.key))),
             },
-            Progress::Failed(why) => Err(why),
-            Progress::Pending => Err(format!("{}: not read", s.key)),
+            Progress::Failed(kind, why) => Err(Error::new(kind, why)),
+            Progress::Pending => Err(Error::new(ErrorKind::Io, format!("{}: not read", s.key))),
         })
         .collect()
+}
+
+/// Reads `files` whole through `tier`, all in one batched read where each fits one buffer of
+/// `pool` (a larger one in pieces of a buffer's size, assembled into a buffer of its size):
+/// for a reader that is handed any list of keys (a random-access data source), not an epoch.
+/// Each `(key, size)` gives the file's size as a hint or [`UNKNOWN_SIZE`]: every file is read
+/// to its end, whatever its size now. Each request's buffer is a free one of `pool` where there
+/// is one, else one allocated at the pool's buffer size (zeroed, freed when dropped), so a read
+/// never waits for buffers the caller still holds. Returns, per file in order, its bytes (a
+/// buffer's window) or why it could not be read (naming the key).
+pub async fn read_files(tier: &dyn Tier, pool: &BufferPool, files: &[(&str, u64)]) -> Vec<Result<AlignedBuf, Error>> {
+    let piece = piece_size(pool.buf_size(), pool.align());
+    let wanted: Vec<Want<'_>> = files.iter().map(|&(key, size)| Want::hint(key, size)).collect();
+    let needed = buffers_needed(files.iter().map(|&(_, s)| if s == UNKNOWN_SIZE { 0 } else { s }), piece, files.len());
+    let mut reserve = Vec::with_capacity(needed);
+    for _ in 0..needed {
+        match pool.try_acquire() {
+            Some(b) => reserve.push(b),
+            None => match AlignedBuf::new(pool.buf_size(), pool.align()) {
+                Ok(b) => reserve.push(b),
+                Err(e) => return files.iter().map(|_| Err(Error::new(e.kind(), e.message().to_string()))).collect(),
+            },
+        }
+    }
+    // `reserve` holds a buffer for every request of a wave: the pool is never waited on.
+    read_whole(tier, pool, &wanted, piece, needed, &mut reserve).await
 }
 
 /// Copies `data`, read at `offset` of sample `s`, into its assembled buffer (allocated at its
@@ -315,9 +345,10 @@ mod tests {
         let grown = Want::exact("big", 10_000);
         let out = read_whole(&tier, &pool, &[shrunk, grown], 4096, 4, &mut Vec::new()).await;
         let e0 = out[0].as_ref().expect_err("shrunk");
-        assert!(e0.contains("big: size mismatch, expected 30000 bytes, read 20000"), "{e0}");
+        assert!(e0.message().contains("big: size mismatch, expected 30000 bytes, read 20000"), "{e0}");
+        assert_eq!(e0.kind(), ErrorKind::Corrupt);
         let e1 = out[1].as_ref().expect_err("grown");
-        assert!(e1.contains("read 10001 or more (at byte 8192)"), "{e1}");
+        assert!(e1.message().contains("read 10001 or more (at byte 8192)"), "{e1}");
         assert_eq!(pool.in_use(), 0);
     }
 
@@ -361,6 +392,34 @@ mod tests {
         // A file that is gone is an error naming it, whatever the hint.
         let out = read_whole(&tier, &pool, &[Want::hint("gone", UNKNOWN_SIZE)], piece, 1, &mut Vec::new()).await;
         let e = out[0].as_ref().expect_err("gone");
-        assert!(e.starts_with("gone: not_found"), "{e}");
+        assert!(e.message().starts_with("gone: not_found"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_files_reads_any_keys_and_never_waits_for_held_buffers() {
+        let tier = MemoryTier::new();
+        let sizes = [0usize, 10, 5000, 8192, 20_000];
+        for (i, &n) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..n).map(|j| (j * 7 + i) as u8).collect();
+            ops::put(&tier, &format!("f{i}"), &data, 1 << 16).await.expect("put");
+        }
+        // Two buffers of 3 pages, both held by the caller: every read takes a buffer of its own.
+        let pool = BufferPool::new(PoolConfig::new(3 * 4096, 2, 4096)).expect("pool");
+        let held: Vec<AlignedBuf> = (0..2).map(|_| pool.try_acquire().expect("free")).collect();
+        let keys: Vec<String> = [4, 0, 2, 2, 3, 1].iter().map(|i| format!("f{i}")).collect();
+        let files: Vec<(&str, u64)> = keys.iter().map(|k| (k.as_str(), UNKNOWN_SIZE)).chain([("nope", 3)]).collect();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(10), read_files(&tier, &pool, &files))
+            .await
+            .expect("never waits for the pool");
+        for (k, res) in keys.iter().zip(&out) {
+            let i: usize = k[1..].parse().expect("index");
+            let want: Vec<u8> = (0..sizes[i]).map(|j| (j * 7 + i) as u8).collect();
+            assert_eq!(res.as_ref().expect("read").as_slice(), &want[..], "{k}");
+        }
+        let e = out[keys.len()].as_ref().expect_err("missing");
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        drop((held, out));
+        assert_eq!(pool.in_use(), 0);
     }
 }

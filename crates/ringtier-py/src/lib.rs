@@ -11,6 +11,7 @@ mod lazy_pool;
 mod loader;
 mod materialize;
 mod metrics;
+mod reader;
 mod records;
 mod safetensors;
 mod store;
@@ -33,6 +34,8 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::RecordBatch>()?;
     m.add_class::<records::Record>()?;
     m.add_class::<records::Field>()?;
+    m.add_class::<reader::FileReader>()?;
+    m.add_class::<reader::FileBuffer>()?;
     m.add_class::<store::CheckpointStore>()?;
     m.add_class::<store::SaveFuture>()?;
     m.add_class::<store::PartBuffer>()?;

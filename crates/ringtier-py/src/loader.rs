@@ -26,7 +26,7 @@ use crate::errors::{self, IntoPy};
 
 /// The dataset directory of `path`: the directory itself, or the one holding a manifest file
 /// (an `s3://` URL as it is: checked when its tier opens).
-fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
+pub(crate) fn dataset_dir(path: &Path) -> PyResult<PathBuf> {
     if path.is_dir() || crate::tiers::s3_url(path).is_some() {
         return Ok(path.to_path_buf());
     }

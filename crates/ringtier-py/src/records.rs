@@ -12,7 +12,7 @@ use std::sync::Arc;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyKeyError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use ringtier_cache::CachedTier;
 use ringtier_core::error::{Error, ErrorKind};
 use ringtier_core::Tier;
@@ -512,6 +512,57 @@ impl RecordBatch {
             .collect()
     }
 
+    /// Each record's `field` (`None`: all of its fields, end to end) as a `bytes`, in batch
+    /// order; `b""` for a record without it. What `tf.data` takes as a `tf.string` batch, made in
+    /// one call: one copy per record, from the record's memory into its `bytes`, with the GIL
+    /// released (the `bytes` objects are allocated first, empty, while it is held).
+    #[pyo3(signature = (field=None))]
+    fn field_bytes<'py>(&self, py: Python<'py>, field: Option<&str>) -> PyResult<Bound<'py, PyList>> {
+        let records = self.batch.records();
+        let mut objects = Vec::with_capacity(records.len());
+        let mut dests = Vec::with_capacity(records.len());
+        for r in records {
+            let len = match field {
+                None => r.bytes() as usize,
+                Some(name) => r.field(name).map_or(0, <[u8]>::len),
+            };
+            let size = isize::try_from(len).map_err(|_| errors::invalid(format!("a record of {len} bytes")))?;
+            // SAFETY: a NULL source with a size asks CPython for a new bytes object of `size`
+            // bytes, uninitialized; the result is checked for NULL (a MemoryError) just below.
+            let raw = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size) };
+            // SAFETY: `raw` is a new (owned) reference or NULL with an exception set.
+            let obj = unsafe { Bound::from_owned_ptr_or_err(py, raw)? };
+            // SAFETY: `obj` is a bytes object (made above); its storage holds `len` bytes.
+            let data = unsafe { pyo3::ffi::PyBytes_AsString(obj.as_ptr()) };
+            if data.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            dests.push(Dest(data.cast::<u8>(), len));
+            objects.push(obj);
+        }
+        py.detach(|| {
+            for (r, d) in records.iter().zip(&dests) {
+                if d.1 == 0 {
+                    continue; // the shared empty bytes object: never written
+                }
+                // SAFETY: `d` is the storage of a bytes object made above with exactly `d.1`
+                // bytes; only `objects` references it (no Python code can reach it before the
+                // list is returned) and it stays alive, unmoved, while `objects` does, which
+                // outlives this closure. Nothing else writes it.
+                let out = unsafe { std::slice::from_raw_parts_mut(d.0, d.1) };
+                let mut at = 0;
+                for f in r.fields.iter().filter(|f| field.is_none_or(|name| f.name == name)) {
+                    out[at..at + f.data.len()].copy_from_slice(&f.data);
+                    at += f.data.len();
+                    if field.is_some() {
+                        break; // the first field of that name, as Record::field finds it
+                    }
+                }
+            }
+        });
+        PyList::new(py, objects)
+    }
+
     /// Copies `field` of every record (`None`: all of each record's fields) end to end into
     /// the front of `out` (writable, contiguous, at least `nbytes(field)` bytes) and returns
     /// the offsets: record `i` is `out[offsets[i]:offsets[i + 1]]`.
@@ -541,6 +592,16 @@ impl RecordBatch {
         format!("ringtier.RecordBatch(records={}, bytes={})", self.batch.len(), self.batch.bytes())
     }
 }
+
+/// The storage of a new `bytes` object and its length, filled with the GIL released.
+#[derive(Debug)]
+struct Dest(*mut u8, usize);
+
+// SAFETY: the pointer is into a bytes object that only the filling call references and keeps
+// alive while the `Dest` is used; the memory is plain bytes, written by one thread.
+unsafe impl Send for Dest {}
+// SAFETY: as for `Send`: shared references to a `Dest` only read its address and length.
+unsafe impl Sync for Dest {}
 
 /// One field of a record (a WebDataset member, the data of a TFRecord), exposed through the
 /// buffer protocol (writable, one-dimensional, unsigned bytes).

@@ -150,3 +150,30 @@ def test_a_missing_file_raises(dataset):
         src[1]
     # A failed read does not wedge the next ones.
     assert src[0].tobytes() == files["d0/f00000.bin"]
+
+
+def test_one_reader_per_process_and_a_forked_child_makes_its_own(dataset):
+    import os
+
+    root, files = dataset
+    src = rg.FileSource(root, max_batch=4)
+    assert src[0].tobytes() == files[src.keys[0]]
+    reader = src.file_reader()
+    src._getitems(list(range(10)))
+    assert src.file_reader() is reader, "every read of a process through one reader"
+    assert reader.buffer_size >= max(len(v) for v in files.values())
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the inherited reader has no I/O threads here: the source makes a new one
+        ok = False
+        try:
+            ok = src[5].tobytes() == files[src.keys[5]] and src.file_reader() is not reader
+        finally:
+            os.write(wr, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd, "rb") as f:
+        got = f.read()
+    os.waitpid(pid, 0)
+    assert got == b"1"
+    assert src[5].tobytes() == files[src.keys[5]]

@@ -403,6 +403,33 @@ def test_record_batches_pack_only_into_a_writable_buffer_large_enough(tf, wds):
     assert seen == samples
 
 
+def test_record_batches_as_bytes_per_record_and_per_field(tf, wds):
+    root, where = tf
+    mk = lambda: ringtier.RecordLoader(root, format="tfrecord", seed=2)  # noqa: E731
+    want = [r.to_bytes() for r in mk().epoch(1)]
+    got = []
+    e = mk().epoch(1)
+    while (b := e.next_batch(13)) is not None:
+        data = b.field_bytes()
+        assert isinstance(data, list) and all(type(d) is bytes for d in data) and len(data) == len(b)
+        assert b.field_bytes("") == data  # a TFRecord's one field is unnamed
+        assert b.field_bytes("nope") == [b""] * len(b)
+        got += data
+    assert got == want and sorted(got) == sorted(where)
+    # WebDataset: one list per field, b"" where a sample lacks it; None: all fields end to end.
+    wroot, samples = wds
+    e = ringtier.RecordLoader(wroot, format="wds", seed=1).epoch(0)
+    seen = {}
+    while (b := e.next_batch(16)) is not None:
+        cols = {f: b.field_bytes(f) for f in ("jpg", "cls", "txt")}
+        assert cols["txt"] == [b""] * len(b)
+        whole = b.field_bytes()
+        for i, k in enumerate(b.keys()):
+            seen[k] = {f: cols[f][i] for f in ("jpg", "cls")}
+            assert whole[i] == cols["jpg"][i] + cols["cls"][i]
+    assert seen == samples
+
+
 def test_record_batches_count_skipped_records_and_raise_after_the_records_before_an_error(tf):
     root, where = tf
     name = "train-00002-of-00004.tfrecord"

@@ -378,6 +378,16 @@ def test_records_batches_larger_than_a_crossing_chunk(tmp_path):
     batches = [b.numpy().tolist() for b in ds]
     assert [len(b) for b in batches] == [16, 16, 16, 2]
     assert sorted(r for b in batches for r in b) == sorted(want)
+    # A batch of the chunk's size crosses as it is; drop_last leaves the short last one out.
+    for drop_last, sizes in ((False, [16, 16, 16, 2]), (True, [16, 16, 16])):
+        ds = rtf.dataset(root, format="tfrecord", batch_size=16, seed=4, drop_last=drop_last)
+        assert [int(b.shape[0]) for b in ds] == sizes
+    # Resumed from a position: the records after it, once.
+    src = rtf.Source(root, format="tfrecord", batch_size=16, shuffle=False)
+    first = [r for b in src.dataset() for r in b.numpy().tolist()]
+    assert first == want
+    src.set_epoch(1, position=20)
+    assert [r for b in src.dataset() for r in b.numpy().tolist()] == want[20:]
 
 
 # -- checkpoints ------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
   over ranks and workers, a seeded shuffle buffer) or in one global random order through
   per-shard indexes; each :class:`Record` (its :class:`RecordField` s) is shared with numpy and
   torch without a copy, or a :class:`RecordBatch` of them is packed into one buffer.
+* :class:`FileReader` reads any files of a dataset by key into one pool of buffers (a
+  random-access source's reader: ``ringtier.grain.FileSource``).
 * :class:`CheckpointStore` saves dicts of tensors, arrays and bytes (a ``state_dict``) to a
   fast tier, durable when :meth:`~CheckpointStore.save` returns, and drains them to slower
   tiers in the background.
@@ -33,6 +35,8 @@ from ._ringtier import (
     Batch,
     Cache,
     Epoch,
+    FileBuffer,
+    FileReader,
     Loader,
     PartBuffer,
     Record,
@@ -104,6 +108,8 @@ __all__ = [
     "CorruptError",
     "Dataset",
     "Epoch",
+    "FileBuffer",
+    "FileReader",
     "ForkError",
     "InvalidInputError",
     "InvalidKeyError",

@@ -70,6 +70,52 @@ class Epoch:
         """batches, samples, skipped, bytes, stall_seconds, first_stall_seconds, read_seconds,
         decode_seconds."""
 
+class FileBuffer:
+    """One file read by :meth:`FileReader.read`: its read buffer (pooled, or its own where the
+    pool was all in use), exported through the buffer protocol (one dimension, ``B``,
+    writable): ``numpy.frombuffer(buf, numpy.uint8)`` shares its memory. A pooled buffer goes
+    back to the pool when the object and every view of it are gone."""
+
+    def to_bytes(self) -> bytes:
+        """A copy of the bytes."""
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class FileReader:
+    """Reads any files of a dataset directory (or ``s3://bucket/prefix?endpoint=...``), whole,
+    by key, into one pool of read buffers: a random-access source's reader
+    (``ringtier.grain.FileSource`` keeps one per process). One engine, one tier and one pool
+    for every :meth:`read`; no listing, epoch or statistics.
+
+    ``buffer_size``: bytes of the largest file expected (each pooled buffer holds one such
+    file; a larger one is read in pieces and assembled, one copy); ``buffers``: buffers in the
+    pool, a private mapping faulted in as reads fill it (not registered); where Python holds
+    them all, a read takes buffers of its own instead of waiting. ``engine``: ``"auto"``,
+    ``"uring"`` or ``"posix"``. Like every object holding the engine's threads it works only
+    in the process that made it (``ringtier.ForkError`` in a forked child: make one there)."""
+
+    def __init__(
+        self, path: Union[str, os.PathLike], *, buffer_size: int = 1048576, buffers: int = 1024, engine: str = "auto"
+    ) -> None: ...
+    def read(self, keys: List[str], sizes: Optional[List[int]] = None) -> List[Union[FileBuffer, Exception]]:
+        """The files ``keys`` (paths under the dataset; any order, repeats allowed) read whole
+        in one batched read, the GIL released: per key a :class:`FileBuffer` or, where that
+        file could not be read, the exception (a ``ringtier.RingtierError`` of its kind, e.g.
+        ``NotFoundError``), returned, not raised. ``sizes``: per key, the size to expect, as
+        a hint (the file's own size wins)."""
+    @property
+    def buffers(self) -> int:
+        """Buffers in the pool."""
+    @property
+    def buffer_size(self) -> int:
+        """Bytes of one pooled buffer."""
+    @property
+    def in_use(self) -> int:
+        """Pooled buffers in use now (held by Python or by a read)."""
+    @property
+    def engine(self) -> str:
+        """``"uring"`` or ``"posix"``."""
+
 class Loader:
     """Reads a dataset directory (its manifest, or every file under it) in batches; or every
     object under an S3 prefix, ``s3://bucket/prefix?endpoint=URL``, read with range GETs, up to
@@ -288,6 +334,11 @@ class RecordBatch:
         """Bytes :meth:`pack_into` writes for ``field``."""
     def keys(self) -> List[str]:
         """Each record's key: the WebDataset sample key, or ``SHARD:OFFSET`` (a TFRecord)."""
+    def field_bytes(self, field: Optional[str] = None) -> List[bytes]:
+        """Each record's ``field`` (``None``: all of its fields, end to end) as a ``bytes``, in
+        batch order; ``b""`` for a record without it: a ``tf.string`` batch in one call. One
+        copy per record, from the record's memory into its ``bytes``, made with the GIL
+        released."""
     def pack_into(self, out: Any, field: Optional[str] = None) -> List[int]:
         """Copies ``field`` of every record (``None``: all of each record's fields; a record
         without the field takes no bytes) end to end into the front of ``out`` (writable,

@@ -408,27 +408,33 @@ class Source:
             yield tuple(out) if len(out) > 1 else data
 
     def _records(self, epoch: int, position: int) -> Iterator[Any]:
+        """Records ``record_chunk`` at a time: one ``next_batch`` and one ``field_bytes`` per
+        chunk (per field for WebDataset), the ``bytes`` made in Rust with the GIL released; no
+        Python object per record but its ``bytes``."""
         loader = self._loader()
         wds = self.format == "wds"
         fields = self.fields or []
-        pending: List[Any] = []
-
-        def pack(records: List[Any]) -> Any:
+        chunk = self.record_chunk
+        drop_short = self.drop_last and self.batch_size == chunk
+        records = loader.epoch(epoch, position)
+        while True:
+            batch = records.next_batch(chunk)
+            if batch is None:
+                return
+            if len(batch) < chunk and drop_short:
+                # The epoch's short last chunk (or the records before an error, which the next
+                # call raises).
+                records.next_batch(chunk)
+                return
             if self.tune_malloc:
-                keep_heap_for(sum(len(r) for r in records))
+                keep_heap_for(batch.nbytes())
             if not wds:
-                return np.array([r.to_bytes() for r in records], dtype=object)
-            out = {f: np.array([r[f].to_bytes() if f in r else b"" for r in records], dtype=object) for f in fields}
-            out["__key__"] = np.array([r.key for r in records], dtype=object)
-            return out
-
-        for record in loader.epoch(epoch, position):
-            pending.append(record)
-            if len(pending) == self.record_chunk:
-                yield pack(pending)
-                pending = []
-        if pending and not (self.drop_last and self.batch_size == self.record_chunk):
-            yield pack(pending)
+                yield np.array(batch.field_bytes(), dtype=object)
+            else:
+                out = {f: np.array(batch.field_bytes(f), dtype=object) for f in fields}
+                out["__key__"] = np.array(batch.keys(), dtype=object)
+                yield out
+            del batch
 
     def _encoded_batches(self, epoch: int, position: int) -> Iterator[Tuple[List[Any], List[int], Any]]:
         """``(encoded images, indices, labels or None)`` per batch of ``batch_size``."""

@@ -15,11 +15,14 @@ grain asks a source for one index at a time from many threads (``ReadOptions.num
 reads are in flight into the next read (a group commit: no timer, no added wait for a lone
 request; up to ``reads_in_flight`` batched reads at once), so concurrent ``__getitem__`` calls
 become batched reads of many files through the engine (io_uring, O_DIRECT where the file
-system allows it). ``_getitems`` reads its indices as one batch directly.
+system allows it). ``_getitems`` reads its indices as one batch directly. Every read of a
+process goes through one :class:`ringtier.FileReader`, made on first use in that process (a
+forked worker makes its own): one engine, one ring, one pool of read buffers for all of them.
 
-An element is the file's bytes as a ``uint8`` numpy array over the engine's read buffer (no
-copy), or ``(key, array)`` with ``with_keys``. The source is plain data (path, keys, shard) and
-pickles into grain's worker processes, where each opens its own engine.
+An element is the file's bytes as a ``uint8`` numpy array over the reader's read buffer (no
+copy; the buffer goes back to the pool when the array is dropped), or ``(key, array)`` with
+``with_keys``. The source is plain data (path, keys, shard, buffer size) and pickles into
+grain's worker processes, where each opens its own reader.
 
 Sharding: ``shard_index`` of ``shard_count`` keeps every ``shard_count``-th file of the sorted
 key list; by default, where JAX is imported, ``jax.process_index()`` of
@@ -38,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._ringtier import Loader
+from ._ringtier import FileReader, Loader
 from ._types import PathLike, is_s3_url, tier_path
 from .errors import NotFoundError
 
@@ -49,6 +52,10 @@ def process_shard() -> Tuple[int, int]:
     if jax is None:
         return 0, 1
     return int(jax.process_index()), int(jax.process_count())
+
+
+#: Bytes of one read buffer where the source does not list the files (``keys`` given).
+DEFAULT_BUFFER_SIZE = 1 << 20
 
 
 class _Slot:
@@ -72,8 +79,11 @@ class FileSource:
 
     ``max_batch``: the most files one batched read takes; ``reads_in_flight``: the most
     batched reads at once (2: measured best; more made smaller batches, and each read has a
-    fixed cost); ``engine``: ``"auto"``, ``"uring"`` or ``"posix"`` (:class:`ringtier.Loader`). A missing or unreadable file raises
-    :class:`ringtier.RingtierError` from ``__getitem__``."""
+    fixed cost); ``engine``: ``"auto"``, ``"uring"`` or ``"posix"`` (:class:`ringtier.Loader`);
+    ``buffers``: read buffers in each process's pool (:class:`ringtier.FileReader`; a buffer is
+    the largest file the listing found, or 1 MiB where ``keys`` are given; mapped, not touched,
+    until reads fill them). A missing or unreadable file raises :class:`ringtier.RingtierError`
+    from ``__getitem__``."""
 
     def __init__(
         self,
@@ -86,6 +96,7 @@ class FileSource:
         max_batch: int = 256,
         reads_in_flight: int = 2,
         engine: str = "auto",
+        buffers: int = 1024,
     ) -> None:
         self.path = tier_path(path)
         if not is_s3_url(self.path) and not os.path.exists(self.path):
@@ -96,25 +107,32 @@ class FileSource:
             shard_index, shard_count = process_shard()
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
-        for name, v in (("max_batch", max_batch), ("reads_in_flight", reads_in_flight)):
+        for name, v in (("max_batch", max_batch), ("reads_in_flight", reads_in_flight), ("buffers", buffers)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int of at least 1, not {v!r}")
+        #: Bytes of one read buffer: the largest file the listing knows of (a larger one is read
+        #: in pieces all the same).
+        self.buffer_size = DEFAULT_BUFFER_SIZE
         if keys is None:
-            keys = Loader(self.path, batch_size=1, shuffle=False, prefetch=0, lazy_pool=True, engine=engine).keys()
+            lister = Loader(self.path, batch_size=1, shuffle=False, prefetch=0, lazy_pool=True, engine=engine)
+            keys = lister.keys()
+            self.buffer_size = max(1, int(lister.listing["max_size"]))
+            del lister
         self.keys: List[str] = sorted(keys)[shard_index::shard_count]
         self.shard_index, self.shard_count = shard_index, shard_count
         self.with_keys, self.max_batch, self.engine = with_keys, max_batch, engine
-        self.reads_in_flight = reads_in_flight
+        self.reads_in_flight, self.buffers = reads_in_flight, buffers
         self._init_state()
 
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._pending: List[_Slot] = []
         self._leaders = 0  # threads reading a batch, or handed the lead and about to
+        self._reader: Optional[Tuple[int, Any]] = None  # (pid, FileReader) of the process using it
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
-        for k in ("_lock", "_pending", "_leaders"):
+        for k in ("_lock", "_pending", "_leaders", "_reader"):
             state.pop(k, None)
         return state
 
@@ -143,31 +161,34 @@ class FileSource:
         data = np.frombuffer(sample, np.uint8) if len(sample) else np.zeros(0, np.uint8)
         return (key, data) if self.with_keys else data
 
+    def file_reader(self) -> Any:
+        """This process's :class:`ringtier.FileReader`, made on first use in it (a reader made
+        before a ``fork()`` has no I/O threads in the child: a forked worker makes its own).
+        Two threads making the first one at once make two; one is kept."""
+        pid = os.getpid()
+        got = self._reader
+        if got is not None and got[0] == pid:
+            return got[1]
+        reader = FileReader(self.path, buffer_size=self.buffer_size, buffers=self.buffers, engine=self.engine)
+        self._reader = (pid, reader)
+        return reader
+
     def read(self, keys: Sequence[str]) -> List[Any]:
-        """The files ``keys`` read as one batch: the elements, in the order given."""
+        """The files ``keys`` read as one batch (``max_batch`` files per batched read): the
+        elements, in the order given."""
         unique = list(dict.fromkeys(keys))
+        reader = self.file_reader()
         got: Dict[str, Any] = {}
         for at in range(0, len(unique), self.max_batch):
             part = unique[at : at + self.max_batch]
-            loader = Loader(
-                self.path,
-                keys=part,
-                batch_size=len(part),
-                shuffle=False,
-                prefetch=0,
-                lazy_pool=True,
-                hold=len(part),
-                on_bad="fail",
-                engine=self.engine,
-            )
-            names = loader.keys()
-            for batch in loader.epoch(0):
-                for sample in batch:
-                    got[names[sample.index]] = sample
-        missing = [k for k in unique if k not in got]
-        if missing:
-            raise NotFoundError(f"{len(missing)} file(s) not read, e.g. {missing[0]!r}")
-        return [self._element(k, got[k]) for k in keys]
+            got.update(zip(part, reader.read(part)))
+        out = []
+        for k in keys:
+            v = got[k]
+            if isinstance(v, BaseException):
+                raise v
+            out.append(self._element(k, v))
+        return out
 
     def _getitems(self, indices: Sequence[int]) -> List[Any]:
         """The elements of ``indices``, read as one batch (grain's batched read protocol)."""

@@ -23,9 +23,14 @@ ringtier's buffers are, page-aligned):
   into one page-aligned buffer per batch and the tensor TensorFlow gets is that buffer;
   ``layout="NHWC"`` (TensorFlow's and Keras' default): **one copy**, a ``tf.transpose`` run by
   ``tf.data``'s own threads;
-* raw files or records as ``tf.string`` (what ``tf.io.decode_jpeg`` and
-  ``tf.io.parse_example`` take): **two copies**, into a Python ``bytes`` and from it into
-  TensorFlow's string tensor (TensorFlow has no way to wrap foreign memory as a string);
+* raw files as ``tf.string`` (what ``tf.io.decode_jpeg`` takes): **two copies**, into a
+  Python ``bytes`` and from it into TensorFlow's string tensor (TensorFlow has no way to wrap
+  foreign memory as a string);
+* TFRecord records and WebDataset fields as ``tf.string`` (what ``tf.io.parse_example``
+  takes): **three copies**: the record loader's, out of its read buffers into the record (Rust,
+  on the engine's threads), then the same two: into a ``bytes``, made in Rust for a whole chunk
+  of records in one call with the GIL released (``RecordBatch.field_bytes``), and into
+  TensorFlow's string tensor;
 * raw files as ``tf.uint8`` vectors (``output="uint8"``): **no copy**; each tensor is the
   loader's pooled read buffer, given back to the pool when TensorFlow drops the tensor.
 """

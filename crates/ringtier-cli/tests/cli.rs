@@ -594,19 +594,26 @@ fn python_without_tensorflow(dir: &std::path::Path) -> std::path::PathBuf {
     py
 }
 
+/// `ringtier paper --tiny --repeats 1 ARGS --python PY --out OUT`, run to the end.
+fn paper_with_python(args: &[&str], py: &std::ffi::OsStr, out: &std::path::Path) -> std::process::Output {
+    ringtier()
+        .args(["paper", "--tiny", "--repeats", "1"])
+        .args(args)
+        .arg("--python")
+        .arg(py)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run ringtier")
+}
+
 #[test]
 fn paper_without_tensorflow_says_why_its_section_did_not_run_or_fails_at_once_when_asked() {
     let dir = tempfile::Builder::new().prefix("cli-notf").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let py = python_without_tensorflow(dir.path());
     // `on`: refused before any experiment, saying what to do.
     let out = dir.path().join("report-on");
-    let run = ringtier()
-        .args(["paper", "--tiny", "--repeats", "1", "--tensorflow", "on", "--python"])
-        .arg(&py)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run ringtier");
+    let run = paper_with_python(&["--tensorflow", "on"], py.as_os_str(), &out);
     assert_eq!(run.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("--tensorflow on") && stderr.contains("No module named 'tensorflow'"), "{stderr}");
@@ -614,13 +621,7 @@ fn paper_without_tensorflow_says_why_its_section_did_not_run_or_fails_at_once_wh
     assert!(!stderr.contains("== 1/"), "no experiment ran: {stderr}");
     // `auto` (the default): the paper runs, and its last section says why TensorFlow's did not.
     let out = dir.path().join("report-auto");
-    let run = ringtier()
-        .args(["paper", "--tiny", "--repeats", "1", "--python"])
-        .arg(&py)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run ringtier");
+    let run = paper_with_python(&[], py.as_os_str(), &out);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let report = paper_report(&out);
     assert!(report.contains("## 4. The experiments inside TensorFlow"), "{report}");
@@ -638,13 +639,7 @@ fn paper_inside_tensorflow_runs_the_three_experiments() {
     };
     let dir = tempfile::Builder::new().prefix("cli-tf").tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let out = dir.path().join("report");
-    let run = ringtier()
-        .args(["paper", "--tiny", "--repeats", "1", "--tensorflow", "on", "--python"])
-        .arg(&py)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run ringtier");
+    let run = paper_with_python(&["--tensorflow", "on"], &py, &out);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let report = paper_report(&out);
     assert!(report.contains("## 4. The experiments inside TensorFlow"), "{report}");

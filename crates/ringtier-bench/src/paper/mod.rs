@@ -86,6 +86,17 @@ pub(crate) fn temp_work_dir() -> Result<(tempfile::TempDir, Option<String>)> {
     }
 }
 
+/// One of three sizes: the paper's (`--full`), the quick default, or the tests' (`--tiny`).
+pub(crate) fn sized<T>(full: bool, tiny: bool, paper: T, quick: T, tiny_size: T) -> T {
+    if full {
+        paper
+    } else if tiny {
+        tiny_size
+    } else {
+        quick
+    }
+}
+
 /// What the report needs that no experiment's JSON records.
 #[derive(Debug, Clone)]
 struct RunFacts {
@@ -151,13 +162,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
 
     // 1. The read micro-benchmark.
     eprintln!("== 1/{n}: read micro-benchmark");
-    let files = if cfg.full {
-        16_384
-    } else if cfg.tiny {
-        128
-    } else {
-        4_096
-    };
+    let files = sized(cfg.full, cfg.tiny, 16_384, 4_096, 128);
     let spec = DatasetSpec { files, ..DatasetSpec::preset(Preset::Imagenet) };
     let ds = dataset::generate(&cfg.work.join("imagenet"), &spec, true, false)?;
     let rcfg = readbench::ReadBenchConfig {
@@ -188,13 +193,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
 
     // 2. The AlexNet mini-app.
     eprintln!("== 2/{n}: AlexNet mini-app, prefetch on and off");
-    let files = if cfg.full {
-        9_144
-    } else if cfg.tiny {
-        64
-    } else {
-        2_048
-    };
+    let files = sized(cfg.full, cfg.tiny, 9_144, 2_048, 64);
     let spec = DatasetSpec { files, format: Format::Jpeg, ..DatasetSpec::preset(Preset::Caltech101) };
     let cal = dataset::generate(&cfg.work.join("caltech"), &spec, true, false)?;
     // Tiny: four small batches in one epoch (decoding is slow in a debug build).
@@ -231,13 +230,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         slow_kernel_bps: None,
         keep_last: 1,
         count: 3,
-        size: if cfg.full {
-            600_000_000
-        } else if cfg.tiny {
-            8 << 20
-        } else {
-            61_000_000 * 4
-        },
+        size: sized(cfg.full, cfg.tiny, 600_000_000, 61_000_000 * 4, 8 << 20),
         compute_secs: if cfg.tiny { 0.05 } else { 1.0 },
         ratios: if cfg.tiny { vec![1.0, 4.0] } else { vec![1.0, 4.0, 16.0] },
         repeats: cfg.repeats,
@@ -259,13 +252,7 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
             work: Some(dir.clone()),
             repeats: cfg.repeats,
             json: Some(cfg.out.join("remote.json")),
-            objects: if cfg.full {
-                4_096
-            } else if cfg.tiny {
-                64
-            } else {
-                1_024
-            },
+            objects: sized(cfg.full, cfg.tiny, 4_096, 1_024, 64),
             object_size: 112 << 10,
             depths: if cfg.tiny { vec![1, 8] } else { vec![1, 4, 16, 64, 128] },
             threads: if cfg.tiny { vec![1, 8] } else { vec![1, 4, 16, 64] },

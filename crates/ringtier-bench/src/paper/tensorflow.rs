@@ -16,6 +16,8 @@ use anyhow::{bail, Context, Result};
 use crate::dataset::{self, DatasetSpec, Format, Preset};
 use crate::harness::scripts::Script;
 
+use super::sized;
+
 /// Whether the paper runs its experiments inside TensorFlow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum TfMode {
@@ -153,13 +155,7 @@ pub(crate) fn run(cfg: &TfConfig, versions: String) -> Result<TfReports> {
     let py = &cfg.python;
 
     // The read micro-benchmark: the paper's files, tf.data's threads swept.
-    let files = if cfg.full {
-        16_384
-    } else if cfg.tiny {
-        128
-    } else {
-        2_048
-    };
+    let files = sized(cfg.full, cfg.tiny, 16_384, 2_048, 128);
     let spec = DatasetSpec { files, ..DatasetSpec::preset(Preset::Imagenet) };
     let data = dataset::generate(&cfg.work.join("tf-imagenet"), &spec, true, false)?;
     let read_json_path = cfg.out.join("tf-read.json");
@@ -183,13 +179,7 @@ pub(crate) fn run(cfg: &TfConfig, versions: String) -> Result<TfReports> {
     let _ = std::fs::remove_dir_all(&data.root);
 
     // The mini-app: small JPEGs, Keras AlexNet, prefetch on and off.
-    let files = if cfg.full {
-        9_144
-    } else if cfg.tiny {
-        96
-    } else {
-        2_048
-    };
+    let files = sized(cfg.full, cfg.tiny, 9_144, 2_048, 96);
     let spec = DatasetSpec { files, format: Format::Jpeg, ..DatasetSpec::preset(Preset::Caltech101) };
     let cal = dataset::generate(&cfg.work.join("tf-caltech"), &spec, true, false)?;
     let miniapp_json = cfg.out.join("tf-miniapp.json");
@@ -216,13 +206,7 @@ pub(crate) fn run(cfg: &TfConfig, versions: String) -> Result<TfReports> {
 
     // The burst buffer around TensorFlow's saver; the slow tier is the same file system here.
     let base = cfg.work.join("tf-ckpt");
-    let mib = if cfg.full {
-        "600"
-    } else if cfg.tiny {
-        "8"
-    } else {
-        "256"
-    };
+    let mib = sized(cfg.full, cfg.tiny, "600", "256", "8");
     let ckpt_json = cfg.out.join("tf-ckpt.json");
     run_script(
         py,

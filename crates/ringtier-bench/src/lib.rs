@@ -22,6 +22,7 @@ mod read;
 mod restore;
 mod s3;
 pub mod s3server;
+mod scale;
 mod stage;
 pub mod tiers;
 mod train;
@@ -38,6 +39,7 @@ pub use paper::PaperArgs;
 pub use randread::RandReadArgs;
 pub use read::args::{DemoArgs, ReadArgs};
 pub use s3::S3BenchArgs;
+pub use scale::ScaleBenchArgs;
 pub use stage::StageArgs;
 pub use train::TrainArgs;
 pub use tune::TuneArgs;
@@ -69,6 +71,11 @@ pub enum BenchCommand {
     /// and hit ratio per policy, one rank and several (the ranks of a node sharing one node
     /// cache, or one cache per rank; the same seed), caches of 10% and 25% of the dataset.
     Cache(CacheBenchArgs),
+    /// Input at scale from the Rust loader: over a directory of small files, cold, R ranks each
+    /// a process reading its shard for one epoch (batches of 256): time to the first batch with
+    /// the listing cache and without it (and with a stat per file), the node's samples/s, CPU
+    /// per 1,000 samples, peak RSS per rank; --verify checks every file was read exactly once.
+    Scale(ScaleBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -82,6 +89,7 @@ pub fn bench(command: BenchCommand) -> Result<()> {
         BenchCommand::Stage(a) => stage::command(a),
         BenchCommand::S3(a) => s3::command(a),
         BenchCommand::Cache(a) => cache::command(a),
+        BenchCommand::Scale(a) => scale::command(a),
     }
 }
 

@@ -56,13 +56,13 @@ def test_concurrent_getitem_is_coalesced_and_exact(dataset):
     root, files = dataset
     src = rg.FileSource(root, max_batch=16)
     reads = []
-    real_read = src.read
+    real_read = src._read_each  # what a batch of coalesced requests reads through
 
     def counting(keys):
         reads.append(len(keys))
         return real_read(keys)
 
-    src.read = counting  # type: ignore[method-assign]
+    src._read_each = counting  # type: ignore[method-assign]
     out = [None] * len(src)
 
     def worker(lo: int) -> None:
@@ -83,7 +83,7 @@ def test_reads_in_flight_bounds_concurrent_batched_reads(dataset):
     src = rg.FileSource(root, max_batch=8, reads_in_flight=2)
     lock = threading.Lock()
     running, most, reads = [0], [0], []
-    real_read = src.read
+    real_read = src._read_each
 
     def slow(keys):
         with lock:
@@ -97,7 +97,7 @@ def test_reads_in_flight_bounds_concurrent_batched_reads(dataset):
                 running[0] -= 1
                 reads.append(len(keys))
 
-    src.read = slow  # type: ignore[method-assign]
+    src._read_each = slow  # type: ignore[method-assign]
     out = [None] * len(src)
 
     def worker(lo: int) -> None:
@@ -150,6 +150,26 @@ def test_a_missing_file_raises(dataset):
         src[1]
     # A failed read does not wedge the next ones.
     assert src[0].tobytes() == files["d0/f00000.bin"]
+
+
+def test_a_missing_file_fails_only_its_own_request_in_a_coalesced_batch(dataset):
+    """Requests coalesced into one batched read: the one whose file is gone raises, the others
+    get their files (one bad file never fails the batch)."""
+    from ringtier.grain import _Slot
+
+    root, files = dataset
+    keys = ["d0/f00000.bin", "d0/nope.bin", "d0/f00003.bin"]
+    src = rg.FileSource(root, keys=keys, max_batch=8)
+    slots = [_Slot(k) for k in keys]
+    src._pending.extend(slots)  # three requests waiting together, as __getitem__ leaves them
+    src._leaders = 1
+    src._lead()
+    assert all(s.done for s in slots) and src._leaders == 0
+    assert slots[0].error is None and slots[0].value.tobytes() == files["d0/f00000.bin"]
+    assert isinstance(slots[1].error, ringtier.NotFoundError), slots[1].error
+    assert slots[2].error is None and slots[2].value.tobytes() == files["d0/f00003.bin"]
+    with pytest.raises(ringtier.NotFoundError):  # the batched protocol raises for the bad file
+        src._getitems([0, 1, 2])
 
 
 def test_one_reader_per_process_and_a_forked_child_makes_its_own(dataset):

@@ -173,21 +173,25 @@ class FileSource:
         self._reader = (pid, reader)
         return reader
 
-    def read(self, keys: Sequence[str]) -> List[Any]:
-        """The files ``keys`` read as one batch (``max_batch`` files per batched read): the
-        elements, in the order given."""
+    def _read_each(self, keys: Sequence[str]) -> List[Any]:
+        """The files ``keys`` read as one batch (``max_batch`` files per batched read): per key,
+        in the order given, its element or the error that reading it raised (an exception
+        object, not raised: one bad file is that file's error alone)."""
         unique = list(dict.fromkeys(keys))
         reader = self.file_reader()
         got: Dict[str, Any] = {}
         for at in range(0, len(unique), self.max_batch):
             part = unique[at : at + self.max_batch]
             got.update(zip(part, reader.read(part)))
-        out = []
-        for k in keys:
-            v = got[k]
+        return [got[k] if isinstance(got[k], BaseException) else self._element(k, got[k]) for k in keys]
+
+    def read(self, keys: Sequence[str]) -> List[Any]:
+        """The files ``keys`` read as one batch (``max_batch`` files per batched read): the
+        elements, in the order given; the first file that could not be read raises."""
+        out = self._read_each(keys)
+        for v in out:
             if isinstance(v, BaseException):
                 raise v
-            out.append(self._element(k, v))
         return out
 
     def _getitems(self, indices: Sequence[int]) -> List[Any]:
@@ -227,10 +231,13 @@ class FileSource:
             del self._pending[: self.max_batch]
         if batch:
             try:
-                values = self.read([s.key for s in batch])
+                values = self._read_each([s.key for s in batch])
                 for s, v in zip(batch, values):
-                    s.value = v
-            except BaseException as e:  # every waiter of the batch gets the error
+                    if isinstance(v, BaseException):
+                        s.error = v  # this file's error: the batch's other requests have their files
+                    else:
+                        s.value = v
+            except BaseException as e:  # the read itself failed: every waiter of the batch gets it
                 for s in batch:
                     s.error = e
         with self._lock:

@@ -213,6 +213,12 @@ def main() -> int:
         side, root, workers, out = a.rank_main
         rank_main(side, root, int(workers), out, a.verify)
         return 0
+    # The tree measured: read before the passes (a commit made while they run is not it).
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(HERE)).stdout.strip()
+    except OSError:  # no git
+        commit = ""
     if not a.dir:
         ap.error("--dir is required")
     ranks = [int(x) for x in a.ranks.split(",")]
@@ -250,8 +256,6 @@ def main() -> int:
         tv = runs.get(f"torchvision {r} {w}")
         if side == "ringtier" and tv:
             table[name]["x_torchvision_same"] = summary([x["per_s"] / t["per_s"] for x, t in zip(rs, tv)])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(HERE)).stdout.strip()
     report = {
         "schema": "ringtier.bench.scale.ranks/1",
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),

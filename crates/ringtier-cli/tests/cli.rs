@@ -619,6 +619,7 @@ fn paper_without_tensorflow_says_why_its_section_did_not_run_or_fails_at_once_wh
     assert!(stderr.contains("--tensorflow on") && stderr.contains("No module named 'tensorflow'"), "{stderr}");
     assert!(stderr.contains("pip install tensorflow-cpu"), "{stderr}");
     assert!(!stderr.contains("== 1/"), "no experiment ran: {stderr}");
+    assert!(!out.exists(), "a refused run leaves no report directory");
     // `auto` (the default): the paper runs, and its last section says why TensorFlow's did not.
     let out = dir.path().join("report-auto");
     let run = paper_with_python(&[], py.as_os_str(), &out);

@@ -126,8 +126,6 @@ struct Results {
 /// Runs the three experiments (four with `remote`) and writes `OUT/report.md`, JSON and the
 /// plot.
 pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
-    std::fs::create_dir_all(&cfg.out).with_context(|| format!("creating {}", cfg.out.display()))?;
-    std::fs::create_dir_all(&cfg.work).with_context(|| format!("creating {}", cfg.work.display()))?;
     let started = std::time::Instant::now();
     if cfg.remote {
         // Before the hour of the other experiments, not after.
@@ -146,6 +144,10 @@ pub(crate) fn run(cfg: &PaperConfig) -> Result<()> {
         ringtier_uring::engine::uring_availability()
             .map_err(|why| anyhow::anyhow!("--engine uring: {why}; {}, or use --engine auto", why.remedy()))?;
     }
+    // Directories only once every check that refuses the run has passed: a refused run leaves
+    // no empty report directory behind.
+    std::fs::create_dir_all(&cfg.out).with_context(|| format!("creating {}", cfg.out.display()))?;
+    std::fs::create_dir_all(&cfg.work).with_context(|| format!("creating {}", cfg.work.display()))?;
     let tf_runs = matches!(tf_ready, Some(Ok(_)));
     let n = 3 + usize::from(cfg.remote) + usize::from(tf_runs);
     let work_fs = ringtier_core::fs::fs_type_name(&cfg.work);

@@ -7,7 +7,9 @@ MODE:
   a DTensor sharded on dim 1 and a plain replicated ``state_dict`` saved with ``dcp.save``
   (step STEP, default: the next one), then the same again with ``dcp.async_save`` at STEP+1
   (its tensors changed as soon as staging finished). Rank 0 writes the full tensors of both
-  steps to OUT/expected-STEP.pt, and every rank drains before it exits.
+  steps to OUT/expected-STEP.pt, and every rank drains before it exits. With
+  ``RINGTIER_DCP_SAFETENSORS=KEY`` the writer also exports each step as safetensors
+  (``StorageWriter(safetensors=KEY)``), the coordinator's last report in its JSON.
 * ``load``: a different model (other seed) of the same shape, at this world size, loaded with
   ``dcp.load`` from step STEP (default: the newest); each rank writes OUT/load-WORLD-RANK.json
   with which tensors match OUT/expected-STEP.pt.
@@ -92,7 +94,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     if mode == "save":
-        writer = StorageWriter(tiers, part_bytes=16 << 10)  # several parts per rank
+        # RINGTIER_DCP_SAFETENSORS=model: each step is also exported as a Hugging Face model.
+        export = os.environ.get("RINGTIER_DCP_SAFETENSORS") or False
+        writer = StorageWriter(tiers, part_bytes=16 << 10, safetensors=export)  # several parts per rank
         _, _, sd = state(0, mesh)
         t0 = time.perf_counter()
         dcp.save(sd, storage_writer=writer, checkpoint_id=step)
@@ -113,6 +117,8 @@ def main() -> None:
             for s, e in expected.items():
                 torch.save(e, os.path.join(out, f"expected-{s}.pt"))
         result = {"rank": rank, "steps": [first, first + 1], "save": saved, "seconds": time.perf_counter() - t0}
+        if export and writer.last_export is not None:
+            result["export"] = {k: v for k, v in writer.last_export.items() if k != "report"}
         name = f"save-{world}-{rank}.json"
     elif mode == "load":
         reader = StorageReader(tiers)

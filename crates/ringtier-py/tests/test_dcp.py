@@ -221,6 +221,94 @@ def test_non_contiguous_and_other_dtype_targets(tmp_path):
     assert r.last_load["direct_bytes"] == 64  # v went straight in; m through a temporary
 
 
+def test_export_safetensors_in_one_process(tmp_path):
+    """export_safetensors and the writer's safetensors= option: which tensors, their names,
+    sharding, a step exported once, a step with a rank's items missing, bad arguments."""
+    st = pytest.importorskip("safetensors.torch")
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    s0, s1 = make_state(0), make_state(1)
+    with StorageWriter(tiers, safetensors="model") as w:
+        dcp.save(s0, storage_writer=w)
+        dcp.save(s1, storage_writer=w)
+        reports = w.wait_exports()
+        assert [r["step"] for r in reports] == [0, 1] and w.last_export["step"] == 1
+        w.drain()
+    for step, state in ((0, s0), (1, s1)):
+        for tier in tiers:  # durable on the fast tier, drained to the slow one
+            got = st.load_file(str(tier / "dcp" / "safetensors" / f"{step:020d}" / "parts" / "model.safetensors"))
+            assert got.keys() == state["model"].keys()
+            assert all(torch.equal(got[k], v) for k, v in state["model"].items())
+    # Every tensor under DCP's names; plain values are named as skipped; sharded by size.
+    rep = rdcp.export_safetensors(tiers, 0, out_prefix="all", max_shard_size=8 << 10, engine="posix")
+    assert "extra.epoch" in rep["skipped"] and "optim.param_groups.0.lr" in rep["skipped"]
+    assert rep["step"] == 0 and rep["tensors"] == 18  # 4 model, 12 Adam (step + 2 moments x 4), bf16, big
+    parts = tiers[0] / "all" / f"{0:020d}" / "parts"
+    index = json.loads((parts / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) == 2 and index["weight_map"]["big"] in shards  # "big" (84,000 bytes) alone
+    merged = {}
+    for f in shards:
+        merged.update(st.load_file(str(parts / f)))
+    assert torch.equal(merged["big"], s0["big"]) and torch.equal(merged["model.0.weight"], s0["model"]["0.weight"])
+    assert torch.equal(merged["optim.state.1.exp_avg_sq"], s0["optim"]["state"][1]["exp_avg_sq"])
+    got = rdcp.gather(tiers, 0)["tensors"]
+    assert torch.equal(got["big"], s0["big"]) and got["bf16"].dtype == torch.bfloat16
+    assert torch.equal(got["optim.state.0.exp_avg"], s0["optim"]["state"][0]["exp_avg"])
+    # A list of top-level keys keeps names whole.
+    two = rdcp.gather(tiers, 1, keys=["model", "bf16"])["tensors"]
+    assert sorted(two) == sorted(["bf16"] + [f"model.{k}" for k in s1["model"]])
+    # The step is exported once (the writer did): the store refuses it again.
+    with pytest.raises(Exception, match="exist"):
+        rdcp.export_safetensors(tiers, 0, keys="model")
+    # Bad arguments are refused before anything is read or written.
+    for bad in ("", "model.0", 3, []):
+        with pytest.raises(ValueError, match="top-level key"):
+            rdcp.gather(tiers, 0, keys=bad)
+        with pytest.raises((ValueError, TypeError)):
+            StorageWriter(tiers, safetensors=bad)
+    with pytest.raises(ValueError, match="no tensor"):
+        rdcp.export_safetensors(tiers, 1, keys="extra", prefix="dcp")
+    with pytest.raises(FileNotFoundError, match="not committed"):
+        rdcp.gather(tiers, 5)
+
+
+def test_export_waits_for_a_ranks_items_then_names_them(tmp_path):
+    """A committed step whose rank's items are on no tier this process sees: the export waits
+    wait_seconds, then fails naming the rank; with the items back it exports."""
+    import shutil
+
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    with StorageWriter(tiers) as w:
+        dcp.save(make_state(2), storage_writer=w)
+        w.drain()
+    hidden = tmp_path / "hidden"
+    shutil.move(tmp_path / "slow" / "dcp" / "rank00000", hidden)
+    shutil.rmtree(tmp_path / "fast" / "dcp" / "rank00000")
+    with pytest.raises(FileNotFoundError, match=r"rank\(s\) \[0\]"):
+        rdcp.export_safetensors(tiers, 0, keys="model", wait_seconds=0.3)
+    import threading
+
+    threading.Timer(0.5, lambda: shutil.move(hidden, tmp_path / "slow" / "dcp" / "rank00000")).start()
+    rep = rdcp.export_safetensors(tiers, 0, keys="model", wait_seconds=30)
+    assert rep["tensors"] == 4
+
+
+def test_writer_export_error_is_raised_by_drain_and_close(tmp_path):
+    """An export that fails (nothing under the key) is raised by wait_exports/drain and by close,
+    not lost; the DCP step itself is committed."""
+    tiers = [tmp_path / "fast", tmp_path / "slow"]
+    w = StorageWriter(tiers, safetensors="nothing_here")
+    dcp.save(make_state(3), storage_writer=w)
+    with pytest.raises(RuntimeError, match="export of DCP checkpoint 0 failed.*no tensor"):
+        w.drain()
+    dcp.save(make_state(4), storage_writer=w)
+    with pytest.raises(RuntimeError, match="export of DCP checkpoint 1 failed"):
+        w.close()
+    r = StorageReader(tiers)
+    assert r.latest() == 1
+    r.close()
+
+
 def test_contiguous_span():
     span = rdcp._contiguous_span
     assert span([4, 6], [0, 0], [4, 6]) == (0, 24)
@@ -264,9 +352,20 @@ def test_tampered_metadata_is_refused(tmp_path):
 # ---- torchrun: resharding ----------------------------------------------------------------
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(JOB), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_exported_model(model_file, expected: dict) -> None:
+    """The exported safetensors file, read by the ``safetensors`` package, holds exactly the
+    full tensors of ``expected``'s ``model.*`` entries, named as the model names them."""
+    st = pytest.importorskip("safetensors.torch")
+    got = st.load_file(str(model_file))
+    want = {k[len("model."):]: v for k, v in expected.items() if k.startswith("model.") and torch.is_tensor(v)}
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
 
 
 def test_reshard_fsdp2_and_plain_state_dicts(tmp_path):
@@ -276,10 +375,16 @@ def test_reshard_fsdp2_and_plain_state_dicts(tmp_path):
     fast, slow, out = tmp_path / "fast", tmp_path / "slow", tmp_path / "out"
     out.mkdir()
     tiers = f"{fast},{slow}"
-    run = torchrun(2, "save", tiers, str(out))
+    run = torchrun(2, "save", tiers, str(out), env={**os.environ, "RINGTIER_DCP_SAFETENSORS": "model"})
     assert run.returncode == 0, run.stdout + run.stderr
     saves = [json.loads((out / f"save-2-{r}.json").read_text()) for r in range(2)]
     assert all(s["steps"] == [0, 1] for s in saves)
+    # Both steps exported by the coordinator as Hugging Face models: FSDP2's dim-0 shards of
+    # both ranks gathered into the full tensors, drained to the slow tier before exit.
+    assert saves[0]["export"]["step"] == 1 and saves[0]["export"]["tensors"] == 4
+    for s in (0, 1):
+        expected = torch.load(out / f"expected-{s}.pt", weights_only=True)
+        assert_exported_model(slow / "dcp" / "safetensors" / f"{s:020d}" / "parts" / "model.safetensors", expected)
     assert (slow / "dcp" / "metadata" / f"{1:020d}" / "MANIFEST.json").exists(), "drained before exit"
     run = torchrun(1, "load", tiers, str(out))  # the newest step
     assert run.returncode == 0, run.stdout + run.stderr
@@ -324,7 +429,7 @@ def _two_nodes(nproc: int, tiers: list, args: list, env: dict, timeout: float = 
     return outs
 
 
-def test_two_nodes_fast_tiers_lost_restore_from_s3_with_another_world_size(tmp_path):
+def test_two_nodes_fast_tiers_lost_restore_from_s3_with_another_world_size(tmp_path, monkeypatch):
     """Two torchrun "nodes" of 2 ranks (a c10d rendezvous on loopback), each with its own fast
     tier, one S3 server as the shared slow tier: a save drains to S3; both fast tiers are
     deleted; a new pair of nodes of 1 rank each (world 2, not 4) restores through DCP from S3."""
@@ -344,11 +449,15 @@ def test_two_nodes_fast_tiers_lost_restore_from_s3_with_another_world_size(tmp_p
         out = tmp_path / "out"
         out.mkdir()
         fast = [tmp_path / "nodeA-fast", tmp_path / "nodeB-fast"]
-        runs = _two_nodes(2, [f"{f},{s3}" for f in fast], ["save", str(out)], env)
+        # With the export on: the coordinator (node A) exports each step once node B's ranks'
+        # items reached S3 (its export waits for their drain).
+        runs = _two_nodes(2, [f"{f},{s3}" for f in fast], ["save", str(out)],
+                          {**env, "RINGTIER_DCP_SAFETENSORS": "model"})
         for r in runs:
             assert r.returncode == 0, r.stdout[-6000:]
         saves = [json.loads((out / f"save-4-{r}.json").read_text()) for r in range(4)]
         assert all(s["steps"] == [0, 1] for s in saves)
+        assert saves[0]["export"]["step"] == 1
         # Each node's fast tier holds its own ranks' items only; the metadata is on node A's.
         by_node = [{p.name for p in (f / "dcp").iterdir()} for f in fast]
         assert {"metadata"} <= by_node[0] | by_node[1]
@@ -364,5 +473,15 @@ def test_two_nodes_fast_tiers_lost_restore_from_s3_with_another_world_size(tmp_p
             assert res["step"] == 1 and res["checked"] > 15 and res["mismatched"] == [], res
             assert res["load"]["bytes"] > 0
         assert not any(f.exists() for f in fast), "nothing was read from (or written to) a fast tier"
+        # The exported model of step 1, from S3, with the fast tiers gone.
+        from ringtier.safetensors import load_file
+
+        for k, v in aws_env().items():
+            monkeypatch.setenv(k, v)
+        base, _, query = s3.partition("?")
+        got = load_file(f"{base}/dcp/safetensors/{1:020d}/parts/model.safetensors?{query}")
+        expected = torch.load(out / "expected-1.pt", weights_only=True)
+        want = {k[len("model."):]: v for k, v in expected.items() if k.startswith("model.") and torch.is_tensor(v)}
+        assert sorted(got) == sorted(want) and all(torch.equal(got[k], v) for k, v in want.items())
     finally:
         srv.stop()

@@ -20,7 +20,9 @@ Layout on every tier (``PREFIX`` is ``"dcp"`` unless given):
   offset; a part is at most ``part_bytes`` unless one item is larger) and ``rank.json``;
 * ``PREFIX/metadata``: the coordinator's store; step ``S`` holds ``metadata`` (DCP's
   ``Metadata``, pickled, every item's ``(rank, part, offset, nbytes)`` in its
-  ``storage_data``) and ``world.json`` (the saving ranks and their bytes).
+  ``storage_data``) and ``world.json`` (the saving ranks and their bytes);
+* ``PREFIX/safetensors`` (with the writer's ``safetensors=`` option): step ``S`` as a
+  safetensors model, the ranks' pieces gathered into full tensors (:func:`export_safetensors`).
 
 A step is committed once ``PREFIX/metadata`` holds it, and the coordinator saves it only in
 ``finish``, after every rank's ``write_data`` returned, that is after every rank's items are
@@ -65,6 +67,7 @@ from .._ringtier import group_commit, group_shard
 from .._types import PathLike
 from ..checkpoint import CheckpointStore
 from ..errors import CorruptError, RingtierError  # noqa: F401 (CorruptError: what readers raise)
+from ..safetensors import _parse_size
 from ._dcp_common import (  # noqa: F401 (the on-disk names, part of this module's API)
     FORMAT,
     MAX_METADATA_BYTES,
@@ -84,6 +87,7 @@ from ._dcp_common import (
     _step_of,
     _tiers_list,
 )
+from ._dcp_export import DEFAULT_WAIT_SECONDS, Exporter, _select, export_safetensors, gather  # noqa: F401
 
 
 class StorageWriter(_DcpWriter):
@@ -106,6 +110,19 @@ class StorageWriter(_DcpWriter):
         part_bytes: items are packed into parts of at most this many bytes (an item larger is a
             part of its own), and of at most a ``save_parallelism``-th of the rank's bytes, so
             that ``save_parallelism`` parts are written at once.
+        safetensors: also keep each committed step as a Hugging Face model (a Hub-ready
+            checkpoint of a DCP job): ``True`` for every tensor of the
+            state under DCP's names, a top-level key such as ``"model"`` for that subtree named
+            as the model's ``state_dict`` names it, or a list of top-level keys. After
+            ``finish`` commits a step, the coordinator gathers the ranks' pieces into full
+            tensors in a background thread and saves them as a safetensors step under
+            ``PREFIX/safetensors`` (``<tier>/PREFIX/safetensors/<step>/parts/model.safetensors``),
+            drained like the rest (:func:`export_safetensors`; memory: the exported tensors,
+            whole, on the coordinator). :meth:`drain` and :meth:`close` wait for the exports and
+            raise the first one's error; :attr:`last_export` is the last report.
+        safetensors_max_shard_size: the exported model's ``max_shard_size`` (None: one file).
+        safetensors_wait_seconds: how long the coordinator's export waits for the items of ranks
+            on other nodes to reach a tier it sees (their drain to the shared tier).
         **store_options: passed to each :class:`ringtier.CheckpointStore` (``chunk_bytes``,
             ``keep_last``, ``save_parallelism``, ``engine``, ``drain_bytes_per_sec``, ...);
             defaults here: ``create=True``, ``save_parallelism=2``, ``chunk_bytes=32 MiB``
@@ -120,6 +137,9 @@ class StorageWriter(_DcpWriter):
         *,
         prefix: str = "dcp",
         part_bytes: int = 64 << 20,
+        safetensors: Union[bool, str, Sequence[str]] = False,
+        safetensors_max_shard_size: Union[None, int, str] = None,
+        safetensors_wait_seconds: float = DEFAULT_WAIT_SECONDS,
         **store_options: Any,
     ) -> None:
         super().__init__()
@@ -131,6 +151,17 @@ class StorageWriter(_DcpWriter):
         self.prefix = _check_prefix(prefix)
         self.part_bytes = part_bytes
         self.store_options = {"create": True, "save_parallelism": 2, "chunk_bytes": 32 << 20, **store_options}
+        if safetensors is not False and safetensors is not True:
+            _select(safetensors)  # a bad value is refused here, not after the first save
+        if safetensors_max_shard_size is not None:
+            _parse_size(safetensors_max_shard_size)
+        self.safetensors = safetensors
+        self.safetensors_max_shard_size = safetensors_max_shard_size
+        self.safetensors_wait_seconds = float(safetensors_wait_seconds)
+        self._exporter: Optional[Exporter] = None
+        #: The last finished safetensors export's report (``safetensors=``; see
+        #: :func:`export_safetensors`), or None.
+        self.last_export: Optional[Dict[str, Any]] = None
         self._pinned: Optional[int] = None
         self._rank: Optional[int] = None
         self._is_coordinator = False
@@ -149,6 +180,7 @@ class StorageWriter(_DcpWriter):
         state["_shards"] = state["_meta"] = None
         state["_committed"] = None
         state["_lock"] = None
+        state["_exporter"] = None
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -331,6 +363,24 @@ class StorageWriter(_DcpWriter):
         if self._committed is not None:
             self._committed.add(step)
         self._pinned = None
+        if self.safetensors is not False:
+            with self._lock:
+                if self._exporter is None:
+                    self._exporter = Exporter(
+                        self.tiers, self.prefix, self.safetensors, self.safetensors_max_shard_size,
+                        self.safetensors_wait_seconds, self.store_options,
+                    )
+                self._exporter.submit(step)
+
+    def wait_exports(self) -> List[Dict[str, Any]]:
+        """Waits for the safetensors exports queued so far (``safetensors=``) and returns their
+        reports; raises the first one's error."""
+        if self._exporter is None:
+            return []
+        done = self._exporter.wait()
+        if done:
+            self.last_export = done[-1]
+        return done
 
     def storage_meta(self) -> Optional[StorageMeta]:
         """None: the step is known only once the coordinator planned the save."""
@@ -338,10 +388,14 @@ class StorageWriter(_DcpWriter):
 
     def drain(self) -> None:
         """Waits until this rank's (and on the coordinator the metadata's) checkpoints have
-        reached the slowest tier."""
+        reached the slowest tier (with ``safetensors=``, the exports first, then their store's
+        drain too)."""
+        self.wait_exports()
         for s in (self._shards, self._meta):
             if s is not None:
                 s.drain()
+        if self._exporter is not None:
+            self._exporter.drain()
 
     def drain_stats(self) -> Dict[str, Any]:
         """This rank's store's drain totals (see :meth:`ringtier.CheckpointStore.drain_stats`)."""
@@ -349,13 +403,23 @@ class StorageWriter(_DcpWriter):
 
     def close(self, drain: bool = False) -> None:
         """Closes the stores (``drain=True`` first waits for their drains). Safe to call twice;
-        a later save opens them again."""
+        a later save opens them again. With ``safetensors=``, the queued exports are waited
+        for first, and the first one's error is raised once everything is closed."""
         with self._lock:
-            for s in (self._shards, self._meta):
-                if s is not None:
-                    s.close(drain)
-            self._shards = self._meta = None
-            self._committed = None
+            exporter, self._exporter = self._exporter, None
+        try:
+            if exporter is not None:
+                try:
+                    exporter.close(drain)
+                finally:
+                    self.last_export = exporter.last or self.last_export
+        finally:
+            with self._lock:
+                for s in (self._shards, self._meta):
+                    if s is not None:
+                        s.close(drain)
+                self._shards = self._meta = None
+                self._committed = None
 
     def __enter__(self) -> "StorageWriter":
         return self
@@ -426,4 +490,4 @@ def _item_bytes(item: WriteItem, planner: SavePlanner) -> Tuple[Any, int]:
 # The reader lives in its own module; this one is where users import both from.
 from ._dcp_read import StorageReader, _contiguous_span  # noqa: E402,F401
 
-__all__ = ["StorageWriter", "StorageReader", "FORMAT", "VERSION"]
+__all__ = ["StorageWriter", "StorageReader", "export_safetensors", "gather", "FORMAT", "VERSION"]

@@ -10,8 +10,6 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .._types import PathLike
@@ -92,6 +90,12 @@ def gather(
     DCP's flattened names (``model.layers.0.weight``); with ``keys`` only the tensors under
     those top-level keys of the saved state, and with one key the names relative to it (what a
     model's ``state_dict`` calls them)."""
+    try:  # DCP's own converter (dcp_to_torch_save) uses these two; imported here so that a
+        # torch without them fails this call only, naming what is missing.
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    except ImportError as e:  # pragma: no cover - torch before 2.2
+        raise ImportError(f"exporting a DCP step needs torch >= 2.2 (DCP's empty-state-dict loader): {e}") from e
     chosen = _select(keys)
     tiers_l = _tiers_list(tiers)
     prefix = _check_prefix(prefix)

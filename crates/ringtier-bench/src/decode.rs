@@ -56,6 +56,9 @@ pub struct DecodeBenchArgs {
     /// Decode at full size (no DCT-domain downscaling).
     #[arg(long)]
     pub(crate) no_dct_scaling: bool,
+    /// Decode whole images (no partial decode of the window the crop reads; libjpeg-turbo).
+    #[arg(long)]
+    pub(crate) no_partial_decode: bool,
     /// Also measure the split point: whole epochs through the loader (io_uring, cold caches)
     /// with every step online, against decode + resize materialized into a tier on local disk
     /// (first epoch writes it, the next reads it back with only the random steps online).
@@ -170,7 +173,9 @@ struct SplitReport {
 }
 
 fn run_split(a: &DecodeBenchArgs) -> Result<SplitReport> {
-    let decode = chain_config(&a.split_chain, a.size)?.with_dct_scaling(!a.no_dct_scaling);
+    let decode = chain_config(&a.split_chain, a.size)?
+        .with_dct_scaling(!a.no_dct_scaling)
+        .with_partial_decode(!a.no_partial_decode);
     let rt = crate::runtime(2)?;
     let mut cold = crate::harness::ColdMethod::Warm;
     let mut epochs: Vec<SplitEpoch> = Vec::new();
@@ -423,7 +428,11 @@ pub(crate) fn command(a: DecodeBenchArgs) -> Result<()> {
     let configs: Vec<(String, DecodeConfig)> = a
         .chains
         .iter()
-        .map(|c| chain_config(c, a.size).map(|cfg| (c.clone(), cfg.with_dct_scaling(!a.no_dct_scaling))))
+        .map(|c| {
+            chain_config(c, a.size).map(|cfg| {
+                (c.clone(), cfg.with_dct_scaling(!a.no_dct_scaling).with_partial_decode(!a.no_partial_decode))
+            })
+        })
         .collect::<Result<_>>()?;
     let tmp = tempfile::Builder::new().prefix("ringtier-decode-").tempdir()?;
     let script = if a.no_pillow { None } else { Some(Script::DecodeVsPillow.write_to(tmp.path())?) };
@@ -537,6 +546,8 @@ struct DecodeSettings {
     threads: Vec<usize>,
     chains: Vec<String>,
     dct_scaling: bool,
+    /// Whether only the window the crop reads was decoded (libjpeg-turbo).
+    partial_decode: bool,
     pillow: bool,
     /// The JPEG decoder that ran: "libjpeg-turbo" (feature `turbojpeg`) or "zune-jpeg".
     decoder: &'static str,
@@ -634,6 +645,7 @@ fn summarize(a: &DecodeBenchArgs, threads: &[usize], passes: Vec<Pass>, datasets
             threads: threads.to_vec(),
             chains: a.chains.clone(),
             dct_scaling: !a.no_dct_scaling,
+            partial_decode: !a.no_partial_decode,
             pillow: !a.no_pillow,
             decoder: ringtier_decode::JPEG_DECODER,
         },

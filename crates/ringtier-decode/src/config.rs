@@ -85,6 +85,11 @@ pub struct DecodeConfig {
     /// Decode at 1/2, 1/4 or 1/8 size in the DCT domain when the region is that much larger
     /// than the output (Pillow's `draft`); false decodes at full size. Default true.
     pub dct_scaling: bool,
+    /// Decode only the window of the image the crop and the resize read (libjpeg-turbo's
+    /// partial decompression: rows below it are not decoded, columns beside it not
+    /// inverse-transformed); false decodes the whole image. The output is the same either way.
+    /// zune-jpeg always decodes the whole image. Default true.
+    pub partial_decode: bool,
 }
 
 impl DecodeConfig {
@@ -127,6 +132,12 @@ impl DecodeConfig {
     /// Sets [`DecodeConfig::normalize`].
     pub fn with_normalize(mut self, normalize: impl Into<Option<Normalize>>) -> Self {
         self.normalize = normalize.into();
+        self
+    }
+
+    /// Sets [`DecodeConfig::partial_decode`].
+    pub fn with_partial_decode(mut self, partial_decode: bool) -> Self {
+        self.partial_decode = partial_decode;
         self
     }
 
@@ -200,6 +211,7 @@ impl Default for DecodeConfig {
             layout: Layout::Hwc,
             normalize: None,
             dct_scaling: true,
+            partial_decode: true,
         }
     }
 }

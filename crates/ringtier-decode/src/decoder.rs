@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use fast_image_resize as fir;
 use ringtier_core::error::{Error, ErrorKind, Result};
 
-use crate::backend::{self, corrupt, Backend};
+use crate::backend::{self, corrupt, Backend, Plan};
 use crate::config::{DecodeConfig, MAX_JPEG_DIMENSION};
 use crate::geometry::{check_fits, region_of, CropBox, SampleRng};
 use crate::resample::{resample, Geometry};
@@ -47,6 +47,9 @@ pub struct DecodeInfo {
     pub region: CropBox,
     /// Whether the output was flipped.
     pub flipped: bool,
+    /// Width and height of the pixels decoded (after DCT scaling; with libjpeg-turbo only the
+    /// window the transforms read, the whole image otherwise).
+    pub decoded: (u32, u32),
 }
 
 impl JpegDecoder {
@@ -118,17 +121,43 @@ impl JpegDecoder {
                     }
                 }
             }
-            Ok(denom)
+            // The window the resize reads: the region and the filter's reach beyond it
+            // (bilinear: one source pixel per output pixel's step, at least one), plus two
+            // pixels of rounding; the backend decodes only that where it can.
+            let reach = (region.width.max(region.height) / size as f64).max(1.0).ceil() + 2.0;
+            let window = CropBox {
+                left: (region.left - reach).max(0.0),
+                top: (region.top - reach).max(0.0),
+                width: region.width + 2.0 * reach,
+                height: region.height + 2.0 * reach,
+            };
+            let window = if cfg.partial_decode { Some(window) } else { None };
+            Ok(Plan { denominator: denom, window })
         })?;
         let Some((region, integer_crop, flipped)) = chosen else {
             return Err(corrupt("no frame header"));
         };
         let (w, h) = (decoded.full.0 as u32, decoded.full.1 as u32);
         let (sw, sh) = (decoded.scaled.0 as u32, decoded.scaled.1 as u32);
-        let n = sw as usize * sh as usize * 3;
-        let geometry = Geometry { scaled: (sw, sh), full: (w, h), region, integer_crop, flipped };
+        let (ew, eh) = (decoded.extent.0 as u32, decoded.extent.1 as u32);
+        let n = ew as usize * eh as usize * 3;
+        let geometry = Geometry {
+            scaled: (sw, sh),
+            full: (w, h),
+            origin: (decoded.origin.0 as u32, decoded.origin.1 as u32),
+            extent: (ew, eh),
+            region,
+            integer_crop,
+            flipped,
+        };
         resample(&mut self.resizer, &mut self.resized, &self.pixels[..n], geometry, cfg, out)?;
-        Ok(DecodeInfo { source: (w, h), dct_denominator: decoded.denominator as u32, region, flipped })
+        Ok(DecodeInfo {
+            source: (w, h),
+            dct_denominator: decoded.denominator as u32,
+            region,
+            flipped,
+            decoded: (ew, eh),
+        })
     }
 
     /// Applies `cfg`'s transforms to an RGB image already in memory (`width` x `height`, HWC
@@ -162,9 +191,17 @@ impl JpegDecoder {
         check_fits(cfg, width, height)?;
         let (region, integer_crop) = region_of(cfg, width, height, rng);
         let flipped = cfg.flip && rng.uniform() < cfg.flip_probability;
-        let geometry = Geometry { scaled: (width, height), full: (width, height), region, integer_crop, flipped };
+        let geometry = Geometry {
+            scaled: (width, height),
+            full: (width, height),
+            origin: (0, 0),
+            extent: (width, height),
+            region,
+            integer_crop,
+            flipped,
+        };
         resample(&mut self.resizer, &mut self.resized, rgb, geometry, cfg, out)?;
-        Ok(DecodeInfo { source: (width, height), dct_denominator: 1, region, flipped })
+        Ok(DecodeInfo { source: (width, height), dct_denominator: 1, region, flipped, decoded: (width, height) })
     }
 }
 

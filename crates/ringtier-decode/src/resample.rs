@@ -10,10 +10,14 @@ use crate::geometry::CropBox;
 /// Where the pixels came from and where the output goes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Geometry {
-    /// Dimensions of the decoded pixels (after DCT scaling).
+    /// Dimensions of the whole image after DCT scaling (the scale of the pixels).
     pub(crate) scaled: (u32, u32),
     /// Dimensions of the full-size image, the region's coordinates.
     pub(crate) full: (u32, u32),
+    /// Where the decoded pixels start in the scaled image (a decoded window's corner).
+    pub(crate) origin: (u32, u32),
+    /// Dimensions of the decoded pixels.
+    pub(crate) extent: (u32, u32),
     pub(crate) region: CropBox,
     pub(crate) integer_crop: bool,
     pub(crate) flipped: bool,
@@ -31,6 +35,8 @@ pub(crate) fn resample(
     let size = cfg.size;
     let (sw, sh) = g.scaled;
     let (w, h) = g.full;
+    let (ox, oy) = g.origin;
+    let (ew, eh) = g.extent;
     let region = g.region;
     let direct = cfg.normalize.is_none() && cfg.layout == Layout::Hwc;
     let px = size as usize * size as usize * 3;
@@ -39,7 +45,7 @@ pub(crate) fn resample(
     }
     let dst_buf: &mut [u8] = if direct { out } else { &mut resized[..px] };
     {
-        let src = fir::images::ImageRef::new(sw, sh, src_px, fir::PixelType::U8x3)
+        let src = fir::images::ImageRef::new(ew, eh, src_px, fir::PixelType::U8x3)
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize source: {e}")))?;
         let mut dst = fir::images::Image::from_slice_u8(size, size, dst_buf, fir::PixelType::U8x3)
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("resize destination: {e}")))?;
@@ -49,18 +55,18 @@ pub(crate) fn resample(
             // torchvision crops, then resizes: the filter sees only the crop.
             let view = fir::images::CroppedImage::new(
                 &src,
-                region.left as u32,
-                region.top as u32,
+                (region.left as u32).saturating_sub(ox),
+                (region.top as u32).saturating_sub(oy),
                 region.width as u32,
                 region.height as u32,
             )
             .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("crop: {e}")))?;
             resizer.resize(&view, &mut dst, &opts)
         } else {
-            // The region in decoded pixels; clamped, since the scaling's rounding may put its
-            // far edge a hair past the image.
-            let (l, t) = (region.left * fx, region.top * fy);
-            let (cw, ch) = ((region.width * fx).min(sw as f64 - l), (region.height * fy).min(sh as f64 - t));
+            // The region in decoded pixels (relative to the decoded window's corner); clamped,
+            // since the scaling's rounding may put its far edge a hair past the image.
+            let (l, t) = ((region.left * fx - ox as f64).max(0.0), (region.top * fy - oy as f64).max(0.0));
+            let (cw, ch) = ((region.width * fx).min(ew as f64 - l), (region.height * fy).min(eh as f64 - t));
             let opts = opts.crop(l, t, cw, ch);
             resizer.resize(&src, &mut dst, &opts)
         };

@@ -402,3 +402,57 @@ fn dct_scaled_decodes_of_awkward_sizes_succeed() {
         assert_eq!(denominators.into_iter().collect::<Vec<_>>(), [1], "{JPEG_DECODER} decodes at full size");
     }
 }
+
+#[test]
+fn partial_decode_gives_the_whole_decodes_output_and_decodes_less() {
+    // The window decode (libjpeg-turbo) against the whole-image decode, same samples: every
+    // crop kind, DCT scaling on, every subsampling, sizes off the iMCU grid, flips, integer
+    // crops; the outputs must be the same bytes (the window holds all the resize reads), and
+    // random crops must decode fewer pixels.
+    use jpeg_encoder::SamplingFactor as S;
+    let mut dec = JpegDecoder::new().expect("decoder");
+    let base = DecodeConfig::default().with_size(224).with_flip(true);
+    let (mut whole_px, mut window_px, mut cases, mut differing) = (0u64, 0u64, 0, 0);
+    let mut worst = 0u8;
+    for (i, (w, h, s)) in [
+        (500u16, 375u16, S::F_2_2),
+        (333, 500, S::F_1_1),
+        (1106, 829, S::F_2_1),
+        (477, 311, S::F_2_2),
+        (2000, 1800, S::F_2_2),
+        (320, 240, S::F_4_1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = encode(w, h, 40 + i as u32, s, false);
+        for crop in [Crop::RANDOM_RESIZED, Crop::Center { resize: 256 }, Crop::Resize] {
+            for layout in [Layout::Hwc, Layout::Chw] {
+                let on = base.with_crop(crop).with_layout(layout);
+                let off = on.with_partial_decode(false);
+                for index in 0..6 {
+                    let (a, ia) = decode(&mut dec, &data, &on, &mut SampleRng::new(7, 1, index));
+                    let (b, ib) = decode(&mut dec, &data, &off, &mut SampleRng::new(7, 1, index));
+                    assert_eq!(
+                        (ia.region, ia.flipped, ia.dct_denominator),
+                        (ib.region, ib.flipped, ib.dct_denominator)
+                    );
+                    let (largest, _) = difference(&a, &b);
+                    worst = worst.max(largest);
+                    differing += usize::from(a != b);
+                    cases += 1;
+                    if crop == Crop::RANDOM_RESIZED {
+                        whole_px += ib.decoded.0 as u64 * ib.decoded.1 as u64;
+                        window_px += ia.decoded.0 as u64 * ia.decoded.1 as u64;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(differing, 0, "{differing} of {cases} outputs differ, by up to {worst} levels");
+    if JPEG_DECODER == "libjpeg-turbo" {
+        assert!(window_px * 10 < whole_px * 9, "random crops decode {window_px} of {whole_px} pixels");
+    } else {
+        assert_eq!(window_px, whole_px, "{JPEG_DECODER} decodes whole images");
+    }
+}

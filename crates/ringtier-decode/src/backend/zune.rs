@@ -6,7 +6,7 @@ use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
-use super::{corrupt, Decoded};
+use super::{corrupt, Decoded, Plan};
 use crate::config::MAX_JPEG_DIMENSION;
 
 /// The decoder's name in reports.
@@ -27,18 +27,19 @@ impl Backend {
         Ok(Backend { options })
     }
 
-    /// Decodes `jpeg` into `pixels` (grown as needed) as RGB at full size. `denominator` sees
-    /// the width and height and may refuse them; the scaling it asks for is not available here.
+    /// Decodes `jpeg` into `pixels` (grown as needed) as RGB at full size. `plan` sees the
+    /// width and height and may refuse them; the scaling and the window it asks for are not
+    /// available here (the whole image is decoded).
     pub(crate) fn decode(
         &mut self,
         jpeg: &[u8],
         pixels: &mut Vec<u8>,
-        denominator: impl FnOnce(usize, usize) -> Result<usize>,
+        plan: impl FnOnce(usize, usize) -> Result<Plan>,
     ) -> Result<Decoded> {
         let mut dec = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(jpeg), self.options);
         dec.decode_headers().map_err(corrupt)?;
         let (w, h) = dec.dimensions().ok_or_else(|| corrupt("no frame header"))?;
-        denominator(w, h)?;
+        plan(w, h)?;
         let n = dec.output_buffer_size().ok_or_else(|| corrupt("no frame header"))?;
         if n != w * h * 3 {
             return Err(corrupt(format!("{w}x{h} pixels decode to {n} bytes, not RGB")));
@@ -47,6 +48,6 @@ impl Backend {
             pixels.resize(n, 0);
         }
         dec.decode_into(&mut pixels[..n]).map_err(corrupt)?;
-        Ok(Decoded { full: (w, h), scaled: (w, h), denominator: 1 })
+        Ok(Decoded { full: (w, h), scaled: (w, h), denominator: 1, origin: (0, 0), extent: (w, h) })
     }
 }

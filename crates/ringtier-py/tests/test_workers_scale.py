@@ -71,6 +71,60 @@ def test_image_folder_batches_from_workers_match_no_workers(tmp_path: Path):
     assert sorted(out) == ref
 
 
+def test_image_folder_decodes_on_as_many_workers_as_cores_every_sample_once(tmp_path: Path):
+    """More DataLoader workers than cores: only as many decode (the others yield nothing, one
+    warning says so), every sample still once; active_workers= sets how many; no transform:
+    every worker reads."""
+    write_jpegs(tmp_path / "img", {"a": 21, "b": 20})
+    cores = _packed.rank_cores()
+    ds = rt.ImageFolder(tmp_path / "img", chain(), batch_size=4, seed=5, pin_memory=False, shuffle=False)
+    ref = sorted((int(l), round(im.sum().item(), 3)) for images, labels in ds for im, l in zip(images, labels))
+    workers = cores + 2
+    assert ds.decoding_workers(workers) == cores and ds.decoding_workers(1) == 1
+    out = [
+        (int(l), round(im.sum().item(), 3))
+        for images, labels in DataLoader(ds, batch_size=None, num_workers=workers)
+        for im, l in zip(images, labels)
+    ]
+    assert sorted(out) == ref  # every sample once, the same pixels (the warning: next test)
+    two = rt.ImageFolder(tmp_path / "img", chain(), batch_size=4, seed=5, pin_memory=False, shuffle=False,
+                         active_workers=workers)
+    assert two.decoding_workers(workers) == workers
+    out = [(int(l), round(im.sum().item(), 3)) for images, labels in DataLoader(two, batch_size=None, num_workers=workers)
+           for im, l in zip(images, labels)]
+    assert sorted(out) == ref
+    raw = rt.ImageFolder(tmp_path / "img", None, batch_size=4)
+    assert raw.decoding_workers(workers) == workers
+    for bad in (0, -1, 2.5, True, "2"):
+        try:
+            rt.ImageFolder(tmp_path / "img", chain(), active_workers=bad)
+        except Exception as e:  # InvalidInputError
+            assert "active_workers" in str(e)
+        else:
+            raise AssertionError(f"active_workers={bad!r} accepted")
+
+
+def test_idle_workers_are_named_in_one_warning(tmp_path: Path):
+    write_jpegs(tmp_path / "img", {"a": 12})
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from torch.utils.data import DataLoader
+        import ringtier.torch as rt
+        from ringtier import transforms as T
+        from ringtier.torch._packed import rank_cores
+
+        ds = rt.ImageFolder({str(tmp_path / "img")!r}, T.Compose([T.RandomResizedCrop(16)]), batch_size=4, pin_memory=False)
+        n = sum(len(l) for _, l in DataLoader(ds, batch_size=None, num_workers=rank_cores() + 3))
+        print(n)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "12"
+    assert out.stderr.count("stay idle") == 1, out.stderr
+
+
 def test_a_workers_engine_fits_its_share_of_the_cores(tmp_path: Path):
     write_jpegs(tmp_path / "img", {"a": 8})
     script = textwrap.dedent(

@@ -490,12 +490,10 @@ def local_ranks() -> int:
         return 1
 
 
-def worker_cores() -> int:
-    """The cores this process may run on: its CPU affinity; where that is the whole machine
-    and several ranks share it (``LOCAL_WORLD_SIZE``), this rank's share; split over the
-    DataLoader's workers in a worker."""
-    from torch.utils.data import get_worker_info
-
+def rank_cores() -> int:
+    """The cores this rank's processes (it and its DataLoader workers) may run on: its CPU
+    affinity; where that is the whole machine and several ranks share it
+    (``LOCAL_WORLD_SIZE``), this rank's share."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -503,8 +501,18 @@ def worker_cores() -> int:
     if cores >= (os.cpu_count() or cores):
         # Not pinned by the launcher: the node's ranks share every core.
         cores = max(1, cores // local_ranks())
+    return max(1, cores)
+
+
+def worker_cores(workers: Optional[int] = None) -> int:
+    """The cores this process may run on: :func:`rank_cores`, split over the DataLoader's
+    workers in a worker (over ``workers`` of them where given: the ones that work)."""
+    from torch.utils.data import get_worker_info
+
     info = get_worker_info()
-    return max(1, cores // (info.num_workers if info is not None else 1))
+    if workers is None:
+        workers = info.num_workers if info is not None else 1
+    return max(1, rank_cores() // max(1, workers))
 
 
 #: The runtime threads of a process's engine when nothing says otherwise (ringtier-py's
@@ -550,5 +558,6 @@ __all__ = [
     "fit_engine_to_worker",
     "local_ranks",
     "lease",
+    "rank_cores",
     "worker_cores",
 ]

@@ -22,7 +22,7 @@ from .._fields import image_of, label_of_record
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
-from ._packed import SlotRing, WarnOnce, fit_engine_to_worker, lease, worker_cores
+from ._packed import SlotRing, WarnOnce, fit_engine_to_worker, lease, rank_cores, worker_cores
 from ._world import rank_world
 
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
@@ -250,6 +250,13 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
     it yields ``(list of encoded-bytes uint8 tensors, labels)``. JPEG only: other files fail to
     decode and are skipped (``on_bad="skip"``) or raise (``"fail"``).
 
+    With ``transform`` and more DataLoader workers than this rank's cores, only as many
+    workers as cores decode (``active_workers``, default: the cores; each decodes on its own
+    threads) and the others stay idle, yielding nothing: more decoding processes than cores
+    only contend for them (8 workers on 2 cores ran at 0.83x of 0 workers). The epoch is split
+    over the decoding workers (every sample once); one ``RuntimeWarning`` says so. Without
+    ``transform`` (reads only, bound by I/O) every worker reads.
+
     ``materialize=DIR`` stores the transform's split point under ``DIR`` in the first epoch
     and reads it back in later ones, as :class:`ringtier.torch.IterableDataset` does (the whole
     image resized to ``materialize_size`` for a random crop, drawn again each epoch; a
@@ -277,9 +284,15 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         is_valid_file: Optional[Callable[[str], bool]] = None,
         materialize: Optional[PathLike] = None,
         materialize_size: Optional[int] = None,
+        active_workers: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.root = os.fspath(root)
+        if active_workers is not None and (
+            isinstance(active_workers, bool) or not isinstance(active_workers, int) or active_workers < 1
+        ):
+            raise InvalidInputError(f"active_workers must be a positive int or None, not {active_workers!r}")
+        self.active_workers = active_workers
         if not os.path.isdir(self.root):
             raise NotFoundError(f"image folder {self.root} does not exist or is not a directory")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -317,26 +330,46 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self.epoch = 0
         self._state: Optional[Tuple[int, Tuple[int, int], Loader, Optional[TransformPipeline], torch.Tensor]] = None
         self._skipped_warning = WarnOnce("skipped")
+        self._idle_warning = WarnOnce("idle workers")
         self._ring = SlotRing()  # the workers' reusable shared memory for batches
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
         self.epoch = epoch
 
-    def shard(self) -> Tuple[int, int]:
-        """(this process's shard, number of shards): rank x workers."""
+    def decoding_workers(self, num_workers: int) -> int:
+        """Of ``num_workers`` DataLoader workers, how many read and decode (the rest stay
+        idle): all of them without a transform; else ``active_workers`` or this rank's cores,
+        at most ``num_workers``."""
+        if self.transform is None or num_workers <= 1:
+            return max(1, num_workers)
+        cap = self.active_workers if self.active_workers is not None else rank_cores()
+        return max(1, min(num_workers, cap))
+
+    def shard(self) -> Optional[Tuple[int, int]]:
+        """(this process's shard, number of shards): rank x decoding workers; None in a worker
+        that stays idle (see :meth:`decoding_workers`)."""
         rank, world = rank_world(self.rank, self.world_size)
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        return rank * workers + worker, world * workers
+        active = self.decoding_workers(workers)
+        if worker >= active:
+            return None
+        return rank * active + worker, world * active
 
-    def _open(self) -> Tuple[Loader, Optional[TransformPipeline], torch.Tensor]:
+    def _open(self) -> Optional[Tuple[Loader, Optional[TransformPipeline], torch.Tensor]]:
         shard = self.shard()
+        if shard is None:
+            return None
         pid = os.getpid()
         if self._state is None or self._state[0] != pid or self._state[1] != shard:
             fit_engine_to_worker()
             keys = [k for k, _ in self.samples]
-            pipe = pipeline_for(self.transform, self.seed, self.decode_threads) if self.transform is not None else None
+            info = get_worker_info()
+            threads = self.decode_threads
+            if threads is None and info is not None:
+                threads = worker_cores(self.decoding_workers(info.num_workers))
+            pipe = pipeline_for(self.transform, self.seed, threads) if self.transform is not None else None
             split = {"materialize_for": pipe} if "materialize" in self.options else {}
             loader = Loader(
                 self.root,
@@ -379,7 +412,19 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             yield list(b), b.indices, None
 
     def __iter__(self) -> Iterator[Tuple[Any, torch.Tensor]]:
-        loader, pipe, labels = self._open()
+        opened = self._open()
+        if opened is None:
+            info = get_worker_info()
+            if info is not None and info.id == self.decoding_workers(info.num_workers):
+                active = self.decoding_workers(info.num_workers)
+                self._idle_warning.warn(
+                    f"ringtier.torch.ImageFolder: {info.num_workers} DataLoader workers on {rank_cores()} cores: "
+                    f"{active} decode (each on its own threads), {info.num_workers - active} stay idle (more "
+                    "decoding processes than cores only contend); num_workers="
+                    f"{active} does the same, active_workers= changes it"
+                )
+            return
+        loader, pipe, labels = opened
         epoch = self.epoch
         raw = self._batches(loader, epoch)
         if pipe is None:

@@ -13,6 +13,7 @@ mod materialize;
 mod metrics;
 mod reader;
 mod records;
+mod filemap;
 mod safetensors;
 mod store;
 mod thp;

@@ -26,6 +26,7 @@ use ringtier_safetensors::{
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::direct::{MappedParts, Mapping};
+use crate::filemap::FileMap;
 use crate::engine::{wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
 use crate::tiers::open_tier;
@@ -81,6 +82,8 @@ enum FileBytes {
     Mapped(Mapping),
     /// One tensor, read on its own.
     Window(WindowBytes),
+    /// A file's data span, mapped from the page cache (`map_all`).
+    File(FileMap),
 }
 
 impl OwnedBytes for FileBytes {
@@ -88,6 +91,7 @@ impl OwnedBytes for FileBytes {
         match self {
             FileBytes::Mapped(m) => m.as_mut_bytes(),
             FileBytes::Window(w) => w.as_mut_bytes(),
+            FileBytes::File(f) => f.as_mut_bytes(),
         }
     }
 }
@@ -129,6 +133,8 @@ struct ModelState {
     model: Model,
     /// Opened from an S3 URL: reads default to [`DEFAULT_REMOTE_DEPTH`] in flight.
     remote: bool,
+    /// The directory the keys are files under (None for an S3 URL).
+    root: Option<std::path::PathBuf>,
 }
 
 /// A safetensors model opened by the engine: one file, or a sharded model's index and shards;
@@ -184,7 +190,8 @@ impl SafetensorsModel {
         let engine = crate::engine::engine()?;
         let model = wait_plain(py, &engine, Model::open(tier, &key))?.py_err()?;
         let remote = ringtier::open::is_s3_url(Path::new(&root));
-        Ok(SafetensorsModel { st: ForkGuarded::new("SafetensorsModel", ModelState { engine, model, remote }) })
+        let dir = (!remote).then(|| std::path::PathBuf::from(&root));
+        Ok(SafetensorsModel { st: ForkGuarded::new("SafetensorsModel", ModelState { engine, model, remote, root: dir }) })
     }
 
     /// The files' keys, in order.
@@ -240,6 +247,45 @@ impl SafetensorsModel {
             .zip(spans)
             .map(|(m, s)| (SafetensorsBuffer { bytes: ExportedBytes::new(FileBytes::Mapped(m)) }, s.data_offset))
             .collect())
+    }
+
+    /// Maps every file's data from the page cache (private, copy-on-write), read ahead by
+    /// `threads` threads taking `chunk_bytes` at a time (`MADV_POPULATE_READ`): `[(buffer,
+    /// 0)]` in file order, tensor bytes at `begin` (the buffer starts at the file's data).
+    /// Files only (not S3).
+    #[pyo3(signature = (threads=None, chunk_bytes=None))]
+    fn map_all(
+        &self,
+        py: Python<'_>,
+        threads: Option<usize>,
+        chunk_bytes: Option<usize>,
+    ) -> PyResult<Vec<(SafetensorsBuffer, u64)>> {
+        let st = self.st.get()?;
+        let Some(root) = st.root.as_ref() else {
+            return Err(errors::to_py(Error::new(
+                ErrorKind::Unsupported,
+                "mmap=True maps files: an s3:// model is read with mmap=False",
+            )));
+        };
+        let threads = threads.unwrap_or(DEFAULT_DEPTH / 2);
+        let chunk = chunk_bytes.unwrap_or(DEFAULT_CHUNK);
+        if threads == 0 || chunk == 0 {
+            return Err(errors::invalid("depth and chunk_bytes must be at least 1".into()));
+        }
+        let mut out = Vec::with_capacity(st.model.files.len());
+        for f in &st.model.files {
+            let h = f.header();
+            let path = root.join(f.key());
+            let map = py
+                .detach(|| -> Result<FileMap> {
+                    let m = FileMap::open(&path, h.file_size(), h.data_start(), h.data_len())?;
+                    m.populate(threads, chunk)?;
+                    Ok(m)
+                })
+                .py_err()?;
+            out.push((SafetensorsBuffer { bytes: ExportedBytes::new(FileBytes::File(map)) }, 0));
+        }
+        Ok(out)
     }
 
     /// Reads tensor `name` alone (lazy access): a buffer of exactly its bytes.

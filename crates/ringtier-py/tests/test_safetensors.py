@@ -162,6 +162,50 @@ def test_sharded_save_and_load_in_one_call(tmp_path):
     same(rs.load_file(tmp_path / "one")["ids"], t["ids"])
 
 
+def test_mmap_load_every_dtype_sharded_copy_on_write_and_refusals(tmp_path):
+    """load_file(mmap=True): the same tensors as safetensors' (every dtype, a sharded model,
+    empty tensors), views of the file's pages that a write does not reach (copy-on-write); a
+    file changed since it was opened, into=, S3-only sides and bad values refused."""
+    tensors = {f"t.{n}": random_bytes_tensor(dt, (5, 7), i) for i, (n, dt) in enumerate(DTYPES.items()) if dt is not None}
+    tensors.update(mixed(3))
+    rs.save_sharded(tensors, tmp_path / "m", max_shard_size=300_000, metadata={"format": "pt"})
+    index = json.loads((tmp_path / "m" / rs.INDEX_FILE).read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 2
+    before = {f: (tmp_path / "m" / f).read_bytes() for f in shards}
+    for depth, chunk in ((None, None), (1, 4096), (7, 65536)):
+        got = rs.load_file(tmp_path / "m", mmap=True, depth=depth, chunk_bytes=chunk)
+        assert set(got) == set(tensors)
+        for k, v in tensors.items():
+            same(got[k], v)
+    w = got["embed.weight"]
+    del got
+    import gc
+
+    gc.collect()
+    same(w, tensors["embed.weight"])  # the mapping lives as long as a view
+    w.view(torch.uint8).fill_(0)  # writable, copy-on-write: the file keeps its bytes
+    del w
+    assert {f: (tmp_path / "m" / f).read_bytes() for f in shards} == before
+    one = tmp_path / "one.safetensors"
+    st.save_file(mixed(4), one)
+    for k, v in rs.load_file(one, mmap=True).items():
+        same(v, mixed(4)[k])
+    # A file that changed size after its header was read (here: between open and map).
+    model = ringtier._ringtier.SafetensorsModel(str(tmp_path), "one.safetensors")
+    with open(one, "ab") as f:
+        f.write(b"x" * 10)
+    with pytest.raises(ringtier.CorruptError, match="changed since it was opened"):
+        model.map_all()
+    with pytest.raises(ringtier.InvalidInputError, match="into="):
+        rs.load_file(tmp_path / "m", mmap=True, into={"ids": torch.empty(17, 3, dtype=torch.int32)})
+    for bad in ("yes", 1, None):
+        with pytest.raises(ringtier.InvalidInputError, match="mmap"):
+            rs.load_file(tmp_path / "m", mmap=bad)
+    with pytest.raises(ringtier.InvalidInputError, match="depth"):
+        rs.load_file(tmp_path / "m", mmap=True, depth=0)
+
+
 def test_safe_open_lazy_access(tmp_path):
     t = mixed()
     st.save_file(t, tmp_path / "m.safetensors", metadata={"k": "v"})
@@ -298,5 +342,7 @@ def test_s3_load_and_save(tmp_path, monkeypatch):
         got = rs.load_file(server.url(bucket, "sh/" + rs.INDEX_FILE))
         for k in t:
             same(got[k], t[k])
+        with pytest.raises(ringtier.UnsupportedError, match="mmap=True maps files"):
+            rs.load_file(url, mmap=True)
     finally:
         gen.close()

@@ -643,6 +643,12 @@ class SafetensorsModel:
         """Every file's data read at ``depth`` (default 16) reads of ``chunk_bytes`` (default
         8 MiB) in flight into one page-aligned buffer per file, without a copy:
         ``[(buffer, data_offset)]``, a tensor's bytes at ``data_offset + begin``."""
+    def map_all(
+        self, threads: Optional[int] = None, chunk_bytes: Optional[int] = None
+    ) -> List[Tuple[SafetensorsBuffer, int]]:
+        """Every file's data mapped private from the page cache, read ahead by ``threads``
+        (default 8) threads taking ``chunk_bytes`` (default 8 MiB) at a time:
+        ``[(buffer, 0)]``, a tensor's bytes at ``begin``. Files only (not S3)."""
     def read_tensor(self, name: str) -> SafetensorsBuffer:
         """Tensor ``name`` read alone: a buffer of exactly its bytes."""
     def read_into(

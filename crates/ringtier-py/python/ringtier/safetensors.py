@@ -164,6 +164,7 @@ def load_file(
     into: Optional[Dict[str, object]] = None,
     depth: Optional[int] = None,
     chunk_bytes: Optional[int] = None,
+    mmap: bool = False,
 ) -> Dict[str, object]:
     """Loads a safetensors file, a sharded model's index (or a directory holding either), or an
     ``s3://bucket/key?endpoint=...`` URL into a dict of torch tensors: what
@@ -175,6 +176,14 @@ def load_file(
     the GPU from that buffer, page-locked for the copies; without CUDA it raises
     :class:`~ringtier.UnsupportedError`.
 
+    ``mmap=True`` (files only): the tensors are views of each file mapped private
+    (copy-on-write) instead, its pages read into the page cache ahead of use by ``depth // 2``
+    threads (default 8) taking ``chunk_bytes`` at a time: as ``safetensors`` maps a file, but
+    read at depth before it returns. No fresh memory is faulted in and zeroed for the tensors,
+    the least CPU per GiB (docs/SAFETENSORS.md, "CPU"); the pages stay in the page cache, and
+    the file must not be truncated while a tensor is alive (a page past its new end faults
+    with ``SIGBUS``, as with any mapped file). A tensor written is copied page by page.
+
     ``into``: a dict of CPU tensors to fill in place (each contiguous, of the file's dtype and
     shape); only those are loaded, through ``depth`` buffers of one chunk (the memory used
     beyond them), and ``into`` is returned. Do not touch them while this runs.
@@ -184,9 +193,18 @@ def load_file(
     model = _ringtier.SafetensorsModel(root, key, engine)
     entries = model.tensors()
     if into is not None:
+        if mmap:
+            raise InvalidInputError("mmap=True maps the file for new tensors; into= fills yours: give one of them")
         return _load_into(model, entries, into, depth, chunk_bytes)
     torch = _torch()
-    buffers = model.read_all(depth, chunk_bytes)
+    if not isinstance(mmap, bool):
+        raise InvalidInputError(f"mmap must be True or False, not {mmap!r}")
+    if mmap:
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+            raise InvalidInputError(f"depth must be a positive int, not {depth!r}")
+        buffers = model.map_all(None if depth is None else max(1, depth // 2), chunk_bytes)
+    else:
+        buffers = model.read_all(depth, chunk_bytes)
     bases = [torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8) for buf, _ in buffers]
     out: Dict[str, object] = {}
     for name, file, dtype, shape, begin, end in entries:

@@ -57,13 +57,16 @@ impl FileMap {
         if actual != file_size {
             return Err(Error::new(
                 ErrorKind::Corrupt,
-                format!("{shown} is {actual} bytes, its header was read from {file_size}: it changed since it was opened"),
+                format!(
+                    "{shown} is {actual} bytes, its header was read from {file_size}: it changed since it was opened"
+                ),
             ));
         }
         let end = start.checked_add(len).filter(|&e| e <= file_size).ok_or_else(|| {
             Error::new(ErrorKind::Corrupt, format!("{shown}: data span {start}+{len} past its {file_size} bytes"))
         })?;
-        let too_big = || Error::new(ErrorKind::InvalidInput, format!("{shown}: {file_size} bytes cannot be mapped here"));
+        let too_big =
+            || Error::new(ErrorKind::InvalidInput, format!("{shown}: {file_size} bytes cannot be mapped here"));
         let map_len = usize::try_from(end).map_err(|_| too_big())?;
         let start = usize::try_from(start).map_err(|_| too_big())?;
         let len = usize::try_from(len).map_err(|_| too_big())?;

@@ -26,9 +26,9 @@ use ringtier_safetensors::{
 
 use crate::buffer::{ExportedBytes, OwnedBytes};
 use crate::direct::{MappedParts, Mapping};
-use crate::filemap::FileMap;
 use crate::engine::{wait_plain, Engine, ForkGuarded};
 use crate::errors::{self, IntoPy};
+use crate::filemap::FileMap;
 use crate::tiers::open_tier;
 
 /// Reads in flight of a whole-model read by default: 16 of 8 MiB, over all its files.
@@ -191,7 +191,9 @@ impl SafetensorsModel {
         let model = wait_plain(py, &engine, Model::open(tier, &key))?.py_err()?;
         let remote = ringtier::open::is_s3_url(Path::new(&root));
         let dir = (!remote).then(|| std::path::PathBuf::from(&root));
-        Ok(SafetensorsModel { st: ForkGuarded::new("SafetensorsModel", ModelState { engine, model, remote, root: dir }) })
+        Ok(SafetensorsModel {
+            st: ForkGuarded::new("SafetensorsModel", ModelState { engine, model, remote, root: dir }),
+        })
     }
 
     /// The files' keys, in order.

@@ -129,6 +129,9 @@ def _class_of(key: str) -> str:
 
 
 FORMATS = ("files", "tfrecord", "wds")
+#: Chunks of records (``read_batch`` each) that cross into TensorFlow ahead of the unbatch
+#: that splits them (at most this many plus the one being split are held as tf.string).
+CHUNKS_AHEAD = 4
 LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("bytes", "uint8")
 
@@ -520,9 +523,15 @@ class Source:
         if self.format == "files" and self.output == "uint8":
             return ds if self.batch_size is None else ds.batch(self.batch_size, drop_remainder=self.drop_last)
         # Read batches cross as one string tensor each; unbatched (and rebatched) in C++.
+        rebatched = self.format != "files" and self.record_chunk != self.batch_size
+        if self.format != "files" and (self.batch_size is None or rebatched):
+            # The generator (the wait for records, their bytes, the copy into tf.string) runs
+            # on a thread of its own, CHUNKS_AHEAD chunks ahead of the unbatch, which copies
+            # every string once more: two threads instead of one doing both in turn.
+            ds = ds.prefetch(CHUNKS_AHEAD)
         if self.batch_size is None:
             return ds.unbatch()
-        if self.format != "files" and self.record_chunk != self.batch_size:
+        if rebatched:
             return ds.unbatch().batch(self.batch_size, drop_remainder=self.drop_last)
         return ds
 

@@ -340,6 +340,38 @@ def write_wds(root: Path, shards: int, per_shard: int) -> Dict[str, Dict[str, by
     return samples
 
 
+def test_exit_with_a_live_iterator_does_not_hang(tmp_path):
+    """A script that exits holding an iterator that is mid-read (a global, destroyed as the
+    interpreter finalizes) exits: at exit the generators end before finalization, so no engine
+    call in flight (GIL released) and no next generator step needs the GIL after it (that hung
+    about one exit in four before)."""
+    root = tmp_path / "tfr"
+    root.mkdir()
+    for s in range(4):
+        with tf.io.TFRecordWriter(str(root / f"part-{s}.tfrecord")) as w:
+            for i in range(300):
+                w.write(os.urandom(4000 + i))
+    script = textwrap.dedent(
+        f"""
+        import os
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        import tensorflow as tf
+        import ringtier.tensorflow as rtf
+        ds = rtf.dataset({str(root)!r}, format="tfrecord", batch_size=32, shuffle=False)
+        ds = ds.map(tf.strings.length).prefetch(2)
+        it = iter(ds)
+        next(it); next(it)
+        print("exiting", flush=True)
+        """
+    )
+    for attempt in range(6):
+        try:
+            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"attempt {attempt}: the process did not exit within 90 s")
+        assert out.returncode == 0 and "exiting" in out.stdout, out.stderr[-2000:]
+
+
 def test_webdataset_fields_every_sample_once(tmp_path):
     samples = write_wds(tmp_path / "wds", 3, 20)
     got = {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
 import os
@@ -25,6 +26,74 @@ def _tf() -> Any:
             "ringtier.tensorflow needs TensorFlow: pip install 'ringtier[tensorflow]' (tensorflow-cpu>=2.21)"
         ) from e
     return tf
+
+
+# -- interpreter exit with an iterator alive ---------------------------------------------------
+
+# A tf.data iterator still alive when Python exits is destroyed while the interpreter finalizes,
+# and its destructor waits for the generator call in flight on a tf.data thread. That call, in
+# the engine with the GIL released, cannot take the GIL back once finalization has begun (the
+# thread is parked for good): the process would hang at exit. So at exit (atexit runs before
+# finalization) every generator is told to end and the calls in flight are waited for.
+_exit_lock = threading.Condition()
+_in_flight = 0
+_closing = False
+_last_step = 0.0
+_used = False
+#: How long exit waits for the generator calls in flight to return.
+EXIT_WAIT_SECONDS = 30.0
+#: Exit also waits until no generator step has begun for this long (at most
+#: :data:`EXIT_QUIET_MAX_SECONDS`): the step tf.data asks for after the one in flight returns
+#: (it then ends the generator at once) comes before the interpreter finalizes, not after.
+EXIT_QUIET_SECONDS = 0.15
+EXIT_QUIET_MAX_SECONDS = 2.0
+
+
+def _guarded(gen: Iterator[Any]) -> Iterator[Any]:
+    """``gen``, ending early once the interpreter is exiting, each step counted in flight."""
+    global _in_flight, _last_step, _used
+    import time
+
+    while True:
+        with _exit_lock:
+            _used = True
+            _last_step = time.monotonic()
+            if _closing:
+                _exit_lock.notify_all()
+                return
+            _in_flight += 1
+        try:
+            item = next(gen)
+        except StopIteration:
+            return
+        finally:
+            with _exit_lock:
+                _in_flight -= 1
+                _exit_lock.notify_all()
+        yield item
+
+
+def _end_generators_at_exit() -> None:
+    global _closing
+    import time
+
+    with _exit_lock:
+        _closing = True
+        if not _used:
+            return
+        start = time.monotonic()
+        deadline = start + EXIT_WAIT_SECONDS
+        while _in_flight and time.monotonic() < deadline:
+            _exit_lock.wait(max(0.0, deadline - time.monotonic()))
+        quiet_until = min(time.monotonic() + EXIT_QUIET_MAX_SECONDS, deadline)
+        while time.monotonic() < quiet_until:
+            idle = time.monotonic() - _last_step
+            if not _in_flight and idle >= EXIT_QUIET_SECONDS:
+                break
+            _exit_lock.wait(max(0.01, EXIT_QUIET_SECONDS - idle))
+
+
+atexit.register(_end_generators_at_exit)
 
 
 # -- the heap under tf.string batches ----------------------------------------------------------
@@ -502,10 +571,10 @@ class Source:
         """One epoch (the next one) as the generator ``from_generator`` runs."""
         epoch, position = self._next_epoch()
         if self.transform is not None:
-            return self._images(epoch, position)
+            return _guarded(self._images(epoch, position))
         if self.format == "files":
-            return self._files(epoch, position)
-        return self._records(epoch, position)
+            return _guarded(self._files(epoch, position))
+        return _guarded(self._records(epoch, position))
 
     def dataset(self) -> Any:
         """The ``tf.data.Dataset`` (each iteration reads the next epoch)."""

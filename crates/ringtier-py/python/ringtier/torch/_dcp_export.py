@@ -192,7 +192,7 @@ def export_safetensors(
     if store is None:
         store = CheckpointStore(
             _tiers_list(tiers), prefix=_check_prefix(out_prefix or export_prefix(prefix)), format="safetensors",
-            max_shard_size=max_shard_size, create=True, **store_options,
+            max_shard_size=max_shard_size, **{"create": True, **store_options},
         )
     try:
         report = store.save(got["step"], tensors)

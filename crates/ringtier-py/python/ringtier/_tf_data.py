@@ -8,6 +8,7 @@ import collections
 import ctypes
 import os
 import threading
+import time
 from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -52,8 +53,6 @@ EXIT_QUIET_MAX_SECONDS = 2.0
 def _guarded(gen: Iterator[Any]) -> Iterator[Any]:
     """``gen``, ending early once the interpreter is exiting, each step counted in flight."""
     global _in_flight, _last_step, _used
-    import time
-
     while True:
         with _exit_lock:
             _used = True
@@ -75,8 +74,6 @@ def _guarded(gen: Iterator[Any]) -> Iterator[Any]:
 
 def _end_generators_at_exit() -> None:
     global _closing
-    import time
-
     with _exit_lock:
         _closing = True
         if not _used:

@@ -27,6 +27,11 @@ def export_prefix(prefix: str) -> str:
     return f"{prefix}/safetensors"
 
 
+def _read_options(store_options: Dict[str, Any]) -> Dict[str, Any]:
+    """The store options that concern reading the DCP step (the rest are the export store's)."""
+    return {k: v for k, v in store_options.items() if k in ("engine", "chunk_bytes")}
+
+
 def _select(keys: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
     if keys is None:
         return None
@@ -184,7 +189,7 @@ def export_safetensors(
     exported is refused by the store (``ringtier.RingtierError``, kind ``already_exists``)."""
     t0 = time.perf_counter()
     got = gather(tiers, step, prefix=prefix, keys=keys, wait_seconds=wait_seconds, safe_globals=safe_globals,
-                 **{k: v for k, v in store_options.items() if k in ("engine", "chunk_bytes")})
+                 **_read_options(store_options))
     tensors = got["tensors"]
     if not tensors:
         raise ValueError(f"DCP checkpoint {got['step']} under {prefix!r}: no tensor to export (keys={keys!r})")
@@ -216,7 +221,7 @@ class Exporter:
 
         self.tiers, self.prefix, self.keys = tiers, prefix, _select(keys) if keys is not True else None
         self.max_shard_size, self.wait_seconds = max_shard_size, wait_seconds
-        self.store_options = {k: v for k, v in store_options.items() if k not in ("read_only",)}
+        self.store_options = dict(store_options)  # the writer's (never read_only)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtier-dcp-export")
         self._pending: List[Any] = []
         self._store: Optional[CheckpointStore] = None
@@ -233,10 +238,9 @@ class Exporter:
                 self.tiers, prefix=export_prefix(self.prefix), format="safetensors",
                 max_shard_size=self.max_shard_size, **self.store_options,
             )
-        read_opts = {k: v for k, v in self.store_options.items() if k in ("engine", "chunk_bytes")}
         self.last = export_safetensors(
             self.tiers, step, prefix=self.prefix, keys=self.keys, wait_seconds=self.wait_seconds,
-            store=self._store, **read_opts,
+            store=self._store, **_read_options(self.store_options),
         )
         return self.last
 

@@ -278,7 +278,7 @@ impl Loader {
                 pool,
                 false,
                 true,
-                UringConfig::default().with_register_buffers(false),
+                UringConfig::dataset().with_register_buffers(false),
             )?
         } else {
             crate::tiers::open_tier(&dir, engine, pool, false, true)?

@@ -65,7 +65,7 @@ impl FileReader {
         let pool = crate::lazy_pool::lazy_pool(&pool_cfg).py_err()?;
         let tier = if engine == "uring" && !s3 {
             // Not registered: registering would fault in the whole pool now.
-            let uring = UringConfig::default().with_register_buffers(false);
+            let uring = UringConfig::dataset().with_register_buffers(false);
             crate::tiers::open_tier_with(&dir, engine, Some(pool.clone()), false, true, uring)?
         } else {
             crate::tiers::open_tier(&dir, engine, None, false, true)?

@@ -135,7 +135,8 @@ pub(crate) fn open_tier(
     create: bool,
     dataset: bool,
 ) -> PyResult<Arc<dyn Tier>> {
-    open_tier_with(dir, engine_name, pool, create, dataset, UringConfig::default())
+    let uring = if dataset { UringConfig::dataset() } else { UringConfig::default() };
+    open_tier_with(dir, engine_name, pool, create, dataset, uring)
 }
 
 /// [`open_tier`] with the io_uring engine's settings.
@@ -154,14 +155,8 @@ pub(crate) fn open_tier_with(
     let engine: ringtier_uring::Engine = engine_name.parse().map_err(|_| {
         errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
     })?;
-    let role = if dataset { ringtier::Role::Dataset } else { ringtier::Role::Store };
-    let options = ringtier::OpenOptions::default()
-        .with_role(role)
-        .with_engine(engine)
-        .with_uring(uring)
-        .with_pool(pool)
-        .with_create(create)
-        .with_metered(false);
+    let base = if dataset { ringtier::OpenOptions::dataset() } else { ringtier::OpenOptions::store() };
+    let options = base.with_engine(engine).with_uring(uring).with_pool(pool).with_create(create).with_metered(false);
     let opened = ringtier::open(dir, &options).py_err()?;
     if let ringtier::open::Backend::Files(ringtier_uring::EngineUsed::PosixFallback(why)) = &opened.backend {
         warn_fallback(why);

@@ -88,9 +88,20 @@ impl Default for OpenOptions {
 }
 
 impl OpenOptions {
-    /// Options for reading a dataset (links followed).
+    /// Threads of the thread-pool engine for a dataset (where io_uring is refused): many small
+    /// files want many opens at once, as [`UringConfig::dataset`]'s depth does.
+    pub const DATASET_POSIX_THREADS: usize = 32;
+
+    /// Options for reading a dataset: links followed, many files in progress
+    /// ([`UringConfig::dataset`], [`Self::DATASET_POSIX_THREADS`] where io_uring is refused).
     pub fn dataset() -> Self {
-        OpenOptions { role: Role::Dataset, ..OpenOptions::default() }
+        OpenOptions {
+            role: Role::Dataset,
+            #[cfg(all(feature = "uring", target_os = "linux"))]
+            uring: UringConfig::dataset(),
+            posix_threads: Self::DATASET_POSIX_THREADS,
+            ..OpenOptions::default()
+        }
     }
 
     /// Options for a checkpoint store's tier (links never followed).

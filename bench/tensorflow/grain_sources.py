@@ -5,6 +5,8 @@ ReadOptions(num_threads=T)), the bytes counted, T swept (grain's read threads; o
 
   ringtier:     ringtier.grain.FileSource(D) (concurrent __getitem__ calls coalesced into
                 batched io_uring reads)
+  ringtier dataset: ringtier.grain.FileDataset(D, seed=0), a grain IterDataset read ahead by the
+                engine (no grain read threads: one pass, not swept; --no-dataset to skip)
   python files: a plain source, open().read() per index (what a grain user writes for files)
   array_record: grain.sources.ArrayRecordDataSource over the same bytes packed into ArrayRecord
                 files (written once before the passes; --no-array-record to skip)
@@ -32,7 +34,11 @@ import json, os, sys, time
 import grain
 side, d, threads, ar = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 t0 = time.perf_counter()
-if side == "ringtier":
+if side == "ringtier dataset":
+    import ringtier.grain
+    src = None
+    ds = ringtier.grain.FileDataset(d, seed=0)
+elif side == "ringtier":
     import ringtier.grain
     src = ringtier.grain.FileSource(d)
 elif side == "python files":
@@ -49,7 +55,8 @@ elif side == "python files":
     src = Files(d)
 else:
     src = grain.sources.ArrayRecordDataSource(sorted(os.path.join(ar, f) for f in os.listdir(ar)))
-ds = grain.MapDataset.source(src).shuffle(seed=0).to_iter_dataset(grain.ReadOptions(num_threads=threads))
+if src is not None:
+    ds = grain.MapDataset.source(src).shuffle(seed=0).to_iter_dataset(grain.ReadOptions(num_threads=threads))
 n = b = 0
 for x in ds:
     n += 1
@@ -86,6 +93,7 @@ def main():
     ap.add_argument("--threads", default="4,16,64")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-array-record", action="store_true")
+    ap.add_argument("--no-dataset", action="store_true", help="leave out ringtier.grain.FileDataset")
     ap.add_argument("--json")
     a = ap.parse_args()
     files = sorted(f for f in glob.glob(os.path.join(a.dir, "*", "*")) if os.path.isfile(f))
@@ -95,6 +103,8 @@ def main():
     ar_files = [] if a.no_array_record else pack_array_record(files, a.dir, ar_dir)
     root = os.geteuid() == 0
     names = [f"{s} t{t}" for s in sides for t in a.threads.split(",")]
+    if not a.no_dataset:
+        names.insert(0, "ringtier dataset t0")  # no grain read threads: the engine reads ahead
     runs = {n: [] for n in names}
     try:
         for r in range(a.repeats):
@@ -118,9 +128,13 @@ def main():
 
             shutil.rmtree(ar_dir, ignore_errors=True)
     med = {n: statistics.median(x["mb_per_sec"] for x in v) for n, v in runs.items()}
-    best_rt = max((n for n in names if n.startswith("ringtier")), key=med.get)
+    best_rt = max((n for n in names if n.startswith("ringtier t")), key=med.get)
     best_grain = max((n for n in names if not n.startswith("ringtier")), key=med.get)
-    ratio = [o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs[best_rt], runs[best_grain])]
+
+    def pairwise(n):
+        return [o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs[n], runs[best_grain])]
+
+    ratio = pairwise(best_rt)
     report = {
         "schema": "ringtier.bench.grain/1",
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
@@ -130,6 +144,8 @@ def main():
         "cold": "drop_caches" if root else "posix_fadvise DONTNEED per file",
         "best_ringtier": best_rt, "best_grain_source": best_grain,
         "ringtier_over_best_grain_source_mb_per_sec": summary(ratio),
+        "ringtier_dataset_over_best_grain_source_mb_per_sec": (
+            None if a.no_dataset else summary(pairwise("ringtier dataset t0"))),
         "sides": {n: {"mb_per_sec": summary([x["mb_per_sec"] for x in v]),
                       "cpu_seconds_per_gib": summary([x["cpu_seconds_per_gib"] for x in v]),
                       "peak_rss_bytes_max": max(x["peak_rss_bytes"] for x in v), "runs": v} for n, v in runs.items()},
@@ -137,6 +153,9 @@ def main():
     for n, v in report["sides"].items():
         print(f"{n:<20} {v['mb_per_sec']['median']:8.1f} MB/s  {v['cpu_seconds_per_gib']['median']:6.2f} CPU s/GiB")
     print(f"{best_rt} / {best_grain}: {summary(ratio)['median']:.2f}x (min {min(ratio):.2f}, max {max(ratio):.2f})")
+    if not a.no_dataset:
+        r = pairwise("ringtier dataset t0")
+        print(f"ringtier dataset / {best_grain}: {summary(r)['median']:.2f}x (min {min(r):.2f}, max {max(r):.2f})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

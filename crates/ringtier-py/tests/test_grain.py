@@ -197,3 +197,146 @@ def test_one_reader_per_process_and_a_forked_child_makes_its_own(dataset):
     os.waitpid(pid, 0)
     assert got == b"1"
     assert src[5].tobytes() == files[src.keys[5]]
+
+
+# -- FileDataset: a grain IterDataset over the loader --------------------------------------
+
+
+def _epoch_of(it, n=None):
+    out = []
+    for x in it:
+        out.append(x)
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def test_file_dataset_is_a_grain_iter_dataset_every_file_once_per_epoch(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=5, num_epochs=2, with_keys=True, read_batch=32)
+    assert isinstance(ds, grain.IterDataset)
+    assert "shard=0/1" in repr(ds)
+    got = list(ds)
+    assert len(got) == 2 * len(files)
+    first, second = got[: len(files)], got[len(files) :]
+    for epoch in (first, second):
+        seen = {}
+        for key, data in epoch:
+            assert isinstance(data, np.ndarray) and data.dtype == np.uint8
+            assert key not in seen
+            seen[key] = data.tobytes()
+        assert seen == files
+    assert [k for k, _ in first] != [k for k, _ in second], "each epoch reshuffled"
+    again = [k for k, _ in rg.FileDataset(root, seed=5, with_keys=True, read_batch=7)]
+    assert again == [k for k, _ in first], "the order is the seed's, whatever the read batch"
+    unshuffled = [k for k, _ in rg.FileDataset(root, shuffle=False, with_keys=True)]
+    assert unshuffled == sorted(files)
+
+
+def test_file_dataset_under_grain_transformations(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=1).map(lambda a: np.int64(a.size)).batch(64)
+    sizes = np.concatenate(list(ds))
+    assert sorted(sizes.tolist()) == sorted(len(v) for v in files.values())
+
+
+def test_file_dataset_shards_and_grain_worker_slices_are_disjoint_and_complete(dataset):
+    root, files = dataset
+    keys = []
+    for i in range(3):
+        keys += [k for k, _ in rg.FileDataset(root, shard_index=i, shard_count=3, with_keys=True)]
+    assert sorted(keys) == sorted(files)
+    # grain's mp_prefetch slices the dataset in place, slice(i, None, n) per worker.
+    import copy
+
+    halves = []
+    for i in range(2):
+        part = copy.deepcopy(rg.FileDataset(root, shard_index=1, shard_count=2, with_keys=True))
+        part.set_slice(slice(i, None, 2))
+        halves.append([k for k, _ in part])
+    whole = [k for k, _ in rg.FileDataset(root, shard_index=1, shard_count=2, with_keys=True)]
+    assert not set(halves[0]) & set(halves[1])
+    assert sorted(halves[0] + halves[1]) == sorted(whole)
+    with pytest.raises(ValueError, match="slice"):
+        rg.FileDataset(root).set_slice(slice(0, 10, 2))
+
+
+def test_file_dataset_through_grain_worker_processes(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=2, with_keys=True).map(lambda kv: (kv[0], kv[1].tobytes()))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    got = dict(ds)
+    assert got == files
+
+
+def test_file_dataset_checkpoint_resumes_exactly(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=9, num_epochs=2, with_keys=True, read_batch=16)
+    full = [k for k, _ in ds]
+    for cut in (0, 1, 15, 16, 17, 299, 300, 301, 450, 599):
+        it = iter(ds)
+        head = [k for k, _ in _epoch_of(it, cut)] if cut else []
+        state = it.get_state()
+        resumed = iter(ds)
+        resumed.set_state(state)
+        assert resumed.get_state() == state
+        tail = [k for k, _ in resumed]
+        assert head + tail == full, cut
+    it = iter(ds)
+    with pytest.raises(ValueError, match="state"):
+        it.set_state({"epoch": 0})
+    with pytest.raises(ValueError, match="state"):
+        it.set_state({"epoch": 0, "position": -1, "given": 0})
+
+
+def test_file_dataset_checkpoints_with_grains_own_iterator_state(dataset):
+    """The state goes through grain's pipeline (map, batch) and back."""
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=4, read_batch=10).map(lambda a: a.tobytes()).batch(8, batch_fn=list)
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    rest = [b for batch in it for b in batch]
+    it2 = iter(ds)
+    it2.set_state(state)
+    assert [b for batch in it2 for b in batch] == rest
+
+
+def test_file_dataset_skips_or_fails_on_a_file_removed_after_listing(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=0, with_keys=True, read_batch=16, prefetch=0)
+    strict = rg.FileDataset(root, seed=0, with_keys=True, read_batch=16, prefetch=0, on_bad="fail")
+    it, it_strict = iter(ds), iter(strict)
+    first = [k for k, _ in _epoch_of(it, 16)]  # the first read batch, handed out whole
+    next(it_strict)  # the same first batch read on the strict side
+    gone = next(k for k in sorted(files) if k not in first)
+    (root / gone).unlink()
+    keys = first + [k for k, _ in it]
+    assert gone not in keys and sorted(keys) == sorted(k for k in files if k != gone)
+    with pytest.raises(ringtier.RingtierError, match=gone.split("/")[-1]):
+        list(it_strict)
+
+
+def test_file_dataset_refuses_bad_arguments(dataset, tmp_path):
+    root, _ = dataset
+    with pytest.raises(ringtier.NotFoundError):
+        rg.FileDataset(tmp_path / "nope")
+    for kw in ({"shard_index": 3, "shard_count": 3}, {"shard_index": 0}, {"num_epochs": 0}, {"read_batch": 0},
+               {"hold": 0}, {"prefetch": -1}, {"on_bad": "ignore"}, {"num_epochs": True}):
+        with pytest.raises(ValueError):
+            rg.FileDataset(root, **kw)
+    with pytest.raises(TypeError):
+        rg.FileDataset(root, seed="0")
+
+
+def test_file_dataset_pickles_and_holding_every_buffer_raises_not_hangs(dataset):
+    root, files = dataset
+    ds = rg.FileDataset(root, seed=3, with_keys=True)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert type(copy) is type(ds) and dict((k, v.tobytes()) for k, v in copy) == files
+    small = rg.FileDataset(root, read_batch=8, hold=4)
+    kept = []
+    with pytest.raises(ringtier.PoolExhaustedError):
+        for a in small:
+            kept.append(a)  # never dropped: the pool runs dry

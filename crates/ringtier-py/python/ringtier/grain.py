@@ -252,4 +252,201 @@ class FileSource:
                 self._leaders -= 1
 
 
-__all__ = ["FileSource", "process_shard"]
+class _FileDatasetBase:
+    """What :class:`FileDataset` is, without grain: its settings, sharding and slicing. The
+    class grain sees (``ringtier.grain.FileDataset``) is this one with ``grain.IterDataset``
+    as a base, made on first use (this module never imports grain itself)."""
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_epochs: Optional[int] = 1,
+        shard_index: Optional[int] = None,
+        shard_count: Optional[int] = None,
+        with_keys: bool = False,
+        read_batch: int = 256,
+        prefetch: int = 2,
+        hold: int = 1024,
+        on_bad: str = "skip",
+        engine: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.path = tier_path(path)
+        if not is_s3_url(self.path) and not os.path.exists(self.path):
+            raise NotFoundError(f"dataset {self.path} does not exist")
+        if (shard_index is None) != (shard_count is None):
+            raise ValueError("give both shard_index and shard_count, or neither (then JAX's process index)")
+        if shard_index is None or shard_count is None:
+            shard_index, shard_count = process_shard()
+        for name, v in (("shard_index", shard_index), ("shard_count", shard_count), ("seed", seed)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if shard_count < 1 or not 0 <= shard_index < shard_count:
+            raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
+        for name, v in (("read_batch", read_batch), ("hold", hold)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int of at least 1, not {v!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int of at least 0, not {prefetch!r}")
+        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1):
+            raise ValueError(f"num_epochs must be None (forever) or an int of at least 1, not {num_epochs!r}")
+        if on_bad not in ("skip", "fail"):
+            raise ValueError(f'on_bad must be "skip" or "fail", not {on_bad!r}')
+        self.seed, self.shuffle, self.num_epochs = seed, bool(shuffle), num_epochs
+        self.shard_index, self.shard_count = shard_index, shard_count
+        self.with_keys, self.read_batch, self.prefetch, self.hold = bool(with_keys), read_batch, prefetch, hold
+        self.on_bad, self.engine = on_bad, engine
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Keeps the elements ``sl`` of this dataset's shard (grain's in-place slicing: each of
+        ``mp_prefetch``'s workers keeps ``slice(i, None, n)``). The shard's order is dealt out
+        element by element, so ``sequential_slice`` gives the same disjoint, complete split;
+        only ``stop=None`` and a ``start`` below ``step`` are meaningful here."""
+        start, stop, step = sl.start or 0, sl.stop, sl.step or 1
+        if stop is not None or step < 1 or not 0 <= start < step:
+            raise ValueError(f"FileDataset slices as slice(i, None, n) with 0 <= i < n, not {sl!r}")
+        self.shard_index += self.shard_count * start
+        self.shard_count *= step
+
+    def __repr__(self) -> str:
+        return (
+            f"ringtier.grain.FileDataset(path={self.path!r}, shard={self.shard_index}/{self.shard_count}, "
+            f"seed={self.seed}, shuffle={self.shuffle}, num_epochs={self.num_epochs})"
+        )
+
+    def _make_loader(self) -> Any:
+        return Loader(
+            self.path,
+            batch_size=self.read_batch,
+            prefetch=self.prefetch,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=self.shard_index,
+            world_size=self.shard_count,
+            hold=self.hold,
+            lazy_pool=True,
+            on_bad=self.on_bad,
+            engine=self.engine,
+        )
+
+
+class _FileIteratorBase:
+    """What :class:`FileDataset`'s iterator is, without grain (its grain class is made with
+    the dataset's). State: the epoch, where the current read batch starts in this shard's
+    order, and how many of its elements were handed out; restoring reads that batch again and
+    skips those."""
+
+    def __init__(self, ds: Any) -> None:
+        super().__init__()
+        self._ds = ds
+        self._loader: Optional[Any] = None
+        self._epoch, self._start, self._given = 0, 0, 0
+        self._skip = 0  # elements of the next batch already handed out before a restore
+        self._batches: Optional[Any] = None
+        self._samples: List[Any] = []
+        self._have = False  # a batch is being handed out; it spans `_span` places of the order
+        self._span = 0
+
+    def _reset(self) -> None:
+        self._batches, self._samples, self._have = None, [], False
+
+    def __next__(self) -> Any:
+        ds = self._ds
+        while self._given >= len(self._samples):
+            if self._have:  # the batch is handed out: the next starts after it
+                self._start += self._span
+                self._samples, self._have = [], False
+            if ds.num_epochs is not None and self._epoch >= ds.num_epochs:
+                raise StopIteration
+            if self._loader is None:
+                self._loader = ds._make_loader()
+            if self._batches is None:
+                self._batches = iter(self._loader.epoch(self._epoch, self._start))
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                self._epoch, self._start, self._given, self._skip = self._epoch + 1, 0, 0, 0
+                self._reset()
+                continue
+            self._span = len(batch.indices) + len(batch.skipped)
+            self._samples, self._have = list(batch), True
+            self._given, self._skip = min(self._skip, len(self._samples)), 0
+        s = self._samples[self._given]
+        self._samples[self._given] = None  # the buffer goes back once the caller drops it
+        self._given += 1
+        data = np.frombuffer(s, np.uint8) if len(s) else np.zeros(0, np.uint8)
+        return (s.key, data) if ds.with_keys else data
+
+    def get_state(self) -> Dict[str, Any]:
+        """``{"epoch", "position", "given"}``: the epoch, where the current read batch starts
+        in this shard's order, and the elements of it already handed out."""
+        return {"epoch": self._epoch, "position": self._start, "given": self._given if self._have else self._skip}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """Goes back (or forward) to a state :meth:`get_state` returned."""
+        try:
+            epoch, position, given = int(state["epoch"]), int(state["position"]), int(state["given"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a FileDataset iterator state: {state!r} ({e})") from None
+        if epoch < 0 or position < 0 or given < 0:
+            raise ValueError(f"not a FileDataset iterator state: {state!r} (negative)")
+        self._reset()
+        self._epoch, self._start, self._skip, self._given = epoch, position, given, 0
+
+
+_GRAIN_CLASSES: Dict[str, Any] = {}
+
+
+def _grain_classes() -> Tuple[Any, Any]:
+    """``(FileDataset, its iterator class)``, made with grain's bases on first use."""
+    if not _GRAIN_CLASSES:
+        try:
+            import grain
+        except ImportError as e:
+            raise ImportError("ringtier.grain.FileDataset needs grain: pip install 'ringtier[grain]'") from e
+
+        class _FileIterator(_FileIteratorBase, grain.DatasetIterator):
+            pass
+
+        class FileDataset(_FileDatasetBase, grain.IterDataset):
+            def __iter__(self) -> Any:
+                return _FileIterator(self)
+
+        FileDataset.__module__ = _FileIterator.__module__ = __name__
+        FileDataset.__qualname__ = FileDataset.__name__ = "FileDataset"
+        _FileIterator.__qualname__ = _FileIterator.__name__ = "_FileIterator"
+        FileDataset.__doc__ = _FILE_DATASET_DOC
+        _GRAIN_CLASSES.update(FileDataset=FileDataset, _FileIterator=_FileIterator)
+    return _GRAIN_CLASSES["FileDataset"], _GRAIN_CLASSES["_FileIterator"]
+
+
+_FILE_DATASET_DOC = """The files of ``path`` (a directory, its manifest, or an S3 prefix) as a grain
+``IterDataset``: this shard's files in the epoch's shuffled order (``seed``, the same order on
+every process), read ahead by the engine ``read_batch`` files at a time, ``prefetch`` reads
+ahead, with no Python thread per element and no per-index protocol::
+
+    ds = ringtier.grain.FileDataset("/data/train", seed=0).map(decode).batch(64)
+
+An element is the file's bytes as a ``uint8`` numpy array over the engine's read buffer (no
+copy; the buffer goes back when the array is dropped; ``hold`` is how many Python may keep at
+once before :class:`ringtier.PoolExhaustedError`), or ``(key, array)`` with ``with_keys``.
+``num_epochs`` epochs (``None``: forever), each reshuffled. Shard: ``shard_index`` of
+``shard_count``, by default ``jax.process_index()`` of ``jax.process_count()`` where JAX is
+imported; grain's ``mp_prefetch`` workers each take a slice of it (``set_slice``). The iterator
+checkpoints with grain (``get_state``/``set_state``: epoch, position, elements handed out) and
+resumes exactly. A file the listing or the read cannot use is skipped and named once
+(``on_bad="skip"``) or raises (``"fail"``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("FileDataset", "_FileIterator"):
+        cls = _grain_classes()[0 if name == "FileDataset" else 1]
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["FileSource", "FileDataset", "process_shard"]

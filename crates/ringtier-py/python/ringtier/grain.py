@@ -28,8 +28,15 @@ Sharding: ``shard_index`` of ``shard_count`` keeps every ``shard_count``-th file
 key list; by default, where JAX is imported, ``jax.process_index()`` of
 ``jax.process_count()``, else the whole dataset. (Or leave the source whole and let grain's
 sampler shard it, ``grain.sharding.ShardByJaxProcess()``.) The shards of one dataset are
-disjoint and together hold every file once. grain is not imported by this module: its source
-protocol is structural.
+disjoint and together hold every file once. grain is not imported for :class:`FileSource`: its
+source protocol is structural.
+
+``FileDataset`` is the faster form where the pipeline can start from an ``IterDataset``: a
+grain ``IterDataset`` over ringtier's loader, read ahead by the engine in the epoch's order, with
+no per-index protocol, sharded, sliced by ``mp_prefetch`` and checkpointed by grain. grain is
+imported when it is first used::
+
+    ds = ringtier.grain.FileDataset("/data/imagenet/train", seed=0).map(decode).batch(64)
 """
 
 from __future__ import annotations

@@ -259,3 +259,21 @@ def test_pathlike_is_defined_once():
 def test_the_old_module_names_are_gone(old: str):
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(old)
+
+
+def test_ringtier_grain_imports_grain_only_for_file_dataset():
+    """``import ringtier.grain`` does not import grain; ``FileDataset`` without grain says what
+    to install (grain blocked in a fresh interpreter, as where it is not installed)."""
+    code = (
+        "import sys\n"
+        "sys.modules['grain'] = None\n"
+        "import ringtier.grain as g\n"
+        "assert g.FileSource is not None\n"
+        "try:\n"
+        "    g.FileDataset\n"
+        "except ImportError as e:\n"
+        "    print('ImportError:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pip install 'ringtier[grain]'" in out.stdout, out.stdout

@@ -472,15 +472,15 @@ def test_save_commits_tensorflows_own_files_without_a_second_write(tiers, tmp_pa
     v, step, ckpt = model_state(5000)
     with rtf.CheckpointManager(ckpt, tiers, keep_last=3) as m:
         written: Dict[str, int] = {}
-        write = m._write
+        staged = m._staged
 
-        def spy(s: int):
-            where, seconds = write(s)
-            for name in os.listdir(where):
+        def spy(s: int, where: str):
+            names = staged(s, where)
+            for name in names:
                 written[f"{s}/{name}"] = os.stat(os.path.join(where, name)).st_ino
-            return where, seconds
+            return names
 
-        m._write = spy  # type: ignore[method-assign]
+        m._staged = spy  # type: ignore[method-assign]
         for s, wait in ((1, True), (2, False)):
             v.assign(tf.fill(v.shape, float(s)))
             rep = m.save(s, wait=wait) if wait else m.save(s, wait=False).result()
@@ -571,17 +571,23 @@ SAVER = textwrap.dedent(
         v.assign(tf.fill(v.shape, float(s)))
         step.assign(s)
         print("saving", s, flush=True)
-        m.save(s)
+        if sys.argv[3] == "wait":
+            m.save(s)
+        else:
+            m.save(s, wait=False).result()
         print("saved", s, flush=True)
         s += 1
     """
 )
 
 
-def test_sigkill_during_a_save_leaves_the_newest_intact_step_restorable(tiers, tmp_path):
+@pytest.mark.parametrize("wait", ["wait", "async"])
+def test_sigkill_during_a_save_leaves_the_newest_intact_step_restorable(tiers, tmp_path, wait):
+    """Killed while TensorFlow writes the fourth step: synchronously (``save(s)``), or in
+    TensorFlow's async thread (``save(s, wait=False)``)."""
     script = tmp_path / "saver.py"
     script.write_text(SAVER)
-    p = subprocess.Popen([sys.executable, str(script), *tiers], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, str(script), *tiers, wait], stdout=subprocess.PIPE, text=True)
     saved = []
     try:
         assert p.stdout is not None
@@ -614,6 +620,175 @@ def test_sigkill_during_a_save_leaves_the_newest_intact_step_restorable(tiers, t
         m.last_status.assert_consumed()
         # The writer's staging files are gone and the store saves on.
         assert m.save(got + 1)["step"] == got + 1
+
+
+# -- wait=False through TensorFlow's async checkpointing ----------------------------------------
+
+
+def test_wait_false_snapshots_the_variables_through_tensorflows_async_write(tiers):
+    """save(wait=False) returns once TensorFlow has snapshotted the variables; updates made
+    while its thread writes are not in the step (copy-on-write), and the step restores."""
+    v, step, ckpt = model_state(20000)  # ~5 MB
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        for s in (1, 2, 3):
+            v.assign(tf.fill(v.shape, float(s)))
+            step.assign(s)
+            fut = m.save(s, wait=False)
+            for k in range(20):
+                v.assign_add(tf.ones(v.shape))
+                step.assign(100 + k)
+            rep = fut.result()
+            assert rep["tf_async"] is True and rep["step"] == s, rep
+            assert rep["files"] == ["ckpt.data-00000-of-00001", "ckpt.index"]
+            assert rep["adopted_bytes"] == rep["bytes"] > v.shape[0] * 64 * 4
+        assert not os.listdir(m.staging_dir)
+        for s in (1, 2, 3):
+            assert m.restore(s) == s
+            m.last_status.assert_consumed()
+            assert int(step) == s
+            np.testing.assert_array_equal(v.numpy()[::997, ::7], np.full((21, 10), float(s), np.float32))
+    # async_write=False: TensorFlow writes before save returns.
+    with rtf.CheckpointManager(ckpt, tiers, async_write=False) as m:
+        assert m.save(4, wait=False).result()["tf_async"] is False
+
+
+def test_async_write_takes_objects_made_after_the_first_save(tiers):
+    """TensorFlow's async helper snapshots the objects it found at its first write; later
+    ones (here a layer's variables, made by its first call) are read by its thread while it
+    writes, values from after the save. The manager starts a new helper when the checkpoint's
+    objects change, so they are snapshotted too."""
+    layer = tf.keras.layers.Dense(2048)
+    model = tf.Module()
+    model.layer = layer
+    model.bias = tf.Variable(1.0)
+    ckpt = tf.train.Checkpoint(model=model)
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        assert m.save(1, wait=False).result()["tf_async"] is True
+        layer(tf.ones((1, 1024)))  # makes the kernel (8 MiB) and the bias
+        layer.kernel.assign(tf.fill(layer.kernel.shape, 5.0))
+        fut = m.save(2, wait=False)
+        layer.kernel.assign(tf.fill(layer.kernel.shape, 7.0))  # while TensorFlow writes
+        assert fut.result()["tf_async"] is True
+    layer2 = tf.keras.layers.Dense(2048)
+    model2 = tf.Module()
+    model2.layer = layer2
+    model2.bias = tf.Variable(0.0)
+    layer2(tf.ones((1, 1024)))
+    with rtf.CheckpointManager(tf.train.Checkpoint(model=model2), tiers) as m:
+        assert m.restore(2) == 2
+        m.last_status.assert_consumed()
+        assert float(model2.bias) == 1.0
+        np.testing.assert_array_equal(layer2.kernel.numpy()[::97, ::101], np.full((11, 21), 5.0, np.float32))
+
+
+def test_async_write_of_a_keras_model_and_its_optimizer(tiers):
+    """A Keras model and its optimizer (built by the first fit, after the first save), saved
+    with wait=False while the model trains on: the step holds the weights and optimizer state
+    of the moment of the save."""
+
+    def make():
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16), tf.keras.layers.Dense(4)])
+        opt = tf.keras.optimizers.Adam()
+        model.compile(optimizer=opt, loss="mse")
+        return model, opt
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 8), np.float32), rng.random((64, 4), np.float32)
+    model, opt = make()
+    with rtf.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=opt), tiers) as m:
+        assert m.save(1, wait=False).result()["tf_async"] is True
+        model.fit(x, y, epochs=2, verbose=0)
+        want = [w.numpy().copy() for w in model.weights + opt.variables]
+        fut = m.save(2, wait=False)
+        model.fit(x, y, epochs=1, verbose=0)
+        assert fut.result()["tf_async"] is True
+    model2, opt2 = make()
+    model2.fit(x[:8], y[:8], epochs=1, verbose=0)  # builds the optimizer's variables
+    with rtf.CheckpointManager(tf.train.Checkpoint(model=model2, optimizer=opt2), tiers) as m:
+        assert m.restore(2) == 2
+        m.last_status.assert_consumed()
+    got = [w.numpy() for w in model2.weights + opt2.variables]
+    assert len(got) == len(want)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_async_write_refused_for_attributes_set_on_the_checkpoint_later(tiers):
+    ckpt = tf.train.Checkpoint(v=tf.Variable(1.0))
+    ckpt.w = tf.Variable(5.0)
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        with pytest.warns(RuntimeWarning, match="not w"):
+            assert m.save(1, wait=False).result()["tf_async"] is False
+    w = tf.Variable(0.0)
+    fresh = tf.train.Checkpoint(v=tf.Variable(0.0), w=w)
+    with rtf.CheckpointManager(fresh, tiers) as m:
+        assert m.restore(1) == 1
+        m.last_status.assert_consumed()
+        assert float(w) == 5.0
+
+
+class _Counter(tf.__internal__.tracking.Trackable):
+    """State TensorFlow's async checkpointing cannot copy (no ``_copy_trackable_to_cpu``)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def _serialize_to_tensors(self):
+        return {"value": tf.constant(self.value, tf.int64)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self.value = int(restored_tensors["value"])
+        return tf.no_op()
+
+
+def test_async_write_refused_where_tensorflow_would_leave_an_object_out(tiers):
+    counter = _Counter()
+    ckpt = tf.train.Checkpoint(counter=counter, v=tf.Variable(1.0))
+    with rtf.CheckpointManager(ckpt, tiers) as m:
+        counter.value = 7
+        with pytest.warns(RuntimeWarning, match="cannot copy a _Counter"):
+            rep = m.save(1, wait=False).result()
+        assert rep["tf_async"] is False
+        counter.value = 0
+        assert m.restore(1) == 1 and counter.value == 7
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_async_write_into_a_full_fast_tier_fails_its_step_only(tmp_path):
+    """TensorFlow's async thread hits ENOSPC: the future raises, the step is not committed,
+    its staging files are gone, and the next save (with room again) is not given the stale
+    error."""
+    fast = tmp_path / "fast"
+    if not _mount_tmpfs(fast, "3m"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        slow = tmp_path / "slow"
+        slow.mkdir()
+        v = tf.Variable(tf.fill((1536 // 4, 1024), 1.0))  # 1.5 MiB
+        ckpt = tf.train.Checkpoint(v=v)
+        with rtf.CheckpointManager(ckpt, [str(fast), str(slow)], keep_last=2, drain_bytes_per_sec=None) as m:
+            assert m.save(1, wait=False).result()["tf_async"] is True
+            v.assign(tf.fill(v.shape, 2.0))
+            with pytest.raises(RuntimeError, match="step 2"):
+                m.save(2, wait=False).result()
+            assert m.steps == [1]
+            assert not os.listdir(m.staging_dir)
+            m.drain()
+            m.store.delete(1)
+            v.assign(tf.fill(v.shape, 3.0))
+            assert m.save(3, wait=False).result()["step"] == 3
+        v.assign(tf.zeros(v.shape))
+        # Restored files are staged off the small tier (they would not fit beside the step).
+        with rtf.CheckpointManager(ckpt, [str(fast), str(slow)], staging_dir=tmp_path / "stage") as m:
+            assert m.restore() == 3 and float(v[0, 0]) == 3.0
+            m.last_status.assert_consumed()
+    finally:
+        subprocess.run(["umount", "-l", str(fast)], check=False)
 
 
 def test_module_imports_without_importing_tensorflow():

@@ -51,6 +51,60 @@ from .checkpoint import CheckpointStore
 from .errors import BusyError, InvalidInputError, NotFoundError
 from ._tf_data import Source, dataset, image_of, label_of_record  # noqa: F401 (the public API)
 
+# What makes a trackable hold state in a checkpoint, as TensorFlow's async checkpointing
+# decides it (async_checkpoint_helper._get_all_trackables).
+_STATE_METHODS = ("_serialize_to_tensors", "_gather_saveables_for_checkpoint", "_copy_trackable_to_cpu")
+
+
+def _defines(obj: Any, names: Sequence[str], base: type) -> bool:
+    own = getattr(obj, "__dict__", None)
+    if isinstance(own, dict) and any(n in own for n in names):
+        return True
+    return any(any(n in t.__dict__ for n in names) for t in type(obj).__mro__ if t is not base)
+
+
+def _async_refusal(checkpoint: Any, objects: Sequence[Any]) -> Optional[str]:
+    """Why TensorFlow's async checkpointing cannot save what ``checkpoint.write`` would (its
+    trackables ``objects``), or None. TensorFlow's helper saves a new ``tf.train.Checkpoint``
+    made of the checkpoint's constructor arguments, so an attribute set on the checkpoint
+    later is left out; and it copies each object that holds state with the object's
+    ``_copy_trackable_to_cpu``, leaving out (with a log line) an object without one."""
+    import tensorflow as tf
+
+    made_with = getattr(checkpoint, "_kwargs", None)
+    if not isinstance(made_with, dict):
+        return "this TensorFlow's tf.train.Checkpoint does not say what its async checkpointing saves"
+    children = {k: o for k, o in tf.train.TrackableView.children(checkpoint).items() if k != "save_counter"}
+    later = sorted(k for k, o in children.items() if made_with.get(k) is not o)
+    if later:
+        return (
+            f"TensorFlow's async checkpointing saves only what the tf.train.Checkpoint was made with, "
+            f"not {', '.join(later)} (set on it after)"
+        )
+    base = tf.__internal__.tracking.Trackable
+    for obj in objects:
+        if _defines(obj, _STATE_METHODS, base) and not _defines(obj, ("_copy_trackable_to_cpu",), base):
+            return f"TensorFlow's async checkpointing cannot copy a {type(obj).__name__} (it would leave it out)"
+    return None
+
+
+def _drop_async_helper(checkpoint: Any) -> bool:
+    """Ends the checkpoint's TensorFlow async-checkpoint helper (after its pending write; its
+    error is raised) so that the next async write makes a new one. False where this
+    TensorFlow keeps the helper elsewhere."""
+    if not hasattr(checkpoint, "_async_checkpointer_impl"):
+        return False
+    helper = checkpoint._async_checkpointer_impl
+    if helper is None:
+        return True
+    join = getattr(helper, "_join_async_save_thread", None)
+    if join is None:
+        return False
+    join()
+    checkpoint._async_checkpointer_impl = None
+    return True
+
+
 class SaveFuture:
     """A :meth:`CheckpointManager.save` with ``wait=False``: TensorFlow's files are written,
     their commit into the store runs in the background. :meth:`result` waits until the step is
@@ -94,6 +148,13 @@ class CheckpointManager:
     until the next restore or :meth:`close` (TensorFlow may read them late, for variables
     created after the restore).
 
+    ``save(step, wait=False)`` returns a :class:`SaveFuture` once the state is taken: with
+    ``async_write`` (the default) by TensorFlow's own async checkpointing (the variables copied,
+    copy-on-write on the CPU; TensorFlow's thread writes the files, then the commit runs),
+    except where that would leave an object out (a trackable without ``_copy_trackable_to_cpu``:
+    written synchronously, one ``RuntimeWarning``); objects added to the checkpoint after a save
+    get a new TensorFlow helper (TensorFlow's lists the objects once).
+
     A save of a step that is being saved (``wait=False``, another thread) raises
     :class:`ringtier.BusyError`; a step already committed, :class:`ringtier.AlreadyExistsError`.
     ``store_options`` go to :class:`ringtier.CheckpointStore` (``chunk_bytes``,
@@ -111,6 +172,7 @@ class CheckpointManager:
         staging_dir: Optional[PathLike] = None,
         init_fn: Optional[Callable[[], Any]] = None,
         create: bool = True,
+        async_write: bool = True,
         **store_options: Any,
     ) -> None:
         if isinstance(tiers, (str, bytes, os.PathLike)):
@@ -134,6 +196,9 @@ class CheckpointManager:
         self._executor: Any = None
         self._restore_dir: Optional[str] = None
         self.last_status: Any = None
+        self.async_write = bool(async_write)
+        self._async_objects: Optional[List[Any]] = None
+        self._async_warned = False
 
     # -- saving ---------------------------------------------------------------------------
 
@@ -156,11 +221,81 @@ class CheckpointManager:
         self.checkpoint.write(os.path.join(where, "ckpt"))
         return where, time.perf_counter() - t0
 
-    def _commit(self, step: int, where: str, tf_write_seconds: float, t0: float, background: bool) -> Dict[str, Any]:
+    def _write_async(self, step: int) -> Optional[Tuple[str, float]]:
+        """A snapshot of the checkpoint's state handed to TensorFlow's own async checkpointing
+        (``CheckpointOptions(enable_async=True)``): ``checkpoint.write`` returns once the
+        variables are copied (copy-on-write on the CPU: the copy is paid by the next update of
+        each variable) and TensorFlow's thread writes the files. None where that cannot save
+        everything (see :func:`_async_refusal`): the caller writes synchronously."""
+        import tensorflow as tf
+
+        objects = tf.train.TrackableView(self.checkpoint).descendants()
+        refusal = _async_refusal(self.checkpoint, objects)
+        if refusal is not None:
+            if not self._async_warned:
+                self._async_warned = True
+                warnings.warn(
+                    f"ringtier: {refusal}; save(wait=False) writes the checkpoint before it returns",
+                    RuntimeWarning,
+                )
+            return None
+        previous = self._async_objects
+        if previous is not None and (len(previous) != len(objects) or any(a is not b for a, b in zip(previous, objects))):
+            # TensorFlow's helper copies the objects it found at its first write and silently
+            # leaves later ones (an optimizer's slots, a new attribute) out of every later
+            # checkpoint: a new helper for the new set, once the old one has written.
+            if not _drop_async_helper(self.checkpoint):
+                self.async_write = False
+                warnings.warn(
+                    "ringtier: the checkpoint gained objects and TensorFlow's async checkpointing "
+                    "cannot be reset on this TensorFlow version; save(wait=False) writes the "
+                    "checkpoint before it returns from now on",
+                    RuntimeWarning,
+                )
+                return None
+        self._async_objects = objects
+        where = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self.staging_dir)
+        t0 = time.perf_counter()
         try:
-            names = sorted(os.listdir(where))
-            if not names:
-                raise InvalidInputError(f"checkpoint.write wrote no files for step {step}")
+            self.checkpoint.write(os.path.join(where, "ckpt"), options=tf.train.CheckpointOptions(enable_async=True))
+        except BaseException:
+            shutil.rmtree(where, ignore_errors=True)
+            raise
+        return where, time.perf_counter() - t0
+
+    def _await_tensorflow(self, step: int, where: str) -> float:
+        """Waits for TensorFlow's thread to finish an async write; raises its error, or when
+        the write left no complete checkpoint (TensorFlow writes ``ckpt.index`` last, out of
+        ``ckpt_temp/``). Returns the seconds waited."""
+        t0 = time.perf_counter()
+        self.checkpoint.sync()
+        helper = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+        error = getattr(helper, "_async_error", None)
+        if error is not None:
+            # Taken here, so that the next write does not raise it as its own.
+            helper._async_error = None
+            raise RuntimeError(f"TensorFlow's async write of checkpoint step {step} failed: {error}") from error
+        names = os.listdir(where)
+        if "ckpt.index" not in names or any(n.endswith("_temp") for n in names):
+            # The next write raises TensorFlow's error where another thread took it first.
+            raise RuntimeError(f"TensorFlow's async write of checkpoint step {step} did not finish: {sorted(names)}")
+        return time.perf_counter() - t0
+
+    def _staged(self, step: int, where: str) -> List[str]:
+        """The names of TensorFlow's files of ``step``, complete, in ``where``."""
+        names = sorted(os.listdir(where))
+        if not names:
+            raise InvalidInputError(f"checkpoint.write wrote no files for step {step}")
+        return names
+
+    def _commit(
+        self, step: int, where: str, tf_write_seconds: float, t0: float, background: bool, tf_async: bool = False
+    ) -> Dict[str, Any]:
+        tf_wait = 0.0
+        try:
+            if tf_async:
+                tf_wait = self._await_tensorflow(step, where)
+            names = self._staged(step, where)
             t1 = time.perf_counter()
             # TensorFlow's files become the step's parts where they are (adopted), or are
             # copied where the staging directory is not on the fast tier.
@@ -172,6 +307,8 @@ class CheckpointManager:
             with self._lock:
                 self._saving.discard(step)
         report["tf_write_seconds"] = tf_write_seconds
+        report["tf_async"] = tf_async
+        report["tf_background_write_seconds"] = tf_wait
         report["blocking_seconds"] = time.perf_counter() - t0
         if background:
             self._prune()
@@ -192,19 +329,25 @@ class CheckpointManager:
         """Saves the checkpoint as ``step`` (None: the step after the newest). With ``wait``
         (the default) returns once the step is durable on the fast tier: ``{"step", "bytes",
         "tier", "blocking_seconds", "tf_write_seconds", "commit_seconds", "adopted_bytes",
-        ...}``. With ``wait=False`` returns a :class:`SaveFuture` once TensorFlow has written
-        its files (the variables may change from then on); the commit runs in the background."""
+        ...}``. With ``wait=False`` returns a :class:`SaveFuture` once the step's state is
+        taken (the variables may change from then on): with ``async_write`` (the default), as
+        soon as TensorFlow's async checkpointing has snapshotted the variables, its thread
+        writing the files; without, once TensorFlow has written them. The commit runs in the
+        background; ``result()`` says which (``tf_async``)."""
         t0 = time.perf_counter()
         step = self._claim(step)
+        tf_async = False
         try:
-            where, tf_seconds = self._write(step)
+            written = self._write_async(step) if (not wait and self.async_write) else None
+            tf_async = written is not None
+            where, tf_seconds = written if written is not None else self._write(step)
         except BaseException:
             with self._lock:
                 self._saving.discard(step)
             raise
         if wait:
             return self._commit(step, where, tf_seconds, t0, False)
-        return SaveFuture(step, self._background().submit(self._commit, step, where, tf_seconds, t0, True))
+        return SaveFuture(step, self._background().submit(self._commit, step, where, tf_seconds, t0, True, tf_async))
 
     def _prune(self) -> None:
         """Deletes the steps beyond the newest ``max_to_keep`` everywhere (in the background
@@ -238,8 +381,22 @@ class CheckpointManager:
             with open(os.path.join(self._restore_dir, name), "wb") as f:
                 f.write(memoryview(buf))
         del parts
-        self.last_status = self.checkpoint.read(os.path.join(self._restore_dir, "ckpt"))
+        prefix = os.path.join(self._restore_dir, "ckpt")
+        self._meet_save_counter(prefix)
+        self.last_status = self.checkpoint.read(prefix)
         return int(at)
+
+    def _meet_save_counter(self, prefix: str) -> None:
+        """TensorFlow's async checkpointing writes a ``save_counter`` variable that
+        ``checkpoint.write`` does not; where the step has one, the checkpoint's own is made
+        (``tf.train.Checkpoint.save_counter`` makes it on first use) so that it is restored
+        and ``last_status.assert_consumed()`` holds as for a step written synchronously."""
+        if getattr(self.checkpoint, "_save_counter", None) is not None or not hasattr(type(self.checkpoint), "save_counter"):
+            return
+        import tensorflow as tf
+
+        if any(name == "save_counter/.ATTRIBUTES/VARIABLE_VALUE" for name, _ in tf.train.list_variables(prefix)):
+            self.checkpoint.save_counter  # noqa: B018 (made on first use)
 
     def restore_or_initialize(self) -> Optional[int]:
         """Restores the newest intact step and returns it; without one, calls ``init_fn``

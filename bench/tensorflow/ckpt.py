@@ -164,6 +164,7 @@ def main():
     async_effective = [b + max(0.0, u - plain_update)
                        for b, u in zip(runs["burst buffer wait=False"], updates["burst buffer wait=False"])]
     effective_over_raw = [b / w for b, w in zip(async_effective, runs["raw fast write"])]
+    slow_over_effective = [s / b for s, b in zip(runs["tf -> slow"], async_effective)]
     report = {
         "schema": "ringtier.bench.tensorflow.ckpt/1",
         "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
@@ -179,6 +180,7 @@ def main():
         "burst_buffer_wait_false_over_raw_fast_write": summary(async_over_raw),
         "burst_buffer_wait_false_plus_update_seconds": summary(async_effective),
         "burst_buffer_wait_false_plus_update_over_raw_fast_write": summary(effective_over_raw),
+        "tf_slow_over_burst_buffer_wait_false_plus_update": summary(slow_over_effective),
         "burst_buffer_wait_false_parts": {k: summary([p[k] for p in async_parts]) for k in async_parts[0]
                                           if k != "tf_async"},
         "burst_buffer_wait_false_tf_async": [p["tf_async"] for p in async_parts],

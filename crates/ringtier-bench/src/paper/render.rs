@@ -374,7 +374,10 @@ fn tensorflow_section(md: &mut String, tf: &TfOutcome, number: usize) -> Result<
         ("tf -> fast", "TensorFlow to the fast tier, fsynced"),
         ("raw fast write", "the same bytes, O_DIRECT to the fast tier"),
         ("burst buffer", "`ringtier.tensorflow.CheckpointManager.save` (durable on the fast tier)"),
-        ("burst buffer wait=False", "`save(step, wait=False)` (TensorFlow's async snapshot; written and committed after)"),
+        (
+            "burst buffer wait=False",
+            "`save(step, wait=False)` (TensorFlow's async snapshot; written and committed after)",
+        ),
     ] {
         table.row([what.to_string(), json_mmm(ck, cj, &["sides", name, "seconds"], 3)?]);
     }

@@ -213,8 +213,9 @@ impl Loader {
         let _enter = eng.handle().enter();
         // List (or read the manifest) through a tier without a pool, then open the tier the
         // loader reads through with a pool of the loader's shape plus `hold` buffers for the
-        // samples Python keeps.
-        let lister = crate::tiers::open_tier(&dir, engine, None, false, true)?;
+        // samples Python keeps. The lister keeps the default ring depth: both tiers are open at
+        // once, and without CAP_IPC_LOCK their rings share the locked-memory limit.
+        let lister = crate::tiers::open_tier_with(&dir, engine, None, false, true, UringConfig::default())?;
         let alignment = lister.capabilities().alignment;
         // One bad entry (a dangling link, a loop, a directory that cannot be read) is left out
         // and named once under on_bad="skip", and an error naming it under "fail".

@@ -49,7 +49,11 @@ def test_staged_files_are_adopted_not_copied(tiers):
             assert (st.st_ino, st.st_nlink) == (ino, 1), f"{name} was copied"
         assert not os.path.exists(staged.path)
         assert load(store, 1) == FILES
-        assert [err for _, err in store.verify(1)] == [None]
+        # One copy per tier the step is on: the fast one, and the slow one once the background
+        # drain got there (on tmpfs it often has by now).
+        checked = store.verify(1)
+        assert all(err is None for _, err in checked), checked
+        assert 1 <= len(checked) <= len(tiers), checked
         # commit_files with a subset of a directory's files, the rest left alone.
         d = store.staging_dir()
         write(d)

@@ -15,6 +15,9 @@ use ringtier_core::BufferPool;
 use super::{Driver, DriverHandle, Shared, FIXED_FILE_SLOTS};
 use crate::config::UringConfig;
 
+/// Times a ring refused for memory at every size is tried again (20 ms apart).
+const ENOMEM_PAUSES: u32 = 5;
+
 /// Starts one driver thread.
 pub(crate) fn spawn(
     index: usize,
@@ -30,11 +33,21 @@ pub(crate) fn spawn(
     // A ring that the locked-memory limit refuses at the asked size (ENOMEM, `ulimit -l` as
     // in many containers) is retried at half the size, down to 8 entries; the driver then keeps
     // no more requests in flight than the ring it got holds.
-    let mut entries = (asked + 2).next_power_of_two() * 2;
+    // The kernel gives a closed ring's memory back to the limit from a work queue, a moment
+    // after the close: a ring refused at every size right after another was dropped (a loader
+    // made after the last one) is tried again, a few times, after a pause.
+    let first = (asked + 2).next_power_of_two() * 2;
+    let mut entries = first;
+    let mut pauses = 0;
     let ring = loop {
         match build_ring(config, entries) {
             Ok(ring) => break ring,
             Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && entries > 8 => entries /= 2,
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && pauses < ENOMEM_PAUSES => {
+                pauses += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                entries = first;
+            }
             Err(e) => {
                 let what = match (config.coop_taskrun, config.defer_taskrun) {
                     (_, true) => "io_uring_setup (DEFER_TASKRUN + SINGLE_ISSUER, Linux 6.1)",

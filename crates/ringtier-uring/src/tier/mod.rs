@@ -297,7 +297,23 @@ impl UringTier {
         let shared = Arc::new(shared);
         let mut drivers = Vec::with_capacity(config.rings);
         for i in 0..config.rings {
-            drivers.push(driver::spawn(i, &config, options.pool.clone(), Arc::clone(&shared))?);
+            match driver::spawn(i, &config, options.pool.clone(), Arc::clone(&shared)) {
+                Ok(d) => drivers.push(d),
+                // Without CAP_IPC_LOCK the rings' memory counts against `ulimit -l`: the first
+                // ring may take what is left (each ring is retried smaller on its own). The
+                // rings made so far serve the tier.
+                Err(e) if !drivers.is_empty() && is_setup_enomem(&e) => {
+                    tracing::warn!(
+                        tier = %shared.name,
+                        "io_uring_setup refused ring {} of {} (ENOMEM: locked-memory limit); using {i}. \
+                         Raise `ulimit -l` for all of them.",
+                        i + 1,
+                        config.rings
+                    );
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
         }
         let meta = BlockingPool::new("ringtier-uring-meta", config.metadata_threads)?;
         tracing::debug!(
@@ -588,6 +604,13 @@ impl ObjectReader for UringFile {
 }
 
 /// The result and buffer of a batch of one read.
+/// Whether `e` is io_uring's ring set-up refused for memory (ENOMEM at every size tried).
+fn is_setup_enomem(e: &Error) -> bool {
+    e.operation() == Some(Operation::Setup)
+        && e.key().is_some_and(|k| k.starts_with("io_uring_setup"))
+        && e.os_code() == Some(libc::ENOMEM)
+}
+
 fn single_result(mut batch: ReadBatch) -> (Result<usize>, AlignedBuf) {
     match batch.drain().next().map(|(_, _, res, buf)| (res, buf)) {
         Some((res, Some(buf))) => (res, buf),

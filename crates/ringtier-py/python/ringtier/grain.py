@@ -79,6 +79,24 @@ class _Slot:
         self.lead = False  # handed the lead: read the next batch
 
 
+def _dataset_shard(path: PathLike, shard_index: Optional[int], shard_count: Optional[int]) -> Tuple[str, int, int]:
+    """The dataset's path (it must exist, or be an S3 URL) and this process's shard: both of
+    ``shard_index``/``shard_count`` given, or neither (JAX's process index and count)."""
+    where = tier_path(path)
+    if not is_s3_url(where) and not os.path.exists(where):
+        raise NotFoundError(f"dataset {where} does not exist")
+    if (shard_index is None) != (shard_count is None):
+        raise ValueError("give both shard_index and shard_count, or neither (then JAX's process index)")
+    if shard_index is None or shard_count is None:
+        shard_index, shard_count = process_shard()
+    for name, v in (("shard_index", shard_index), ("shard_count", shard_count)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if shard_count < 1 or not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
+    return where, shard_index, shard_count
+
+
 class FileSource:
     """The files of ``path`` (a directory, its ``.ringtier-manifest.tsv`` when it has one, or
     ``s3://bucket/prefix?endpoint=...``), or only ``keys``, as a grain data source: index ``i``
@@ -105,15 +123,7 @@ class FileSource:
         engine: str = "auto",
         buffers: int = 1024,
     ) -> None:
-        self.path = tier_path(path)
-        if not is_s3_url(self.path) and not os.path.exists(self.path):
-            raise NotFoundError(f"dataset {self.path} does not exist")
-        if (shard_index is None) != (shard_count is None):
-            raise ValueError("give both shard_index and shard_count, or neither (then JAX's process index)")
-        if shard_index is None or shard_count is None:
-            shard_index, shard_count = process_shard()
-        if shard_count < 1 or not 0 <= shard_index < shard_count:
-            raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
+        self.path, shard_index, shard_count = _dataset_shard(path, shard_index, shard_count)
         for name, v in (("max_batch", max_batch), ("reads_in_flight", reads_in_flight), ("buffers", buffers)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int of at least 1, not {v!r}")
@@ -281,18 +291,9 @@ class _FileDatasetBase:
         engine: str = "auto",
     ) -> None:
         super().__init__()
-        self.path = tier_path(path)
-        if not is_s3_url(self.path) and not os.path.exists(self.path):
-            raise NotFoundError(f"dataset {self.path} does not exist")
-        if (shard_index is None) != (shard_count is None):
-            raise ValueError("give both shard_index and shard_count, or neither (then JAX's process index)")
-        if shard_index is None or shard_count is None:
-            shard_index, shard_count = process_shard()
-        for name, v in (("shard_index", shard_index), ("shard_count", shard_count), ("seed", seed)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-        if shard_count < 1 or not 0 <= shard_index < shard_count:
-            raise ValueError(f"shard {shard_index} of {shard_count}: need 0 <= shard_index < shard_count")
+        self.path, shard_index, shard_count = _dataset_shard(path, shard_index, shard_count)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, not {type(seed).__name__}")
         for name, v in (("read_batch", read_batch), ("hold", hold)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int of at least 1, not {v!r}")

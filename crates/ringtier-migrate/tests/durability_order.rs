@@ -462,10 +462,24 @@ fn field<'a>(args: &'a str, name: &str) -> Option<&'a str> {
 /// Ring operations and rename times (ms) from `perf trace` output. Events are taken in time
 /// order (a request's submission before its file lookup before its completion at equal times),
 /// whatever order the CPUs' buffers printed them in.
+/// A `perf trace` time stamp (milliseconds, 3 decimals) as milliseconds. perf times events from
+/// the first one it reads; an event read after it from another CPU's buffer but earlier comes out
+/// negative, printed as 2^64 ns wrapped (`18446744073709.219`): unwrapped here, so that it sorts
+/// before the events after it (it left a completion before its own submission, and the test
+/// found "requests without a completion" in every retry).
+fn perf_ms(token: &str) -> Option<f64> {
+    let (whole, frac) = token.split_once('.').unwrap_or((token, "0"));
+    let us = whole.parse::<i128>().ok()? * 1000 + format!("{frac:0<3}").get(..3)?.parse::<i128>().ok()?;
+    // 2^64 ns in microseconds, rounded down as perf's printing does.
+    const WRAP_US: i128 = 18_446_744_073_709_551;
+    let us = if us > WRAP_US / 2 { us - WRAP_US } else { us };
+    Some(us as f64 / 1000.0)
+}
+
 fn parse_perf(text: &str) -> (Vec<RingOp>, Vec<f64>) {
     let mut events: Vec<(f64, u8, &str, &str, &str)> = Vec::new();
     for line in text.lines() {
-        let Some(ts) = line.split_whitespace().next().and_then(|t| t.parse::<f64>().ok()) else { continue };
+        let Some(ts) = line.split_whitespace().next().and_then(perf_ms) else { continue };
         let Some(open) = line.find("): ").map(|i| i + 3) else { continue };
         let Some((_, event)) = line[open..].split_once(' ') else { continue };
         let Some((name, args)) = event.split_once('(') else { continue };
@@ -588,4 +602,14 @@ fn uring_tier_syncs_data_through_the_ring_before_each_rename() {
     }
     assert!(writes_checked >= STEPS.len() * 2, "the ring's writes were traced ({writes_checked} files)");
     eprintln!("uring: {} renames, each after a completed ring FSYNC of every file written before it", renames.len());
+}
+
+#[test]
+fn perf_time_stamps_read_before_the_first_event_are_unwrapped() {
+    let before = perf_ms("18446744073709.219").expect("wrapped");
+    assert!((before + 0.332).abs() < 1e-9, "{before}");
+    assert_eq!(perf_ms("0.541"), Some(0.541));
+    assert_eq!(perf_ms("12.5"), Some(12.5));
+    assert!(before < perf_ms("0.000").expect("zero"));
+    assert_eq!(perf_ms("(x"), None);
 }

@@ -135,11 +135,11 @@ pub(crate) fn open_tier(
     create: bool,
     dataset: bool,
 ) -> PyResult<Arc<dyn Tier>> {
-    let uring = if dataset { UringConfig::dataset() } else { UringConfig::default() };
-    open_tier_with(dir, engine_name, pool, create, dataset, uring)
+    open_dir(dir, engine_name, pool, create, dataset, None)
 }
 
-/// [`open_tier`] with the io_uring engine's settings.
+/// [`open_tier`] with the io_uring engine's settings `uring` instead of the role's own
+/// ([`ringtier::OpenOptions::dataset`]'s or [`ringtier::OpenOptions::store`]'s).
 pub(crate) fn open_tier_with(
     dir: &Path,
     engine_name: &str,
@@ -147,6 +147,17 @@ pub(crate) fn open_tier_with(
     create: bool,
     dataset: bool,
     uring: UringConfig,
+) -> PyResult<Arc<dyn Tier>> {
+    open_dir(dir, engine_name, pool, create, dataset, Some(uring))
+}
+
+fn open_dir(
+    dir: &Path,
+    engine_name: &str,
+    pool: Option<BufferPool>,
+    create: bool,
+    dataset: bool,
+    uring: Option<UringConfig>,
 ) -> PyResult<Arc<dyn Tier>> {
     if let Some(url) = crate::tiers::s3_url(dir) {
         let usage = if dataset { crate::tiers::S3Use::Dataset { depth: 64 } } else { crate::tiers::S3Use::Store };
@@ -156,7 +167,11 @@ pub(crate) fn open_tier_with(
         errors::invalid(format!("engine must be \"auto\", \"uring\" or \"posix\", not {engine_name:?}"))
     })?;
     let base = if dataset { ringtier::OpenOptions::dataset() } else { ringtier::OpenOptions::store() };
-    let options = base.with_engine(engine).with_uring(uring).with_pool(pool).with_create(create).with_metered(false);
+    let base = match uring {
+        Some(uring) => base.with_uring(uring),
+        None => base,
+    };
+    let options = base.with_engine(engine).with_pool(pool).with_create(create).with_metered(false);
     let opened = ringtier::open(dir, &options).py_err()?;
     if let ringtier::open::Backend::Files(ringtier_uring::EngineUsed::PosixFallback(why)) = &opened.backend {
         warn_fallback(why);

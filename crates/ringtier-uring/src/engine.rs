@@ -384,7 +384,7 @@ fn open_posix(root: &Path, o: &DirTierOptions) -> Result<PosixTier> {
 }
 
 /// The refusal a tier's set-up error means, if it is io_uring's own set-up that failed.
-fn setup_refusal(e: &Error) -> Option<UringRefusal> {
+pub(crate) fn setup_refusal(e: &Error) -> Option<UringRefusal> {
     if e.operation() != Some(Operation::Setup) || !e.key().is_some_and(|k| k.starts_with("io_uring_setup")) {
         return None;
     }

@@ -214,11 +214,16 @@ class CheckpointManager:
             self._saving.add(step)
             return step
 
-    def _write(self, step: int) -> Tuple[str, float]:
-        """TensorFlow's files of the checkpoint, in a fresh staging directory."""
+    def _write(self, step: int, options: Any = None) -> Tuple[str, float]:
+        """TensorFlow's files of the checkpoint (``checkpoint.write`` with ``options``), in a
+        fresh staging directory; the directory is removed where the write fails."""
         where = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self.staging_dir)
         t0 = time.perf_counter()
-        self.checkpoint.write(os.path.join(where, "ckpt"))
+        try:
+            self.checkpoint.write(os.path.join(where, "ckpt"), options=options)
+        except BaseException:
+            shutil.rmtree(where, ignore_errors=True)
+            raise
         return where, time.perf_counter() - t0
 
     def _write_async(self, step: int) -> Optional[Tuple[str, float]]:
@@ -254,14 +259,7 @@ class CheckpointManager:
                 )
                 return None
         self._async_objects = objects
-        where = tempfile.mkdtemp(prefix=f"step-{step}-", dir=self.staging_dir)
-        t0 = time.perf_counter()
-        try:
-            self.checkpoint.write(os.path.join(where, "ckpt"), options=tf.train.CheckpointOptions(enable_async=True))
-        except BaseException:
-            shutil.rmtree(where, ignore_errors=True)
-            raise
-        return where, time.perf_counter() - t0
+        return self._write(step, tf.train.CheckpointOptions(enable_async=True))
 
     def _await_tensorflow(self, step: int, where: str) -> float:
         """Waits for TensorFlow's thread to finish an async write; raises its error, or when

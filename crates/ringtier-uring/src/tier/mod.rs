@@ -22,6 +22,7 @@ use ringtier_core::{
 
 use crate::config::{BufferedWrites, DirectIoPolicy, UringConfig};
 use crate::driver::{self, BatchJob, DriverHandle, FsyncJob, Job, Shared, Target, WriteJob, FIXED_FILE_SLOTS};
+use crate::engine::UringRefusal;
 #[cfg(feature = "fail-points")]
 use crate::fail::FailPoints;
 use crate::fd::{FixedSlot, SharedFile, SlotTable};
@@ -302,7 +303,7 @@ impl UringTier {
                 // Without CAP_IPC_LOCK the rings' memory counts against `ulimit -l`: the first
                 // ring may take what is left (each ring is retried smaller on its own). The
                 // rings made so far serve the tier.
-                Err(e) if !drivers.is_empty() && is_setup_enomem(&e) => {
+                Err(e) if !drivers.is_empty() && crate::engine::setup_refusal(&e) == Some(UringRefusal::NoMemory) => {
                     tracing::warn!(
                         tier = %shared.name,
                         "io_uring_setup refused ring {} of {} (ENOMEM: locked-memory limit); using {i}. \
@@ -604,13 +605,6 @@ impl ObjectReader for UringFile {
 }
 
 /// The result and buffer of a batch of one read.
-/// Whether `e` is io_uring's ring set-up refused for memory (ENOMEM at every size tried).
-fn is_setup_enomem(e: &Error) -> bool {
-    e.operation() == Some(Operation::Setup)
-        && e.key().is_some_and(|k| k.starts_with("io_uring_setup"))
-        && e.os_code() == Some(libc::ENOMEM)
-}
-
 fn single_result(mut batch: ReadBatch) -> (Result<usize>, AlignedBuf) {
     match batch.drain().next().map(|(_, _, res, buf)| (res, buf)) {
         Some((res, Some(buf))) => (res, buf),

@@ -16,6 +16,7 @@ mod reader;
 mod records;
 mod safetensors;
 mod store;
+mod tf_records;
 mod thp;
 mod tiers;
 mod transforms;
@@ -47,6 +48,8 @@ fn _ringtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     group::register(m)?;
     m.add_function(wrap_pyfunction!(loader::_engine_pid, m)?)?;
     m.add_function(wrap_pyfunction!(tiers::_is_s3_url, m)?)?;
+    m.add_function(wrap_pyfunction!(tf_records::_tf_release, m)?)?;
+    m.add_function(wrap_pyfunction!(tf_records::_tf_open_epochs, m)?)?;
     m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::serve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;

@@ -157,7 +157,15 @@ impl RecordLoader {
         let eng = crate::engine::engine()?;
         let _enter = eng.handle().enter();
         let tier = shard_tier(&path, engine, depth)?;
-        let shards = wait_plain(py, &eng, records::list_shards(tier.as_ref(), format))?.py_err()?;
+        let skip_bad = on_bad == OnBadSample::Skip;
+        let (shards, skipped) =
+            wait_plain(py, &eng, records::list_shards_with(tier.as_ref(), format, skip_bad))?.py_err()?;
+        if !skipped.is_empty() {
+            // A dangling link or an unreadable directory among the shards (on_bad="skip"):
+            // named in one warning, the rest read.
+            let origin = path.display().to_string();
+            crate::loader::warn_runtime(py, &ringtier_dataset::Dataset::skipped_summary(&skipped, &origin));
+        }
         // The cache in front of the shards (src/cache.rs): the loader reads through it.
         let (tier, cache) = match cache {
             Some(c) => {
@@ -212,25 +220,21 @@ impl RecordLoader {
     /// The records of `epoch`, from `position` (records of this reader already delivered) on.
     #[pyo3(signature = (epoch=0, position=0))]
     fn epoch(&self, epoch: u64, position: u64) -> PyResult<RecordEpoch> {
-        let st = self.state.get()?;
-        let _enter = st.engine.handle().enter();
-        if let (Some(c), None) = (&st.cache, &st.indexes) {
-            // The clairvoyant plan moves to this epoch's shard order (other policies: nothing).
-            c.begin_epoch(epoch, 0).py_err()?;
-        }
-        let inner = match &st.indexes {
-            Some(idx) => st.loader.global_epoch(Arc::clone(idx), epoch, position).py_err()?,
-            None => st.loader.epoch(epoch, position),
-        };
-        let state = RecordEpochState {
-            engine: Arc::clone(&st.engine),
-            epoch: inner,
-            shards: Arc::clone(&st.shards),
-            ready: VecDeque::new(),
-            ready_bytes: 0,
-            ready_peak: 0,
-        };
+        let state = self.epoch_state(epoch, position)?;
         Ok(RecordEpoch { state: ForkGuarded::new("RecordEpoch", state), epoch, done: false })
+    }
+
+    /// The records of `epoch` from `position` on, for TensorFlow's record op: the epoch is
+    /// kept in this process's table of TensorFlow epochs and its token returned; the op takes
+    /// its records a batch at a time with no Python and no GIL (`ringtier_tf_next_records`),
+    /// and the entry goes at the end of the epoch, at its first error, or by `_tf_release`.
+    #[pyo3(signature = (epoch=0, position=0))]
+    fn _tf_epoch(&self, epoch: u64, position: u64) -> PyResult<u64> {
+        if self.format != RecordFormat::TfRecord {
+            return Err(errors::invalid("TensorFlow's record op reads TFRecord shards only".into()));
+        }
+        let state = self.epoch_state(epoch, position)?;
+        Ok(crate::tf_records::register(state))
     }
 
     /// The shard keys, in the order `Record.shard` numbers them.
@@ -332,8 +336,32 @@ impl RecordLoader {
     }
 }
 
+impl RecordLoader {
+    /// The state of `epoch`'s records from `position` on (the clairvoyant cache moved to it).
+    fn epoch_state(&self, epoch: u64, position: u64) -> PyResult<RecordEpochState> {
+        let st = self.state.get()?;
+        let _enter = st.engine.handle().enter();
+        if let (Some(c), None) = (&st.cache, &st.indexes) {
+            // The clairvoyant plan moves to this epoch's shard order (other policies: nothing).
+            c.begin_epoch(epoch, 0).py_err()?;
+        }
+        let inner = match &st.indexes {
+            Some(idx) => st.loader.global_epoch(Arc::clone(idx), epoch, position).py_err()?,
+            None => st.loader.epoch(epoch, position),
+        };
+        Ok(RecordEpochState {
+            engine: Arc::clone(&st.engine),
+            epoch: inner,
+            shards: Arc::clone(&st.shards),
+            ready: VecDeque::new(),
+            ready_bytes: 0,
+            ready_peak: 0,
+        })
+    }
+}
+
 #[derive(Debug)]
-struct RecordEpochState {
+pub(crate) struct RecordEpochState {
     engine: Arc<Engine>,
     epoch: records::RecordEpoch,
     shards: Arc<Vec<Shard>>,
@@ -342,6 +370,17 @@ struct RecordEpochState {
     /// Their bytes, and the most they were.
     ready_bytes: u64,
     ready_peak: u64,
+}
+
+impl RecordEpochState {
+    /// Up to `max_records` next records, waited for on the engine from a thread outside it
+    /// (TensorFlow's, no GIL): empty at the end of the epoch. An error after some records ends
+    /// the batch there and is returned by the next call.
+    pub(crate) fn next_batch_blocking(&mut self, max_records: usize) -> Result<records::RecordBatch, Error> {
+        let mut batch = records::RecordBatch::new();
+        self.engine.handle().block_on(self.epoch.fill_batch(&mut batch, max_records, 0))?;
+        Ok(batch)
+    }
 }
 
 /// One epoch's records: an iterator of [`Record`].

@@ -6,6 +6,7 @@ import hashlib
 import os
 import random
 import signal
+import struct
 from pathlib import Path
 from typing import Dict
 
@@ -68,6 +69,18 @@ def crc32c(data: bytes) -> int:
     for b in data:
         c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
     return c ^ 0xFFFFFFFF
+
+
+def masked(data: bytes) -> int:
+    """TFRecord's masked CRC-32C."""
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(data: bytes) -> bytes:
+    """One TFRecord: length, masked CRC of the length, data, masked CRC of the data."""
+    n = struct.pack("<Q", len(data))
+    return n + struct.pack("<I", masked(n)) + data + struct.pack("<I", masked(data))
 
 
 def write_manifest(root: Path, files: Dict[str, bytes]) -> Path:

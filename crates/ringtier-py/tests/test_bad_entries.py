@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import ringtier
-from conftest import write_dataset
+from conftest import tfrecord, write_dataset
 
 
 def read_all(loader):
@@ -255,3 +255,34 @@ def test_sizes_learned_from_the_reads_and_a_cached_listing(tmp_path: Path):
     loader = ringtier.Loader(root, batch_size=16, engine="posix")
     assert not loader.listing["from_cache"] and len(loader.keys()) == 121
     assert ringtier.Loader(root, engine="posix", listing_cache=False, stat_files=True).listing["sizes"] == "exact"
+
+
+def test_record_shards_skip_a_dangling_link(tmp_path: Path):
+    """Shard directories too: a dangling link named like a shard and a link loop are left out
+    and named in one warning under on_bad="skip"; the error names the link under "fail"."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    want = []
+    for s in range(2):
+        with open(root / f"part-{s}.tfrecord", "wb") as f:
+            for i in range(10):
+                data = os.urandom(30 + i)
+                want.append(data)
+                f.write(tfrecord(data))
+    os.symlink(tmp_path / "gone.tfrecord", root / "part-9.tfrecord")
+    os.symlink(root / "loop-b", root / "loop-a")
+    os.symlink(root / "loop-a", root / "loop-b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = ringtier.RecordLoader(root, format="tfrecord", on_bad="skip")
+    named = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(named) == 1 and "part-9.tfrecord" in named[0] and "loop-a" in named[0], named
+    assert loader.shards() == ["part-0.tfrecord", "part-1.tfrecord"]
+    assert sorted(r.to_bytes() for r in loader.epoch(0)) == sorted(want)
+    with pytest.raises(ringtier.InvalidInputError, match="loop-"):
+        ringtier.RecordLoader(root, format="tfrecord")
+    for loop in ("loop-a", "loop-b"):
+        (root / loop).unlink()
+    with pytest.raises(ringtier.NotFoundError, match="part-9.tfrecord"):
+        ringtier.RecordLoader(root, format="tfrecord")
+

@@ -16,17 +16,7 @@ import numpy as np
 import pytest
 
 import ringtier
-from conftest import crc32c
-
-
-def masked(data: bytes) -> int:
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(data: bytes) -> bytes:
-    n = struct.pack("<Q", len(data))
-    return n + struct.pack("<I", masked(n)) + data + struct.pack("<I", masked(data))
+from conftest import tfrecord
 
 
 def write_tfrecords(root: Path, shards: int, per_shard: int, seed: int = 3) -> Dict[bytes, Tuple[str, int]]:

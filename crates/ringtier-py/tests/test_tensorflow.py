@@ -422,6 +422,185 @@ def test_records_batches_larger_than_a_crossing_chunk(tmp_path):
     assert [r for b in src.dataset() for r in b.numpy().tolist()] == want[20:]
 
 
+# -- TFRecord through the C++ record op --------------------------------------------------------
+
+
+def write_tfrecords(root: Path, shards: int, per_shard: int) -> List[bytes]:
+    """Shards TensorFlow writes, records of 0 to a few thousand bytes; every record, in order."""
+    root.mkdir(parents=True, exist_ok=True)
+    want = []
+    for s in range(shards):
+        with tf.io.TFRecordWriter(str(root / f"part-{s}.tfrecord")) as w:
+            for i in range(per_shard):
+                want.append(os.urandom((i * 131 + s) % 5000))
+                w.write(want[-1])
+    return want
+
+
+def run_python(code: str, env: Dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full, timeout=timeout)
+
+
+def test_record_op_reads_what_the_generator_reads(tmp_path, monkeypatch):
+    """With the op (RINGTIER_TF_OP=on: built here or an error) and without it (off): the same
+    records in the same order, batched and one at a time, sharded, resumed, across epochs."""
+    from ringtier import _tf_op
+
+    want = write_tfrecords(tmp_path / "tfr", 3, 40)
+
+    def read(mode: str, **kw) -> List[List[bytes]]:
+        monkeypatch.setenv("RINGTIER_TF_OP", mode)
+        src = rtf.Source(tmp_path / "tfr", format="tfrecord", seed=3, **kw)
+        assert src.uses_record_op() == (mode == "on")
+        ds = src.dataset()
+        epochs = []
+        for _ in range(2):
+            got = []
+            for b in ds:
+                got.append(b.numpy().tolist() if b.shape.rank == 1 else [b.numpy()])
+            epochs.append(got)
+        return epochs
+
+    for kw in ({}, {"batch_size": 16}, {"batch_size": 16, "drop_last": True}, {"batch_size": 7, "read_batch": 3},
+               {"shard": (1, 2), "batch_size": 5}, {"order": "global", "batch_size": 9}, {"shuffle": False}):
+        on, off = read("on", **kw), read("off", **kw)
+        assert on == off, kw
+        flat = [r for b in on[0] for r in b]
+        if "shard" not in kw and not kw.get("drop_last"):
+            assert sorted(flat) == sorted(want), kw
+        if kw.get("drop_last"):
+            assert all(len(b) == 16 for b in on[0]) and len(flat) == 112
+        assert on[0] != on[1] or kw.get("shuffle") is False or "shard" in kw
+    assert _tf_op.refusal() is None
+    # Resumed from a position, through the op.
+    monkeypatch.setenv("RINGTIER_TF_OP", "on")
+    src = rtf.Source(tmp_path / "tfr", format="tfrecord", batch_size=16, shuffle=False)
+    src.set_epoch(1, position=50)
+    assert [r for b in src.dataset() for r in b.numpy().tolist()] == want[50:]
+    # Parsed and batched in the graph after it, as a user writes it.
+    n = sum(int(x) for x in rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=32)
+            .map(lambda b: tf.reduce_sum(tf.strings.length(b))).as_numpy_iterator())
+    assert n == sum(len(r) for r in want)
+
+
+def test_record_op_errors_keep_their_kind(tmp_path, monkeypatch):
+    """A corrupt record is tf.errors.DataLossError naming the shard and offset (on_bad="fail");
+    skipped and the rest delivered with on_bad="skip"; the epoch's entry is gone either way."""
+    from ringtier import _ringtier
+
+    monkeypatch.setenv("RINGTIER_TF_OP", "on")
+    want = write_tfrecords(tmp_path / "tfr", 2, 30)
+    p = tmp_path / "tfr" / "part-1.tfrecord"
+    raw = bytearray(p.read_bytes())
+    off = 0
+    for _ in range(5):  # the sixth record of shard 1
+        (n,) = np.frombuffer(bytes(raw[off:off + 8]), "<u8")
+        off += 16 + int(n)
+    raw[off + 12] ^= 1  # a data byte: its CRC fails
+    p.write_bytes(bytes(raw))
+    raw[off + 12] ^= 1
+    before = _ringtier._tf_open_epochs()
+    with pytest.raises(tf.errors.DataLossError, match=r"part-1.tfrecord.*CRC"):
+        for _ in rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=8, shuffle=False):
+            pass
+    got = [r for b in rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=8, on_bad="skip") for r in
+           b.numpy().tolist()]
+    assert len(got) == len(want) - 1 and sorted(got) == sorted(want[:35] + want[36:])
+    assert _ringtier._tf_open_epochs() == before
+    # A dangling link named like a shard: ringtier.NotFoundError naming it when the dataset is
+    # made (the listing is done then); left out with one warning with on_bad="skip".
+    p.write_bytes(bytes(raw))  # whole again
+    (tmp_path / "tfr" / "part-0.tfrecord").unlink()
+    os.symlink(tmp_path / "gone", tmp_path / "tfr" / "part-0.tfrecord")
+    with pytest.raises(ringtier.NotFoundError, match="part-0.tfrecord"):
+        rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=8)
+    with pytest.warns(RuntimeWarning, match="part-0.tfrecord"):
+        skip = rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=8, on_bad="skip")
+    got = [r for b in skip for r in b.numpy().tolist()]
+    assert sorted(got) == sorted(want[30:])
+    assert _ringtier._tf_open_epochs() == before
+
+
+def test_record_op_epochs_are_released(tmp_path, monkeypatch):
+    """An epoch read to its end leaves the table; iterators dropped early leave at most
+    MAX_OPEN_EPOCHS open per source, and none after Source.close()."""
+    from ringtier import _ringtier
+
+    monkeypatch.setenv("RINGTIER_TF_OP", "on")
+    write_tfrecords(tmp_path / "tfr", 2, 200)
+    before = _ringtier._tf_open_epochs()
+    ds = rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=4)
+    assert sum(int(b.shape[0]) for b in ds) == 400
+    assert _ringtier._tf_open_epochs() == before
+    for _ in range(rtf_data.MAX_OPEN_EPOCHS + 4):
+        it = iter(ds)
+        next(it)
+        del it
+    assert before < _ringtier._tf_open_epochs() <= before + rtf_data.MAX_OPEN_EPOCHS
+    # Every epoch still gives every record.
+    assert sum(int(b.shape[0]) for b in ds) == 400
+    it = iter(ds)
+    next(it)
+    ds.ringtier_source.close()
+    assert _ringtier._tf_open_epochs() == before
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not open in this process"):
+        for _ in it:
+            pass
+    assert sum(int(b.shape[0]) for b in ds) == 400  # a new epoch after close
+
+
+def test_record_op_without_a_compiler(tmp_path):
+    """No compiler: auto reads through Python after one RuntimeWarning that says why; on is an
+    UnsupportedError naming the compiler; off says nothing. A cache directory others can write
+    is not used (the op is built in a private temporary directory)."""
+    root = tmp_path / "tfr"
+    want = write_tfrecords(root, 2, 20)
+    code = f"""
+        import os, warnings
+        import ringtier.tensorflow as rtf
+        from ringtier import _tf_op
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            src = rtf.Source({str(root)!r}, format="tfrecord", batch_size=8)
+            got = [r for b in src.dataset() for r in b.numpy().tolist()]
+            got += [r for b in src.dataset() for r in b.numpy().tolist()]
+        print(len(got), src.uses_record_op(), sum(len(r) for r in got))
+        for w in caught:
+            print("WARNING", w.category.__name__, str(w.message).replace(chr(10), " "))
+        """
+    total = 2 * sum(len(r) for r in want)
+    base = {"RINGTIER_CACHE_DIR": str(tmp_path / "cache"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = run_python(code, {**base, "RINGTIER_TF_CXX": str(tmp_path / "no-such-c++"), "RINGTIER_TF_OP": "auto"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"80 False {total}"
+    warned = [line for line in lines if line.startswith("WARNING")]
+    assert len(warned) == 1 and "RuntimeWarning" in warned[0] and "no-such-c++" in warned[0], lines
+    out = run_python(code, {**base, "RINGTIER_TF_CXX": str(tmp_path / "no-such-c++"), "RINGTIER_TF_OP": "on"})
+    assert out.returncode != 0 and "OpUnavailableError" in out.stderr and "no-such-c++" in out.stderr
+    out = run_python(code, {**base, "RINGTIER_TF_CXX": str(tmp_path / "no-such-c++"), "RINGTIER_TF_OP": "off"})
+    assert out.returncode == 0 and out.stdout.splitlines() == [f"80 False {total}"], out.stdout
+    out = run_python(code, {**base, "RINGTIER_TF_OP": "maybe"})
+    assert out.returncode != 0 and "RINGTIER_TF_OP must be one of" in out.stderr
+    # A cache others can write: built privately for the process, used, nothing left there.
+    shared = tmp_path / "shared"
+    (shared / "tf-op").mkdir(parents=True)
+    os.chmod(shared, 0o777)
+    out = run_python(code, {**base, "RINGTIER_CACHE_DIR": str(shared), "RINGTIER_TF_OP": "on"})
+    assert out.returncode == 0 and out.stdout.splitlines() == [f"80 True {total}"], out.stderr[-3000:]
+    assert list((shared / "tf-op").iterdir()) == []
+    # A private cache: built once, then loaded from it.
+    own = tmp_path / "own"
+    for _ in range(2):
+        out = run_python(code, {**base, "RINGTIER_CACHE_DIR": str(own), "RINGTIER_TF_OP": "on"})
+        assert out.returncode == 0 and out.stdout.splitlines() == [f"80 True {total}"], out.stderr[-3000:]
+        built = sorted(p.name for p in (own / "tf-op").iterdir())
+        assert len(built) == 1 and built[0].startswith("ringtier_tf_op-") and built[0].endswith(".so"), built
+    assert oct((own / "tf-op").stat().st_mode & 0o777) == "0o700"
+
+
 # -- checkpoints ------------------------------------------------------------------------------
 
 

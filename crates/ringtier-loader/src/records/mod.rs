@@ -42,7 +42,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ringtier_core::error::{Error, ErrorKind, Result};
-use ringtier_core::{BufferPool, PoolConfig, ReadBatch, Tier};
+use ringtier_core::{BufferPool, ListOptions, PoolConfig, ReadBatch, Skipped, Tier};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -261,24 +261,35 @@ impl fmt::Debug for RecordLoader {
 /// The shards of `dir` on `tier` in `format`: every listed key ending in `.tfrecord` /
 /// `.tfrecords` (TFRecord) or `.tar` (WebDataset), sorted by key.
 pub async fn list_shards(tier: &dyn Tier, format: RecordFormat) -> Result<Vec<Shard>> {
+    Ok(list_shards_with(tier, format, false).await?.0)
+}
+
+/// The shards of `format` on `tier`, as [`list_shards`]; with `skip_bad`, an entry that cannot
+/// be listed (a dangling symbolic link, a link loop, a directory that cannot be read) is left
+/// out and returned with why, instead of failing the listing with an error naming it.
+pub async fn list_shards_with(
+    tier: &dyn Tier,
+    format: RecordFormat,
+    skip_bad: bool,
+) -> Result<(Vec<Shard>, Vec<Skipped>)> {
     let exts: &[&str] = match format {
         RecordFormat::TfRecord => &[".tfrecord", ".tfrecords"],
         RecordFormat::WebDataset => &[".tar"],
     };
-    let shards: Vec<Shard> = tier
-        .list("")
-        .await?
-        .into_iter()
-        .filter(|m| exts.iter().any(|e| m.key.ends_with(e)))
-        .map(|m| Shard { key: m.key, size: m.size })
+    let mut listing = tier.list_with("", ListOptions::default().with_skip_bad(skip_bad)).await?;
+    let shards: Vec<Shard> = listing
+        .iter()
+        .filter(|(key, _)| exts.iter().any(|e| key.ends_with(e)))
+        .map(|(key, size)| Shard { key: key.to_string(), size })
         .collect();
+    let skipped = listing.take_skipped();
     if shards.is_empty() {
         return Err(Error::new(
             ErrorKind::NotFound,
             format!("no {} shards ({}) on {}", format.as_str(), exts.join(", "), tier.name()),
         ));
     }
-    Ok(shards)
+    Ok((shards, skipped))
 }
 
 impl RecordLoader {

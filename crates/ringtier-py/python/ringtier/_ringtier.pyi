@@ -401,7 +401,10 @@ class RecordLoader:
 
     ``on_bad``: ``"fail"`` (a truncated record, a CRC mismatch, a corrupt tar header, an index
     that does not match its shard raise :class:`ringtier.CorruptError` naming the shard and
-    byte offset) or ``"skip"`` (counted in :meth:`RecordEpoch.stats`, logged).
+    byte offset) or ``"skip"`` (counted in :meth:`RecordEpoch.stats`, logged). A directory
+    entry that cannot be listed (a dangling symbolic link, a link loop, an unreadable
+    directory) fails the listing with an error naming it under ``"fail"``; under ``"skip"`` it
+    is left out and named in one ``RuntimeWarning``.
 
     ``cache``: a :class:`Cache` (or a dict of its arguments) in front of the shards, one
     object per shard: a shard read for the first time is fetched whole in the background
@@ -441,6 +444,9 @@ class RecordLoader:
         """The cache's totals (``cache=`` only, else None), as :meth:`Loader.cache_stats`."""
     def shards(self) -> List[str]:
         """Shard file names, in the order :attr:`Record.shard` numbers them."""
+    def _tf_epoch(self, epoch: int = 0, position: int = 0) -> int:
+        """The records of ``epoch`` from ``position`` on for TensorFlow's record op
+        (``ringtier._tf_op``): a token naming the epoch in this process (TFRecord only)."""
     def epoch_shards(self, epoch: int = 0) -> List[str]:
         """Shards this reader streams in ``epoch``, in order."""
     @property
@@ -524,6 +530,10 @@ class CheckpointStore:
 
 def _engine_pid() -> int: ...
 def _is_s3_url(path: str) -> bool: ...
+def _tf_release(token: int) -> bool:
+    """Ends the record op's epoch ``token`` (whether it was still open)."""
+def _tf_open_epochs() -> int:
+    """Record-op epochs open in this process."""
 def doctor(paths: Sequence[Union[str, "os.PathLike[str]"]] = ..., json: bool = False) -> str:
     """What this machine gives the engine and what it falls back to (io_uring or the thread
     pool and why, memlock, each path's file system, O_DIRECT, durability and free space, THP,

@@ -9,10 +9,12 @@ import ctypes
 import os
 import threading
 import time
+import weakref
 from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _ringtier, _tf_op
 from ._fields import image_of, label_of_record
 from ._ringtier import Loader, RecordLoader
 from ._types import PathLike, is_s3_url, tier_path
@@ -202,6 +204,21 @@ LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("bytes", "uint8")
 
 
+#: Record-op epochs one source keeps open at once: iterators dropped before their epoch's end
+#: leave theirs open, and the oldest beyond this many are released (an iterator still reading
+#: one then fails with ``InvalidArgumentError``: that many iterators of one dataset at once).
+MAX_OPEN_EPOCHS = 8
+
+
+def _release_token(token: int) -> None:
+    _ringtier._tf_release(token)
+
+
+def _release_tokens(tokens: Deque[int]) -> None:
+    while tokens:
+        _release_token(tokens.popleft())
+
+
 class Source:
     """The samples of ``path`` (a directory or ``s3://bucket/prefix?endpoint=...``) for
     ``tf.data``; :meth:`dataset` makes the ``tf.data.Dataset``. Keep the source to call
@@ -338,6 +355,10 @@ class Source:
                 self._label_of = np.array([index[_class_of(k)] for k in self._keys], dtype=np.int64)
         self._epoch, self._position = epoch, 0
         self._lock = threading.Lock()
+        # Record-op epochs this source opened (tokens); those still open are released by
+        # close() or when the source goes.
+        self._tokens: Deque[int] = collections.deque()
+        weakref.finalize(self, _release_tokens, self._tokens)
 
     # -- epochs ---------------------------------------------------------------------------
 
@@ -573,9 +594,61 @@ class Source:
             return _guarded(self._files(epoch, position))
         return _guarded(self._records(epoch, position))
 
+    # -- TFRecord through the record op ------------------------------------------------------
+
+    def _open_epoch_token(self) -> Any:
+        """The next epoch as a token of the record op (one per iteration of the dataset)."""
+        epoch, position = self._next_epoch()
+        token = self._loader()._tf_epoch(epoch, position)
+        with self._lock:
+            self._tokens.append(token)
+            while len(self._tokens) > MAX_OPEN_EPOCHS:
+                # An iterator dropped before the end of its epoch leaves its epoch open (the op
+                # releases an epoch at its end or first error): the oldest go here.
+                _release_token(self._tokens.popleft())
+        yield np.int64(token)
+
+    def _op_dataset(self, op: Any) -> Any:
+        """Records read by the op: each iteration opens the next epoch (a token, made in
+        Python once per epoch); the op then makes each chunk's ``tf.string`` tensor in C++, one
+        copy per record, and an empty tensor ends the epoch."""
+        tf = _tf()
+        self._loader()  # listed now: a missing or bad shard directory fails here, with its kind
+        chunk = self.batch_size or self.record_chunk
+        tokens = tf.data.Dataset.from_generator(self._open_epoch_token, output_signature=tf.TensorSpec((), tf.int64))
+
+        def epoch_chunks(token: Any) -> Any:
+            chunks = tf.data.Dataset.from_tensors(token).repeat()
+            chunks = chunks.map(lambda t: op.ringtier_next_records(t, max_records=chunk))
+            return chunks.take_while(lambda records: tf.size(records) > 0)
+
+        ds = tokens.flat_map(epoch_chunks)
+        if self.batch_size is not None and self.drop_last:
+            ds = ds.filter(lambda records: tf.size(records) == chunk)
+        # The op (its wait for records, their copy into the strings) runs CHUNKS_AHEAD chunks
+        # ahead of what takes the batches, on a tf.data thread of its own.
+        ds = ds.prefetch(CHUNKS_AHEAD)
+        return ds.unbatch() if self.batch_size is None else ds
+
+    def close(self) -> None:
+        """Ends the record-op epochs this source still has open (iterators dropped before the
+        end of their epoch; an epoch read to its end is closed already). An iterator still
+        reading one then fails. Also done when the source is garbage-collected, which
+        ``tf.data`` may put off for as long as it keeps the dataset's functions."""
+        with self._lock:
+            _release_tokens(self._tokens)
+
+    def uses_record_op(self) -> bool:
+        """Whether :meth:`dataset` reads TFRecord batches through the C++ record op
+        (``ringtier._tf_op``: built on first use; ``RINGTIER_TF_OP``) rather than a Python
+        generator."""
+        return self.format == "tfrecord" and self.transform is None and _tf_op.load() is not None
+
     def dataset(self) -> Any:
         """The ``tf.data.Dataset`` (each iteration reads the next epoch)."""
         tf = _tf()
+        if self.uses_record_op():
+            return self._op_dataset(_tf_op.load())
         ds = tf.data.Dataset.from_generator(self.generator, output_signature=self.element_spec())
         if self.transform is not None:
             if self.layout == "NHWC":

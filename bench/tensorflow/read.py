@@ -24,6 +24,9 @@ ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike
             num_parallel_calls=k) -> map(strings.length) -> batch(1024) -> prefetch(2)
   ringtier: dataset(D, format="tfrecord", batch_size=1024, shuffle=False) -> map(strings.length)
             -> prefetch(2)                   (both sides: shards in order, no shuffle buffer)
+            Batches made by ringtier's C++ record op (RINGTIER_TF_OP=on: built once before the
+            passes, not timed); --python-crossing adds the side "ringtier python", the same
+            pipeline with RINGTIER_TF_OP=off (records cross through a Python generator).
 
 --malloc-parallel K runs tf.data at parallelism K once more per repeat with the glibc malloc
 settings ringtier.tensorflow makes for its tf.string batches (MALLOC_MMAP_THRESHOLD_,
@@ -102,7 +105,11 @@ for x in it:
 delivered = time.perf_counter() - t0
 del it
 wall, pass_cpu = time.perf_counter() - t0, cpu() - c0
-print(json.dumps({"samples": n, "payload_bytes": b, "wall": wall, "delivered": delivered, "pass_cpu": pass_cpu,
+record_op = None
+if side == "ringtier" and fmt == "tfrecord":
+    from ringtier import _tf_op
+    record_op = _tf_op.refusal() is None and _tf_op.mode() != "off"
+print(json.dumps({"record_op": record_op, "samples": n, "payload_bytes": b, "wall": wall, "delivered": delivered, "pass_cpu": pass_cpu,
                   "proc_cpu": cpu(), "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -146,6 +153,8 @@ def main():
                     help="tf.data parallelisms run once more with ringtier's malloc settings as MALLOC_* "
                          "environment variables (sides 'tf.data K malloc'), e.g. 16")
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--python-crossing", action="store_true",
+                    help="tfrecord: also ringtier with RINGTIER_TF_OP=off (side 'ringtier python')")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.format == "tfrecord":
@@ -157,13 +166,23 @@ def main():
     sides = ["ringtier"] + [f"tf.data {k}" for k in a.parallel.split(",")]
     sides += [f"tf.data {k} malloc" for k in a.malloc_parallel.split(",") if k]
     malloc_env = dict(env, **tuned_malloc_env())
+    side_env = {s: malloc_env if s.endswith(" malloc") else env for s in sides}
+    if a.format == "tfrecord":
+        # The record op or an error, built (or found in the cache) before the timed passes.
+        side_env["ringtier"] = dict(env, RINGTIER_TF_OP="on")
+        subprocess.run([sys.executable, "-c", "from ringtier import _tf_op; assert _tf_op.load() is not None"],
+                       env=side_env["ringtier"], check=True)
+        if a.python_crossing:
+            sides.insert(1, "ringtier python")
+            side_env["ringtier python"] = dict(env, RINGTIER_TF_OP="off")
     runs = {s: [] for s in sides}
     for r in range(a.repeats):
         for s in sides:
             cold(files, a.drop_caches)
-            side, k = ("ringtier", "0") if s == "ringtier" else ("tf", s.split()[1])
-            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k],
-                                  malloc_env if s.endswith(" malloc") else env)
+            side, k = ("ringtier", "0") if s.startswith("ringtier") else ("tf", s.split()[1])
+            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k], side_env[s])
+            if s == "ringtier" and a.format == "tfrecord" and not res["record_op"]:
+                sys.exit("ringtier: the record op was not used")
             if res["samples"] != (len(files) if a.format != "tfrecord" else res["samples"]):
                 sys.exit(f"{s}: {res['samples']} samples, not {len(files)}")
             runs[s].append({"mb_per_sec": total / res["wall"] / 1e6, "images_per_sec": res["samples"] / res["wall"],
@@ -171,10 +190,10 @@ def main():
                             "delivered_mb_per_sec": total / res["delivered"] / 1e6,
                             "cpu_seconds_per_gib": cpu / (total / 2**30),
                             "pass_cpu_seconds_per_gib": res["pass_cpu"] / (total / 2**30),
-                            "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
+                            "record_op": res["record_op"], "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
               file=sys.stderr, flush=True)
-    tf_sides = [s for s in sides if s != "ringtier"]
+    tf_sides = [s for s in sides if s.startswith("tf.data")]
     best = max(tf_sides, key=lambda s: statistics.median(x["mb_per_sec"] for x in runs[s]))
     ratio = [o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs["ringtier"], runs[best])]
     cpu_ratio = [o["cpu_seconds_per_gib"] / t["cpu_seconds_per_gib"] for o, t in zip(runs["ringtier"], runs[best])]

@@ -93,23 +93,49 @@ else:
             lambda f: tf.data.TFRecordDataset(f, buffer_size=4 << 20), cycle_length=(4 if k == "autotune" else int(k)),
             num_parallel_calls=par, deterministic=False).map(tf.strings.length).batch(1024)
 ds = ds.prefetch(2)
-n = b = 0
-it = iter(ds)
-for x in it:
-    n += int(x.shape[0])
-    if fmt != "jpeg":
-        b += int(tf.reduce_sum(tf.cast(x, tf.int64)))
-# The last batch delivered (and the end seen); destroying the iterator can add up to about half a
-# second more: its autotuning thread (tf.data's model thread, on by default on every side) finishes
-# the wait for its next optimization, whose period doubles, before the iterator is gone.
-delivered = time.perf_counter() - t0
-del it
-wall, pass_cpu = time.perf_counter() - t0, cpu() - c0
+
+
+def one_epoch(t0):
+    n = b = 0
+    it = iter(ds)
+    for x in it:
+        n += int(x.shape[0])
+        if fmt != "jpeg":
+            b += int(tf.reduce_sum(tf.cast(x, tf.int64)))
+    # The last batch delivered (and the end seen); destroying the iterator can add up to about
+    # half a second more: its autotuning thread (tf.data's model thread, on by default on every
+    # side) finishes the wait for its next optimization, whose period doubles, before the
+    # iterator is gone.
+    delivered = time.perf_counter() - t0
+    del it
+    return n, b, delivered, time.perf_counter() - t0
+
+
+n, b, delivered, wall = one_epoch(t0)
+pass_cpu = cpu() - c0
+# Later epochs of the same dataset in this process (--epochs): a new iterator each, as a training
+# loop makes one per epoch; the files evicted before each (cold) as before the first.
+later = []
+files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+for _ in range(int(sys.argv[5]) - 1):
+    if sys.argv[6] == "1":
+        os.system("sync")
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    else:
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    c1 = cpu()
+    n2, b2, dl2, wall2 = one_epoch(time.perf_counter())
+    assert (n2, b2) == (n, b), f"epoch of {n2} samples / {b2} bytes, the first had {n} / {b}"
+    later.append({"wall": wall2, "delivered": dl2, "pass_cpu": cpu() - c1})
 record_op = None
 if side == "ringtier" and fmt == "tfrecord":
     from ringtier import _tf_op
     record_op = _tf_op.refusal() is None and _tf_op.mode() != "off"
-print(json.dumps({"record_op": record_op, "samples": n, "payload_bytes": b, "wall": wall, "delivered": delivered, "pass_cpu": pass_cpu,
+print(json.dumps({"later": later, "record_op": record_op, "samples": n, "payload_bytes": b, "wall": wall, "delivered": delivered, "pass_cpu": pass_cpu,
                   "proc_cpu": cpu(), "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -153,6 +179,9 @@ def main():
                     help="tf.data parallelisms run once more with ringtier's malloc settings as MALLOC_* "
                          "environment variables (sides 'tf.data K malloc'), e.g. 16")
     ap.add_argument("--drop-caches", action="store_true")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="epochs per pass process: the dataset built once, then a new iterator per "
+                         "epoch, cold before each; the epochs after the first are reported as 'later'")
     ap.add_argument("--python-crossing", action="store_true",
                     help="tfrecord: also ringtier with RINGTIER_TF_OP=off (side 'ringtier python')")
     ap.add_argument("--json")
@@ -180,7 +209,8 @@ def main():
         for s in sides:
             cold(files, a.drop_caches)
             side, k = ("ringtier", "0") if s.startswith("ringtier") else ("tf", s.split()[1])
-            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k], side_env[s])
+            res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k, str(a.epochs),
+                                   "1" if a.drop_caches else "0"], side_env[s])
             if s == "ringtier" and a.format == "tfrecord" and not res["record_op"]:
                 sys.exit("ringtier: the record op was not used")
             if res["samples"] != (len(files) if a.format != "tfrecord" else res["samples"]):
@@ -190,6 +220,10 @@ def main():
                             "delivered_mb_per_sec": total / res["delivered"] / 1e6,
                             "cpu_seconds_per_gib": cpu / (total / 2**30),
                             "pass_cpu_seconds_per_gib": res["pass_cpu"] / (total / 2**30),
+                            "later_epochs": [{"mb_per_sec": total / e["wall"] / 1e6,
+                                              "delivered_mb_per_sec": total / e["delivered"] / 1e6,
+                                              "pass_cpu_seconds_per_gib": e["pass_cpu"] / (total / 2**30)}
+                                             for e in res["later"]],
                             "record_op": res["record_op"], "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
               file=sys.stderr, flush=True)
@@ -207,6 +241,30 @@ def main():
     # Pair by pair against every tf.data side, not only the best.
     per_side = {s: summary([o["mb_per_sec"] / t["mb_per_sec"] for o, t in zip(runs["ringtier"], runs[s])])
                 for s in tf_sides}
+    later = None
+    if a.epochs > 1:
+        # The epochs after the first, pair by pair (repeat i, epoch j of each side).
+        def lat(side, field):
+            return [e[field] for x in runs[side] for e in x["later_epochs"]]
+
+        best_later = max(tf_sides, key=lambda s: statistics.median(lat(s, "mb_per_sec")))
+        best_later_dl = max(tf_sides, key=lambda s: statistics.median(lat(s, "delivered_mb_per_sec")))
+        later = {
+            "epochs_per_process": a.epochs,
+            "best_tf_data": best_later,
+            "ringtier_over_best_tf_data_mb_per_sec": summary(
+                [o / t for o, t in zip(lat("ringtier", "mb_per_sec"), lat(best_later, "mb_per_sec"))]),
+            "ringtier_over_best_tf_data_pass_cpu_per_gib": summary(
+                [o / t for o, t in zip(lat("ringtier", "pass_cpu_seconds_per_gib"),
+                                       lat(best_later, "pass_cpu_seconds_per_gib"))]),
+            "best_tf_data_delivered": best_later_dl,
+            "ringtier_over_best_tf_data_delivered_mb_per_sec": summary(
+                [o / t for o, t in zip(lat("ringtier", "delivered_mb_per_sec"),
+                                       lat(best_later_dl, "delivered_mb_per_sec"))]),
+            "sides": {s: {"mb_per_sec": summary(lat(s, "mb_per_sec")),
+                          "delivered_mb_per_sec": summary(lat(s, "delivered_mb_per_sec")),
+                          "pass_cpu_seconds_per_gib": summary(lat(s, "pass_cpu_seconds_per_gib"))} for s in sides},
+        }
     import ringtier
 
     report = {
@@ -225,6 +283,7 @@ def main():
         "ringtier_over_each_tf_data_mb_per_sec": per_side,
         "best_tf_data_delivered": best_delivered,
         "ringtier_over_best_tf_data_delivered_mb_per_sec": summary(ratio_delivered),
+        "later_epochs": later,
         "malloc_env_of_malloc_sides": tuned_malloc_env() if a.malloc_parallel else None,
         "sides": {s: {"mb_per_sec": summary([x["mb_per_sec"] for x in v]),
                       "delivered_mb_per_sec": summary([x["delivered_mb_per_sec"] for x in v]),
@@ -245,6 +304,17 @@ def main():
     print("to the last batch (no iterator teardown), median MB/s: " + ", ".join(f"{s} {m:.0f}" for s, m in dm.items()))
     print(f"ringtier / {best_delivered} to the last batch: {summary(ratio_delivered)['median']:.2f}x "
           f"(min {min(ratio_delivered):.2f}, max {max(ratio_delivered):.2f})")
+    if later is not None:
+        print(f"epochs 2..{a.epochs} of each process (a new iterator each, cold), MB/s min / median / max "
+              "(to the last batch), pass CPU s/GiB:")
+        for s, v in later["sides"].items():
+            m, d = v["mb_per_sec"], v["delivered_mb_per_sec"]
+            print(f"  {s:<22} {m['min']:8.1f} {m['median']:8.1f} {m['max']:8.1f} ({d['median']:.0f})  "
+                  f"{v['pass_cpu_seconds_per_gib']['median']:.2f}")
+        r, rd = later["ringtier_over_best_tf_data_mb_per_sec"], later["ringtier_over_best_tf_data_delivered_mb_per_sec"]
+        print(f"  ringtier / {later['best_tf_data']}: {r['median']:.2f}x (min {r['min']:.2f}, max {r['max']:.2f}); "
+              f"pass CPU {later['ringtier_over_best_tf_data_pass_cpu_per_gib']['median']:.2f}x; to the last batch "
+              f"/ {later['best_tf_data_delivered']}: {rd['median']:.2f}x (min {rd['min']:.2f}, max {rd['max']:.2f})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

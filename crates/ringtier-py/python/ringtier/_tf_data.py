@@ -618,6 +618,25 @@ class Source:
                 _release_token(self._tokens.popleft())
         yield np.int64(token)
 
+    def _op_batch_bytes(self) -> int:
+        """The bytes of one batch (``batch_size`` records, else a chunk) estimated from the
+        median length field of the first record of up to 8 shards (each bounded at 64 MiB);
+        0 where that cannot be read (S3, an unreadable shard)."""
+        if is_s3_url(self.path):
+            return 0
+        lens = []
+        for key in self._loader().shards()[:8]:
+            try:
+                with open(os.path.join(self.path, key), "rb") as f:
+                    head = f.read(8)
+            except OSError:
+                continue
+            if len(head) == 8:
+                lens.append(min(int.from_bytes(head, "little"), 64 << 20))
+        if not lens:
+            return 0
+        return sorted(lens)[len(lens) // 2] * (self.batch_size or self.record_chunk)
+
     def _op_dataset(self, op: Any) -> Any:
         """Records read by the op: each iteration opens the next epoch (a token, made in
         Python once per epoch); the op then makes each chunk's ``tf.string`` tensor in C++, one
@@ -625,6 +644,11 @@ class Source:
         tf = _tf()
         self._loader()  # listed now: a missing or bad shard directory fails here, with its kind
         chunk = self.record_chunk
+        if self.tune_malloc:
+            # The op's strings and the rebatched batches are fresh heap memory on tf.data's
+            # threads, which glibc gives back between batches unless told not to (see
+            # keep_heap_for): set once here, for the batch this pipeline holds.
+            keep_heap_for(self._op_batch_bytes())
         tokens = tf.data.Dataset.from_generator(self._open_epoch_token, output_signature=tf.TensorSpec((), tf.int64))
 
         def epoch_chunks(token: Any) -> Any:

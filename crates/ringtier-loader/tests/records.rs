@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ringtier_core::{ErrorKind, Tier};
 use ringtier_dataset::OnBadSample;
 use ringtier_loader::records::{
-    list_shards, write_tar_end, write_tar_member, write_tfrecord, Record, RecordConfig, RecordFormat, RecordLoader,
+    list_shards, list_shards_with, write_tar_end, write_tar_member, write_tfrecord, Record, RecordConfig, RecordFormat,
+    RecordLoader,
 };
 use ringtier_testkit::pattern;
 use ringtier_uring::{UringConfig, UringTier};
@@ -654,4 +655,22 @@ async fn batches_over_empty_shards_and_webdataset_fields() {
         }
     }
     assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dangling_link_among_the_shards_is_named_or_left_out() {
+    let (dir, _) = tfrecord_shards();
+    std::os::unix::fs::symlink(dir.path().join("gone"), dir.path().join("train-99999.tfrecord")).expect("symlink");
+    // A dataset tier: links followed (what the Python RecordLoader opens).
+    let options = ringtier_uring::DirTierOptions::default().with_follow_links(true);
+    let tier = ringtier_uring::open_dir_tier(dir.path(), options).expect("tier").tier;
+    let err = list_shards(tier.as_ref(), RecordFormat::TfRecord).await.expect_err("a dangling link fails the listing");
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("train-99999.tfrecord"), "{err}");
+    let (shards, skipped) =
+        list_shards_with(tier.as_ref(), RecordFormat::TfRecord, true).await.expect("lenient listing");
+    assert_eq!(shards.len(), 7);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].key, "train-99999.tfrecord");
+    assert_eq!(skipped[0].error.kind(), ErrorKind::NotFound);
 }

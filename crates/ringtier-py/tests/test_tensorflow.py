@@ -551,6 +551,29 @@ def test_record_op_epochs_are_released(tmp_path, monkeypatch):
     assert sum(int(b.shape[0]) for b in ds) == 400  # a new epoch after close
 
 
+def test_record_op_reads_shards_from_s3(tmp_path, monkeypatch):
+    """TFRecord shards under an S3 prefix (the test kit's s3s-fs server on loopback) through the
+    op: every record once, streamed and in a global order."""
+    if not ringtier._ringtier.HAS_S3:
+        pytest.skip("built without feature s3")
+    from s3_servers import aws_env, servers
+
+    monkeypatch.setenv("RINGTIER_TF_OP", "on")
+    want = write_tfrecords(tmp_path / "tfr", 3, 30)
+    for srv in servers("s3s-fs", tmp_path):
+        for k, v in aws_env().items():
+            monkeypatch.setenv(k, v)
+        bucket = srv.create_bucket()
+        for p in (tmp_path / "tfr").iterdir():
+            srv.put(bucket, f"tf/{p.name}", p.read_bytes())
+        url = srv.url(bucket, "tf")
+        for order in ("stream", "global"):
+            src = rtf.Source(url, format="tfrecord", order=order, batch_size=16, seed=1)
+            assert src.uses_record_op()
+            got = [r for b in src.dataset() for r in b.numpy().tolist()]
+            assert sorted(got) == sorted(want), order
+
+
 def test_record_op_without_a_compiler(tmp_path):
     """No compiler: auto reads through Python after one RuntimeWarning that says why; on is an
     UnsupportedError naming the compiler; off says nothing. A cache directory others can write

@@ -315,6 +315,20 @@ impl Loader {
         })
     }
 
+    /// The raw samples of `epoch` from `position` on, for TensorFlow's batch op: the epoch is
+    /// kept in this process's table of TensorFlow epochs and its token returned; the op takes
+    /// each batch's bytes and sample indices with no Python and no GIL (`ringtier_tf_next_records`).
+    #[pyo3(signature = (epoch=0, position=0))]
+    fn _tf_epoch(&self, epoch: u64, position: usize) -> PyResult<u64> {
+        if self.decode.is_some() {
+            return Err(errors::invalid("TensorFlow's batch op takes raw samples, not decoded ones".into()));
+        }
+        let st = self.state.get()?;
+        let _enter = st.engine.handle().enter();
+        let inner = st.loader.epoch(epoch, position).py_err()?;
+        Ok(crate::tf_records::register_files(Arc::clone(&st.engine), inner))
+    }
+
     /// Samples this rank reads per epoch.
     fn __len__(&self) -> PyResult<usize> {
         Ok(self.state.get()?.loader.samples_per_epoch())

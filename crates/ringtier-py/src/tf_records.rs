@@ -1,9 +1,10 @@
-//! TFRecord epochs for TensorFlow's record op (`ringtier/_tf_op.cc`, built and loaded by
-//! `ringtier._tf_op`): the op makes each batch's `tf.string` tensor itself, one copy per
-//! record from the record loader's memory into TensorFlow's strings, on tf.data's thread, with
-//! no Python and no GIL between them.
+//! TFRecord and raw-file epochs for TensorFlow's batch op (`ringtier/_tf_op.cc`, built and
+//! loaded by `ringtier._tf_op`): the op makes each batch's `tf.string` tensor itself, one copy
+//! per record or file from the loader's memory into TensorFlow's strings, on tf.data's thread,
+//! with no Python and no GIL between them, and an `int64` tensor of the samples' indices.
 //!
-//! Python starts an epoch with `RecordLoader._tf_epoch` (a token into this process's table);
+//! Python starts an epoch with `RecordLoader._tf_epoch` or `Loader._tf_epoch` (a token into this
+//! process's table);
 //! the op, linked against this extension, calls [`ringtier_tf_next_records`] with the token
 //! for each batch. An entry leaves the table at the end of its epoch, at its first error, or
 //! by `_tf_release` (an iterator dropped before its end). Tokens are never reused, and a
@@ -18,14 +19,24 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use pyo3::prelude::*;
 use ringtier_core::error::{Error, ErrorKind};
 
+use crate::engine::Engine;
 use crate::records::RecordEpochState;
+
+/// What an epoch in the table reads.
+#[derive(Debug)]
+enum EpochKind {
+    /// TFRecord records (a batch: up to the op's `max_records`).
+    Records(RecordEpochState),
+    /// Raw files (a batch: the loader's own batch of `batch_size` files).
+    Files { engine: Arc<Engine>, epoch: ringtier_loader::Epoch },
+}
 
 /// An epoch in the table: its state, used by one op call at a time, in the process that
 /// made it.
 #[derive(Debug)]
 struct TfEpoch {
     pid: u32,
-    state: Mutex<RecordEpochState>,
+    state: Mutex<EpochKind>,
 }
 
 /// Tokens to epochs.
@@ -38,11 +49,20 @@ fn table() -> MutexGuard<'static, Table> {
     TABLE.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Puts `state` in the table; its token.
+/// Puts a record epoch in the table; its token.
 pub(crate) fn register(state: RecordEpochState) -> u64 {
+    insert(EpochKind::Records(state))
+}
+
+/// Puts a raw-file epoch (read on `engine`) in the table; its token.
+pub(crate) fn register_files(engine: Arc<Engine>, epoch: ringtier_loader::Epoch) -> u64 {
+    insert(EpochKind::Files { engine, epoch })
+}
+
+fn insert(kind: EpochKind) -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let token = NEXT.fetch_add(1, Ordering::Relaxed);
-    let entry = Arc::new(TfEpoch { pid: std::process::id(), state: Mutex::new(state) });
+    let entry = Arc::new(TfEpoch { pid: std::process::id(), state: Mutex::new(kind) });
     table().insert(token, entry);
     token
 }
@@ -73,11 +93,17 @@ pub(crate) fn _tf_open_epochs() -> usize {
     table().values().filter(|e| e.pid == pid).count()
 }
 
-/// What the op's sink is given: `n` records of `lens[i]` bytes; it makes the output tensor
-/// and writes each record's destination (`lens[i]` writable bytes that stay valid until the
+/// What the op's sink is given: `n` samples of `lens[i]` bytes and their indices (a file's
+/// index in the dataset; a record's `shard << 40 | byte offset`); it makes the output tensors
+/// and writes each sample's destination (`lens[i]` writable bytes that stay valid until the
 /// call returns) to `out[i]`; 0 for success, anything else to stop (the op keeps its error).
-pub(crate) type RecordSink =
-    unsafe extern "C" fn(ctx: *mut c_void, n: usize, lens: *const usize, out: *mut *mut u8) -> c_int;
+pub(crate) type RecordSink = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    n: usize,
+    lens: *const usize,
+    indices: *const i64,
+    out: *mut *mut u8,
+) -> c_int;
 
 /// [`ringtier_tf_next_records`]: a batch of records was given to the sink.
 const NEXT_RECORDS: c_int = 0;
@@ -180,36 +206,64 @@ unsafe fn next_records(
     if entry.pid != std::process::id() {
         return Err((-1, format!("ringtier: TensorFlow record epoch {token} was opened in another process")));
     }
-    let mut st = entry.state.lock().map_err(|_| (-7, "ringtier: the record epoch failed in an earlier call".into()))?;
+    let mut st = entry.state.lock().map_err(|_| (-7, "ringtier: the epoch failed in an earlier call".into()))?;
     let failed = |e: Error| (code_of(e.kind()), format!("ringtier: {e}"));
-    let batch = st.next_batch_blocking(max_records).map_err(failed)?;
-    drop(st);
-    if batch.is_empty() {
+    // Each sample as (its index, its pieces end to end).
+    let (indices, pieces): (Vec<i64>, Vec<Vec<&[u8]>>);
+    let records;
+    let files;
+    match &mut *st {
+        EpochKind::Records(state) => {
+            records = state.next_batch_blocking(max_records).map_err(failed)?;
+            indices = records.records().iter().map(|r| ((r.shard as i64) << 40) | r.offset as i64).collect();
+            pieces = records.records().iter().map(|r| r.fields.iter().map(|f| f.data.as_slice()).collect()).collect();
+        }
+        EpochKind::Files { engine, epoch } => {
+            // A batch whose samples were all skipped (on_bad="skip") is passed over: an empty
+            // tensor ends the epoch.
+            files = loop {
+                match engine.handle().block_on(epoch.next()) {
+                    None => break None,
+                    Some(Err(e)) => return Err(failed(e)),
+                    Some(Ok(b)) if b.samples.is_empty() => continue,
+                    Some(Ok(b)) => break Some(b),
+                }
+            };
+            let Some(batch) = &files else {
+                drop(st);
+                release(token);
+                return Ok(NEXT_END);
+            };
+            indices = batch.indices.iter().map(|&i| i64::from(i)).collect();
+            pieces = batch.samples.iter().map(|s| vec![s.as_slice()]).collect();
+        }
+    }
+    if pieces.is_empty() {
+        drop(st);
         release(token);
         return Ok(NEXT_END);
     }
-    let records = batch.records();
-    let lens: Vec<usize> = records.iter().map(|r| r.fields.iter().map(|f| f.data.len()).sum()).collect();
-    let mut out: Vec<*mut u8> = vec![std::ptr::null_mut(); records.len()];
-    // SAFETY: `lens` and `out` hold `records.len()` entries each and live across the call; the
-    // sink's contract is the caller's.
-    if unsafe { sink(ctx, records.len(), lens.as_ptr(), out.as_mut_ptr()) } != 0 {
+    let lens: Vec<usize> = pieces.iter().map(|p| p.iter().map(|d| d.len()).sum()).collect();
+    let mut out: Vec<*mut u8> = vec![std::ptr::null_mut(); pieces.len()];
+    // SAFETY: `lens`, `indices` and `out` hold `pieces.len()` entries each and live across the
+    // call; the sink's contract is the caller's.
+    if unsafe { sink(ctx, pieces.len(), lens.as_ptr(), indices.as_ptr(), out.as_mut_ptr()) } != 0 {
         return Ok(NEXT_SINK_FAILED);
     }
-    for ((r, &len), &dest) in records.iter().zip(&lens).zip(&out) {
+    for ((parts, &len), &dest) in pieces.iter().zip(&lens).zip(&out) {
         if len == 0 {
             continue;
         }
         if dest.is_null() {
-            return Err((-7, "ringtier: the record op gave no destination for a record".into()));
+            return Err((-7, "ringtier: the op gave no destination for a sample".into()));
         }
         // SAFETY: the sink gave `dest` as `len` writable bytes, valid until this call returns
         // and written by nothing else meanwhile (RecordSink's contract).
         let to = unsafe { std::slice::from_raw_parts_mut(dest, len) };
         let mut at = 0;
-        for f in &r.fields {
-            to[at..at + f.data.len()].copy_from_slice(&f.data);
-            at += f.data.len();
+        for d in parts {
+            to[at..at + d.len()].copy_from_slice(d);
+            at += d.len();
         }
     }
     Ok(NEXT_RECORDS)
@@ -237,7 +291,7 @@ mod tests {
 
     #[test]
     fn unknown_tokens_are_refused_with_a_message() {
-        unsafe extern "C" fn never(_: *mut c_void, _: usize, _: *const usize, _: *mut *mut u8) -> c_int {
+        unsafe extern "C" fn never(_: *mut c_void, _: usize, _: *const usize, _: *const i64, _: *mut *mut u8) -> c_int {
             panic!("the sink must not be called for an unknown token")
         }
         let mut err = [0 as c_char; 256];

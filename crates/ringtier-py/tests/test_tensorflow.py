@@ -453,7 +453,7 @@ def test_record_op_reads_what_the_generator_reads(tmp_path, monkeypatch):
     def read(mode: str, **kw) -> List[List[bytes]]:
         monkeypatch.setenv("RINGTIER_TF_OP", mode)
         src = rtf.Source(tmp_path / "tfr", format="tfrecord", seed=3, **kw)
-        assert src.uses_record_op() == (mode == "on")
+        assert src.uses_op() == (mode == "on")
         ds = src.dataset()
         epochs = []
         for _ in range(2):
@@ -483,6 +483,54 @@ def test_record_op_reads_what_the_generator_reads(tmp_path, monkeypatch):
     n = sum(int(x) for x in rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=32)
             .map(lambda b: tf.reduce_sum(tf.strings.length(b))).as_numpy_iterator())
     assert n == sum(len(r) for r in want)
+
+
+def test_batch_op_reads_the_files_the_generator_reads(dataset, tmp_path, monkeypatch):
+    """Raw files through the op (RINGTIER_TF_OP=on) and through the generator (off): the same
+    elements in the same order, with keys and labels gathered by index, batched or one at a
+    time, drop_last, sharded, resumed, two epochs; empty files and a 3 MB one included."""
+    root, files = dataset
+    (root / "d0" / "empty.bin").write_bytes(b"")
+    big = os.urandom(3 << 20)
+    (root / "d1" / "big.bin").write_bytes(big)
+    files = {**files, "d0/empty.bin": b"", "d1/big.bin": big}
+
+    def read(mode: str, **kw) -> List[list]:
+        monkeypatch.setenv("RINGTIER_TF_OP", mode)
+        src = rtf.Source(root, seed=5, **kw)
+        assert src.uses_op() == (mode == "on")
+        ds = src.dataset()
+        return [[tf.nest.map_structure(lambda t: t.numpy().tolist() if t.shape.rank else t.numpy(), x) for x in ds]
+                for _ in range(2)]
+
+    for kw in ({}, {"batch_size": 32}, {"batch_size": 32, "drop_last": True}, {"with_keys": True, "read_batch": 7},
+               {"labels": "inferred", "batch_size": 16}, {"with_keys": True, "labels": "inferred"},
+               {"shard": (1, 3), "batch_size": 10}, {"shuffle": False}):
+        on, off = read("on", **kw), read("off", **kw)
+        assert on == off, kw
+        assert on[0] != on[1] or kw.get("shuffle") is False
+    got = {k.decode(): d for k, d in read("on", with_keys=True)[0]}
+    assert got == files
+    # Labels are the class directory's index.
+    for data, label in read("on", labels="inferred")[0]:
+        key = next(k for k, v in files.items() if v == data)
+        assert label == int(key[1])
+    # Resumed from a position.
+    monkeypatch.setenv("RINGTIER_TF_OP", "on")
+    src = rtf.Source(root, batch_size=10, shuffle=False, with_keys=True)
+    order = [k for b, _ in src.dataset() for k in b.numpy().tolist()]
+    src.set_epoch(1, position=100)
+    assert [k for b, _ in src.dataset() for k in b.numpy().tolist()] == order[100:]
+    # A file removed after the listing: an error naming it (the loader's bad-sample error,
+    # CorruptError in Python, DataLossError here), or skipped under on_bad="skip".
+    strict = rtf.dataset(root, batch_size=16, with_keys=True, on_bad="fail")
+    lenient = rtf.dataset(root, batch_size=16, with_keys=True, on_bad="skip")
+    (root / "d2" / "f00002.bin").unlink()
+    with pytest.raises(tf.errors.DataLossError, match="f00002.bin.*No such file"):
+        for _ in strict:
+            pass
+    got = {k.decode() for b, _ in lenient for k in b.numpy().tolist()}
+    assert got == set(files) - {"d2/f00002.bin"}
 
 
 def test_record_op_errors_keep_their_kind(tmp_path, monkeypatch):
@@ -569,7 +617,7 @@ def test_record_op_reads_shards_from_s3(tmp_path, monkeypatch):
         url = srv.url(bucket, "tf")
         for order in ("stream", "global"):
             src = rtf.Source(url, format="tfrecord", order=order, batch_size=16, seed=1)
-            assert src.uses_record_op()
+            assert src.uses_op()
             got = [r for b in src.dataset() for r in b.numpy().tolist()]
             assert sorted(got) == sorted(want), order
 
@@ -589,7 +637,7 @@ def test_record_op_without_a_compiler(tmp_path):
             src = rtf.Source({str(root)!r}, format="tfrecord", batch_size=8)
             got = [r for b in src.dataset() for r in b.numpy().tolist()]
             got += [r for b in src.dataset() for r in b.numpy().tolist()]
-        print(len(got), src.uses_record_op(), sum(len(r) for r in got))
+        print(len(got), src.uses_op(), sum(len(r) for r in got))
         for w in caught:
             print("WARNING", w.category.__name__, str(w.message).replace(chr(10), " "))
         """

@@ -481,7 +481,8 @@ class Source:
 
     def _files(self, epoch: int, position: int) -> Iterator[Any]:
         loader = self._loader()
-        keys, label_of = self._keys, self._label_of
+        # The keys are listed for labels too; they are part of the element only with with_keys.
+        keys, label_of = (self._keys if self.with_keys else None), self._label_of
         uint8 = self.output == "uint8"
         for batch in loader.epoch(epoch, position):
             samples = list(batch)
@@ -604,10 +605,10 @@ class Source:
             return _guarded(self._files(epoch, position))
         return _guarded(self._records(epoch, position))
 
-    # -- TFRecord through the record op ------------------------------------------------------
+    # -- TFRecord and raw files through the batch op ------------------------------------------
 
     def _open_epoch_token(self) -> Any:
-        """The next epoch as a token of the record op (one per iteration of the dataset)."""
+        """The next epoch as a token of the batch op (one per iteration of the dataset)."""
         epoch, position = self._next_epoch()
         token = self._loader()._tf_epoch(epoch, position)
         with self._lock:
@@ -618,10 +619,18 @@ class Source:
                 _release_token(self._tokens.popleft())
         yield np.int64(token)
 
+    def _op_chunk(self) -> int:
+        """Samples per op call: the file loader's batch, or ``read_batch`` records."""
+        return self.read_batch if self.format == "files" else self.record_chunk
+
     def _op_batch_bytes(self) -> int:
-        """The bytes of one batch (``batch_size`` records, else a chunk) estimated from the
-        median length field of the first record of up to 8 shards (each bounded at 64 MiB);
-        0 where that cannot be read (S3, an unreadable shard)."""
+        """The bytes of one batch the op path holds, estimated: files, the batch times the
+        largest file; records, the batch (``batch_size``, else a chunk) times the median length
+        field of the first record of up to 8 shards (each bounded at 64 MiB); 0 where that cannot
+        be read (S3, an unreadable shard)."""
+        n = self.batch_size or self._op_chunk()
+        if self.format == "files":
+            return n * int(self._loader().listing["max_size"])
         if is_s3_url(self.path):
             return 0
         lens = []
@@ -635,71 +644,91 @@ class Source:
                 lens.append(min(int.from_bytes(head, "little"), 64 << 20))
         if not lens:
             return 0
-        return sorted(lens)[len(lens) // 2] * (self.batch_size or self.record_chunk)
+        return sorted(lens)[len(lens) // 2] * n
 
     def _op_dataset(self, op: Any) -> Any:
-        """Records read by the op: each iteration opens the next epoch (a token, made in
+        """Samples read by the op: each iteration opens the next epoch (a token, made in
         Python once per epoch); the op then makes each chunk's ``tf.string`` tensor in C++, one
-        copy per record, and an empty tensor ends the epoch."""
+        copy per sample, with the samples' indices (keys and labels are gathered by them), and an
+        empty tensor ends the epoch."""
         tf = _tf()
-        self._loader()  # listed now: a missing or bad shard directory fails here, with its kind
-        chunk = self.record_chunk
+        self._loader()  # listed now: a missing or bad dataset fails here, with its kind
+        chunk = self._op_chunk()
+        files = self.format == "files"
         if self.tune_malloc:
             # The op's strings and the rebatched batches are fresh heap memory on tf.data's
             # threads, which glibc gives back between batches unless told not to (see
             # keep_heap_for): set once here, for the batch this pipeline holds.
             keep_heap_for(self._op_batch_bytes())
         tokens = tf.data.Dataset.from_generator(self._open_epoch_token, output_signature=tf.TensorSpec((), tf.int64))
+        keys = tf.constant(self._keys) if files and self.with_keys else None
+        labels = tf.constant(self._label_of) if files and self._label_of is not None else None
 
         # Plain graph code: autograph's conversion (about 60 ms per dataset) is not needed.
         plain = tf.autograph.experimental.do_not_convert
 
         @plain
         def next_chunk(token: Any) -> Any:
-            return op.ringtier_next_records(token, max_records=chunk)
+            got = op.ringtier_next_records(token, max_records=chunk)
+            return got.records, got.indices
 
         @plain
-        def not_empty(records: Any) -> Any:
-            return tf.size(records) > 0
+        def not_empty(data: Any, indices: Any) -> Any:
+            return tf.size(indices) > 0
 
         @plain
-        def full(records: Any) -> Any:
-            return tf.size(records) == chunk
+        def elements(data: Any, indices: Any) -> Any:
+            parts = [data]
+            if keys is not None:
+                parts.insert(0, tf.gather(keys, indices))
+            if labels is not None:
+                parts.append(tf.gather(labels, indices))
+            return tuple(parts) if len(parts) > 1 else data
+
+        @plain
+        def full(data: Any) -> Any:
+            return tf.size(data) == chunk
 
         @plain
         def epoch_chunks(token: Any) -> Any:
             return tf.data.Dataset.from_tensors(token).repeat().map(next_chunk).take_while(not_empty)
 
-        ds = tokens.flat_map(epoch_chunks)
-        if chunk == self.batch_size:
-            if self.drop_last:
-                ds = ds.filter(full)
-            # The op (its wait for records, their copy into the strings) runs CHUNKS_AHEAD
+        ds = tokens.flat_map(epoch_chunks).map(elements)
+        if files or chunk == self.batch_size:
+            if self.drop_last and not files:
+                ds = ds.filter(full)  # the loader of files leaves the short batch out itself
+            # The op (its wait for samples, their copy into the strings) runs CHUNKS_AHEAD
             # chunks ahead of what takes the batches, on a tf.data thread of its own.
-            return ds.prefetch(CHUNKS_AHEAD)
+            ds = ds.prefetch(CHUNKS_AHEAD)
+            return ds.unbatch() if self.batch_size is None else ds
         ds = ds.prefetch(CHUNKS_AHEAD)
         if self.batch_size is None:
             return ds.unbatch()
         return _rebatch(ds, self.batch_size, self.drop_last)
 
     def close(self) -> None:
-        """Ends the record-op epochs this source still has open (iterators dropped before the
+        """Ends the batch-op epochs this source still has open (iterators dropped before the
         end of their epoch; an epoch read to its end is closed already). An iterator still
         reading one then fails. Also done when the source is garbage-collected, which
         ``tf.data`` may put off for as long as it keeps the dataset's functions."""
         with self._lock:
             _release_tokens(self._tokens)
 
-    def uses_record_op(self) -> bool:
-        """Whether :meth:`dataset` reads TFRecord batches through the C++ record op
+    def uses_op(self) -> bool:
+        """Whether :meth:`dataset` makes its ``tf.string`` batches in ringtier's C++ op
         (``ringtier._tf_op``: built on first use; ``RINGTIER_TF_OP``) rather than a Python
-        generator."""
-        return self.format == "tfrecord" and self.transform is None and _tf_op.load() is not None
+        generator: TFRecord shards and raw files as ``tf.string`` (``output="bytes"``), without
+        ``transform``."""
+        if self.transform is not None or self.format == "wds":
+            return False
+        if self.format == "files" and self.output != "bytes":
+            return False
+        return _tf_op.load() is not None
 
     def dataset(self) -> Any:
         """The ``tf.data.Dataset`` (each iteration reads the next epoch)."""
         tf = _tf()
-        if self.uses_record_op():
+        if self.uses_op():
             return self._op_dataset(_tf_op.load())
         ds = tf.data.Dataset.from_generator(self.generator, output_signature=self.element_spec())
         if self.transform is not None:

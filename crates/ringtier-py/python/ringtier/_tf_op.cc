@@ -1,11 +1,12 @@
-// ringtier's TensorFlow record op: a batch of TFRecord records as one tf.string tensor, made
-// here from the record loader's memory (one copy per record, into TensorFlow's strings), on
-// the tf.data thread that runs it, with no Python and no GIL.
+// ringtier's TensorFlow batch op: a batch of TFRecord records or raw files as one tf.string
+// tensor, made here from the loader's memory (one copy per sample, into TensorFlow's strings),
+// with the samples' indices, on the tf.data thread that runs it, with no Python and no GIL.
 //
 // Built by ringtier._tf_op against the installed TensorFlow's headers and linked against
 // ringtier's own extension module (already loaded in the process), whose
-// ringtier_tf_next_records reads the records (crates/ringtier-py/src/tf_records.rs). A token
-// names the epoch: RecordLoader._tf_epoch makes it; an empty tensor marks the epoch's end.
+// ringtier_tf_next_records reads the samples (crates/ringtier-py/src/tf_records.rs). A token
+// names the epoch: RecordLoader._tf_epoch or Loader._tf_epoch makes it; an empty tensor marks
+// the epoch's end.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +19,8 @@
 #include "tensorflow/core/framework/tensor.h"
 
 extern "C" {
-typedef int (*ringtier_record_sink)(void* ctx, size_t n, const size_t* lens, uint8_t** out);
+typedef int (*ringtier_record_sink)(void* ctx, size_t n, const size_t* lens, const int64_t* indices,
+                                    uint8_t** out);
 int ringtier_tf_next_records(uint64_t token, size_t max_records, ringtier_record_sink sink, void* ctx,
                              char* err, size_t err_cap);
 }
@@ -37,12 +39,14 @@ REGISTER_OP("RingtierNextRecords")
     .Input("token: int64")
     .Attr("max_records: int >= 1")
     .Output("records: string")
+    .Output("indices: int64")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
       return Status();
     })
-    .Doc("The next batch of a ringtier TFRecord epoch (empty at its end).");
+    .Doc("The next batch of a ringtier epoch and its samples' indices (empty at its end).");
 
 // The sink ringtier_tf_next_records calls: the output tensor, each string sized to its
 // record, and where to write each.
@@ -51,13 +55,21 @@ struct Sink {
   Status status;
 };
 
-int make_output(void* p, size_t n, const size_t* lens, uint8_t** out) {
+int make_output(void* p, size_t n, const size_t* lens, const int64_t* indices, uint8_t** out) {
   Sink* sink = static_cast<Sink*>(p);
   Tensor* records = nullptr;
+  Tensor* index = nullptr;
   Status s = sink->ctx->allocate_output(0, TensorShape({static_cast<int64_t>(n)}), &records);
+  if (s.ok()) {
+    s = sink->ctx->allocate_output(1, TensorShape({static_cast<int64_t>(n)}), &index);
+  }
   if (!s.ok()) {
     sink->status = s;
     return 1;
+  }
+  auto idx = index->flat<int64_t>();
+  for (size_t i = 0; i < n; ++i) {
+    idx(i) = indices[i];
   }
   auto flat = records->flat<tstring>();
   for (size_t i = 0; i < n; ++i) {
@@ -107,6 +119,7 @@ class RingtierNextRecords : public OpKernel {
     if (rc == 1) {
       Tensor* none = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({0}), &none));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({0}), &none));
       return;
     }
     if (rc == 2) {

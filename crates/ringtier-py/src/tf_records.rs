@@ -147,9 +147,9 @@ unsafe fn write_message(err: *mut c_char, cap: usize, message: &str) {
     }
 }
 
-/// The next batch of epoch `token` (up to `max_records` records), for the op: the sink is
-/// called once with the records' lengths, and each record's bytes (every field, end to end)
-/// are copied to the destinations it gives. Blocks the calling thread until the records are
+/// The next batch of epoch `token` (records: up to `max_records`; files: the loader's batch),
+/// for the op: the sink is called once with the samples' lengths and indices, and each
+/// sample's bytes (a record's fields end to end) are copied to the destinations it gives. Blocks the calling thread until the records are
 /// read (TensorFlow's thread; never a thread of the engine). Returns 0 (records given), 1
 /// (the epoch is over: the token is released), 2 (the sink refused), or a negative error code
 /// (see `code_of`) with its message in `err` (the epoch is released: it failed there).
@@ -173,7 +173,7 @@ pub(crate) unsafe extern "C" fn ringtier_tf_next_records(
     let failed = match catch_unwind(run) {
         Ok(Ok(code)) => return code,
         Ok(Err((code, message))) => (code, message),
-        Err(_) => (-7, "ringtier: the record op's read panicked (a bug; the epoch is ended)".to_string()),
+        Err(_) => (-7, "ringtier: the batch op's read panicked (a bug; the epoch is ended)".to_string()),
     };
     release(token);
     // SAFETY: the caller's contract for `err` and `err_cap`.
@@ -198,13 +198,13 @@ unsafe fn next_records(
         (
             -1,
             format!(
-                "ringtier: TensorFlow record epoch {token} is not open in this process (it ended, was released \
-                 when its dataset was dropped, or was opened in another process)"
+                "ringtier: TensorFlow epoch {token} is not open in this process (it ended, was released by its \
+                 dataset, or was opened in another process)"
             ),
         )
     })?;
     if entry.pid != std::process::id() {
-        return Err((-1, format!("ringtier: TensorFlow record epoch {token} was opened in another process")));
+        return Err((-1, format!("ringtier: TensorFlow epoch {token} was opened in another process")));
     }
     let mut st = entry.state.lock().map_err(|_| (-7, "ringtier: the epoch failed in an earlier call".into()))?;
     let failed = |e: Error| (code_of(e.kind()), format!("ringtier: {e}"));

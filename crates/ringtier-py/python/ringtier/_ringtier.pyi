@@ -197,6 +197,9 @@ class Loader:
         (held or reserved), ready_bytes (written, served at once), reuse_hits, prefetch_hits."""
     def epoch(self, epoch: int = 0, position: int = 0) -> Epoch:
         """The batches of ``epoch``, from ``position`` (samples already consumed) on."""
+    def _tf_epoch(self, epoch: int = 0, position: int = 0) -> int:
+        """The raw samples of ``epoch`` from ``position`` on for TensorFlow's batch op
+        (``ringtier._tf_op``): a token naming the epoch in this process."""
     def keys(self) -> List[str]:
         """Every sample's key, by dataset index."""
     @property
@@ -445,7 +448,7 @@ class RecordLoader:
     def shards(self) -> List[str]:
         """Shard file names, in the order :attr:`Record.shard` numbers them."""
     def _tf_epoch(self, epoch: int = 0, position: int = 0) -> int:
-        """The records of ``epoch`` from ``position`` on for TensorFlow's record op
+        """The records of ``epoch`` from ``position`` on for TensorFlow's batch op
         (``ringtier._tf_op``): a token naming the epoch in this process (TFRecord only)."""
     def epoch_shards(self, epoch: int = 0) -> List[str]:
         """Shards this reader streams in ``epoch``, in order."""
@@ -531,9 +534,9 @@ class CheckpointStore:
 def _engine_pid() -> int: ...
 def _is_s3_url(path: str) -> bool: ...
 def _tf_release(token: int) -> bool:
-    """Ends the record op's epoch ``token`` (whether it was still open)."""
+    """Ends the batch op's epoch ``token`` (whether it was still open)."""
 def _tf_open_epochs() -> int:
-    """Record-op epochs open in this process."""
+    """Batch-op epochs open in this process."""
 def doctor(paths: Sequence[Union[str, "os.PathLike[str]"]] = ..., json: bool = False) -> str:
     """What this machine gives the engine and what it falls back to (io_uring or the thread
     pool and why, memlock, each path's file system, O_DIRECT, durability and free space, THP,

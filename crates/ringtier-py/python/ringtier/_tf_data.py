@@ -204,7 +204,7 @@ LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("bytes", "uint8")
 
 
-#: Record-op epochs one source keeps open at once: iterators dropped before their epoch's end
+#: Batch-op epochs one source keeps open at once: iterators dropped before their epoch's end
 #: leave theirs open, and the oldest beyond this many are released (an iterator still reading
 #: one then fails with ``InvalidArgumentError``: that many iterators of one dataset at once).
 MAX_OPEN_EPOCHS = 8
@@ -365,7 +365,7 @@ class Source:
                 self._label_of = np.array([index[_class_of(k)] for k in self._keys], dtype=np.int64)
         self._epoch, self._position = epoch, 0
         self._lock = threading.Lock()
-        # Record-op epochs this source opened (tokens); those still open are released by
+        # Batch-op epochs this source opened (tokens); those still open are released by
         # close() or when the source goes.
         self._tokens: Deque[int] = collections.deque()
         weakref.finalize(self, _release_tokens, self._tokens)

@@ -1,8 +1,8 @@
-"""ringtier's TensorFlow record op (``_tf_op.cc``): built on first use against the installed
+"""ringtier's TensorFlow batch op (``_tf_op.cc``): built on first use against the installed
 TensorFlow and this package's extension module, cached, and loaded with
-``tf.load_op_library``. With it, TFRecord batches become ``tf.string`` tensors in C++ on
-tf.data's thread (one copy per record, no Python, no GIL); without it (no C++ compiler,
-TensorFlow's headers missing, ``RINGTIER_TF_OP=off``) ``ringtier.tensorflow`` reads records
+``tf.load_op_library``. With it, TFRecord and raw-file batches become ``tf.string`` tensors in
+C++ on tf.data's thread (one copy per sample, no Python, no GIL); without it (no C++ compiler,
+TensorFlow's headers missing, ``RINGTIER_TF_OP=off``) ``ringtier.tensorflow`` hands them over
 through a Python generator, as before, after one warning.
 
 Settings (environment):
@@ -203,7 +203,7 @@ def load() -> Optional[Any]:
         if not _warned:
             _warned = True
             warnings.warn(
-                f"ringtier.tensorflow: TFRecord batches cross through Python (slower): {_refusal}. "
+                f"ringtier.tensorflow: tf.string batches cross through Python (slower): {_refusal}. "
                 "Set RINGTIER_TF_OP=off to choose that path without this warning.",
                 RuntimeWarning,
                 stacklevel=3,

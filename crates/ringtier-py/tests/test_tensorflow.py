@@ -655,13 +655,18 @@ def test_record_op_without_a_compiler(tmp_path):
     assert out.returncode == 0 and out.stdout.splitlines() == [f"80 False {total}"], out.stdout
     out = run_python(code, {**base, "RINGTIER_TF_OP": "maybe"})
     assert out.returncode != 0 and "RINGTIER_TF_OP must be one of" in out.stderr
-    # A cache others can write: built privately for the process, used, nothing left there.
+    # A cache others can write: built privately for the process (in TMPDIR, removed once
+    # loaded), used, nothing left there or in TMPDIR.
     shared = tmp_path / "shared"
     (shared / "tf-op").mkdir(parents=True)
     os.chmod(shared, 0o777)
-    out = run_python(code, {**base, "RINGTIER_CACHE_DIR": str(shared), "RINGTIER_TF_OP": "on"})
+    private_tmp = tmp_path / "private-tmp"
+    private_tmp.mkdir()
+    out = run_python(code, {**base, "RINGTIER_CACHE_DIR": str(shared), "RINGTIER_TF_OP": "on",
+                            "TMPDIR": str(private_tmp)})
     assert out.returncode == 0 and out.stdout.splitlines() == [f"80 True {total}"], out.stderr[-3000:]
     assert list((shared / "tf-op").iterdir()) == []
+    assert [p.name for p in private_tmp.iterdir() if p.name.startswith("ringtier-tf-op-")] == []
     # A private cache: built once, then loaded from it.
     own = tmp_path / "own"
     for _ in range(2):

@@ -35,6 +35,8 @@ from .errors import UnsupportedError
 MODES = ("auto", "on", "off")
 #: Seconds the compiler may take.
 BUILD_TIMEOUT = 300
+#: The prefix of the temporary directory an op is built in where no private cache exists.
+PRIVATE_PREFIX = "ringtier-tf-op-"
 
 _lock = threading.Lock()
 _loaded: Optional[Any] = None
@@ -157,7 +159,7 @@ def _build(tf: Any) -> str:
         except FileNotFoundError:
             pass
     else:
-        where = tempfile.mkdtemp(prefix="ringtier-tf-op-")
+        where = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
         lib = os.path.join(where, name)
     tmp = os.path.join(where, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     cmd = _build_command(cxx, src, tmp, tf, ext)
@@ -191,7 +193,14 @@ def load() -> Optional[Any]:
             try:
                 import tensorflow as tf
 
-                _loaded = tf.load_op_library(_build(tf))
+                lib = _build(tf)
+                try:
+                    _loaded = tf.load_op_library(lib)
+                finally:
+                    if os.path.basename(os.path.dirname(lib)).startswith(PRIVATE_PREFIX):
+                        # Built for this process alone (no private cache): loaded (or not), the
+                        # file is not needed any more.
+                        shutil.rmtree(os.path.dirname(lib), ignore_errors=True)
             except OpUnavailableError as e:
                 _refusal = str(e)
             except Exception as e:  # tf.errors.NotFoundError and the like from the loader

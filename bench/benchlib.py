@@ -17,6 +17,17 @@ def evict(files):
             os.close(fd)
 
 
+def cold(files, drop):
+    """Evicts `files` from the page cache: `drop` (root): sync, then drop_caches (everything);
+    else `evict` (per file, works without root)."""
+    if drop:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    else:
+        evict(files)
+
+
 def hogs(n):
     """n busy-looping processes (CPU contention for both sides alike)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]

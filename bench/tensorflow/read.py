@@ -49,8 +49,9 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchlib import evict, fs_type, git_commit, summary  # noqa: E402
+BENCH_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, BENCH_DIR)
+from benchlib import cold, fs_type, git_commit, summary  # noqa: E402
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -119,17 +120,12 @@ pass_cpu = cpu() - c0
 # Later epochs of the same dataset in this process (--epochs): a new iterator each, as a training
 # loop makes one per epoch; the files evicted before each (cold) as before the first.
 later = []
-files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+if int(sys.argv[5]) > 1:
+    sys.path.insert(0, sys.argv[7])  # benchlib's directory
+    from benchlib import cold
+    files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
 for _ in range(int(sys.argv[5]) - 1):
-    if sys.argv[6] == "1":
-        os.system("sync")
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    else:
-        for path in files:
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+    cold(files, sys.argv[6] == "1")
     c1 = cpu()
     n2, b2, dl2, wall2 = one_epoch(time.perf_counter())
     assert (n2, b2) == (n, b), f"epoch of {n2} samples / {b2} bytes, the first had {n} / {b}"
@@ -161,15 +157,6 @@ def timed(cmd, env):
         sys.exit(f"{cmd} failed: {out.stderr[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     return res, res["proc_cpu"], res["peak_rss"]
-
-
-def cold(files, drop):
-    if drop:
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    else:
-        evict(files)
 
 
 def main():
@@ -221,7 +208,7 @@ def main():
             cold(files, a.drop_caches)
             side, k = ("ringtier", "0") if s.startswith("ringtier") else ("tf", s.split()[1])
             res, cpu, rss = timed([sys.executable, "-c", CHILD, side, a.format, a.dir, k, str(a.epochs),
-                                   "1" if a.drop_caches else "0"], side_env[s])
+                                   "1" if a.drop_caches else "0", BENCH_DIR], side_env[s])
             if s == "ringtier" and batch_op and not res["record_op"]:
                 sys.exit("ringtier: the batch op was not used")
             if res["samples"] != (len(files) if a.format != "tfrecord" else res["samples"]):

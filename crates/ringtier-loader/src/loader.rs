@@ -586,14 +586,17 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
         read_seconds,
         decode_seconds: 0.0,
     };
-    let bad = |out: &mut Batch, why: String| -> Result<()> {
+    // A sample that cannot be used: skipped and named, or an error of its own kind (a file gone
+    // since the listing is NotFound, one that may not be read PermissionDenied; bytes that fail
+    // a check or do not decode are Corrupt).
+    let bad = |out: &mut Batch, kind: ErrorKind, why: String| -> Result<()> {
         shared.skipped.increment(1);
         match shared.cfg.on_bad {
             OnBadSample::Skip => {
                 out.skipped.push(why);
                 Ok(())
             }
-            OnBadSample::Fail => Err(Error::new(ErrorKind::Corrupt, why)),
+            OnBadSample::Fail => Err(Error::new(kind, why)),
         }
     };
     let mut raw = Vec::with_capacity(chunk.len());
@@ -602,13 +605,13 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
         match res {
             Ok(buf) => {
                 if shared.cfg.verify && s.crc32c.is_some_and(|c| c != checksum(buf.as_slice())) {
-                    bad(&mut out, format!("{}: checksum mismatch", s.key))?;
+                    bad(&mut out, ErrorKind::Corrupt, format!("{}: checksum mismatch", s.key))?;
                 } else {
                     out.bytes += buf.len() as u64;
                     raw.push((i, buf));
                 }
             }
-            Err(e) => bad(&mut out, e.message().to_string())?,
+            Err(e) => bad(&mut out, e.kind(), e.message().to_string())?,
         }
     }
     match (&shared.decoders, &shared.outputs, shared.cfg.decode) {
@@ -679,7 +682,7 @@ async fn fetch(shared: &Shared, epoch: u64, index: usize, chunk: Vec<u32>, reser
                         out.indices.push(i);
                         out.samples.push(SampleData::Decoded(pixels));
                     }
-                    Err(e) => bad(&mut out, format!("{}: {e}", ds.key(i as usize)))?,
+                    Err(e) => bad(&mut out, ErrorKind::Corrupt, format!("{}: {e}", ds.key(i as usize)))?,
                 }
             }
             out.decode_seconds = t.elapsed().as_secs_f64();

@@ -131,6 +131,38 @@ async fn bad_samples_are_skipped_and_counted_or_fail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_sample_fails_with_its_own_kind() {
+    // Under OnBadSample::Fail a file gone since the listing is NotFound (not Corrupt), and a
+    // file that does not decode is Corrupt; both name the sample.
+    for (case, want) in [("gone", ErrorKind::NotFound), ("junk", ErrorKind::Corrupt)] {
+        let dir = dataset_dir(6);
+        let m = Manifest::load(dir.path()).expect("manifest");
+        let key = m.entries[3].key.clone();
+        if case == "gone" {
+            std::fs::remove_file(dir.path().join(&key)).expect("rm");
+        } else {
+            std::fs::write(dir.path().join(&key), vec![0x55u8; m.entries[3].size as usize]).expect("junk");
+        }
+        let cfg = LoaderConfig::default()
+            .with_batch_size(2)
+            .with_decode(DecodeConfig::default())
+            .with_on_bad(OnBadSample::Fail);
+        let loader = Loader::new(dataset(dir.path()).await, cfg).expect("loader");
+        let mut e = loader.epoch(0, 0).expect("epoch");
+        let mut failed = None;
+        while let Some(b) = e.next().await {
+            if let Err(err) = b {
+                failed = Some(err);
+                break;
+            }
+        }
+        let err = failed.expect("an error for the bad sample");
+        assert_eq!(err.kind(), want, "{case}: {err}");
+        assert!(err.to_string().contains(&key), "{case} names the sample: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_prefetch_the_consumer_waits_for_every_read() {
     let dir = dataset_dir(24);
     let cfg = LoaderConfig::default().with_batch_size(6).with_prefetch(0);

@@ -109,9 +109,11 @@ def test_files_removed_or_truncated_after_listing_are_skipped(tmp_path: Path):
                 got[s.key] = s.to_bytes()
         assert set(got) == set(files) - {gone, short}, engine
         assert any(gone in why for why in skipped) and any(short in why and "size mismatch" in why for why in skipped), skipped
-        with pytest.raises(ringtier.RingtierError) as e:
+        # Under "fail" each keeps its own kind: the file gone is not found (not corrupt).
+        with pytest.raises(ringtier.NotFoundError) as e:
             read_all(ringtier.Loader(root, batch_size=16, engine=engine, on_bad="fail", keys=sorted(files)))
         assert gone in str(e.value), str(e.value)
+        assert isinstance(e.value, FileNotFoundError)
         for k, v in saved.items():
             (root / k).write_bytes(v)
 

@@ -521,12 +521,12 @@ def test_batch_op_reads_the_files_the_generator_reads(dataset, tmp_path, monkeyp
     order = [k for b, _ in src.dataset() for k in b.numpy().tolist()]
     src.set_epoch(1, position=100)
     assert [k for b, _ in src.dataset() for k in b.numpy().tolist()] == order[100:]
-    # A file removed after the listing: an error naming it (the loader's bad-sample error,
-    # CorruptError in Python, DataLossError here), or skipped under on_bad="skip".
+    # A file removed after the listing: an error naming it (NotFoundError in Python and here:
+    # a file gone is not corrupt data), or skipped under on_bad="skip".
     strict = rtf.dataset(root, batch_size=16, with_keys=True, on_bad="fail")
     lenient = rtf.dataset(root, batch_size=16, with_keys=True, on_bad="skip")
     (root / "d2" / "f00002.bin").unlink()
-    with pytest.raises(tf.errors.DataLossError, match="f00002.bin.*No such file"):
+    with pytest.raises(tf.errors.NotFoundError, match="f00002.bin.*No such file"):
         for _ in strict:
             pass
     got = {k.decode() for b, _ in lenient for k in b.numpy().tolist()}

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 import ringtier.torch as rt
 from ringtier import transforms as T
 from ringtier.torch import _packed
+from ringtier.torch import images as images_mod
 from ringtier.torch._packed import SLOTS_PER_WORKER
 from test_transforms import write_jpegs
 
@@ -71,16 +72,21 @@ def test_image_folder_batches_from_workers_match_no_workers(tmp_path: Path):
     assert sorted(out) == ref
 
 
-def test_image_folder_decodes_on_as_many_workers_as_cores_every_sample_once(tmp_path: Path):
-    """More DataLoader workers than cores: only as many decode (the others yield nothing, one
-    warning says so), every sample still once; active_workers= sets how many; no transform:
-    every worker reads."""
+def test_image_folder_decodes_on_one_worker_per_64_cores_every_sample_once(tmp_path: Path, monkeypatch):
+    """Several DataLoader workers: one per 64 cores of the rank decodes (the others yield
+    nothing, one warning says so), every sample still once; active_workers= sets how many; no
+    transform: every worker reads."""
     write_jpegs(tmp_path / "img", {"a": 21, "b": 20})
     cores = _packed.rank_cores()
     ds = rt.ImageFolder(tmp_path / "img", chain(), batch_size=4, seed=5, pin_memory=False, shuffle=False)
     ref = sorted((int(l), round(im.sum().item(), 3)) for images, labels in ds for im, l in zip(images, labels))
     workers = cores + 2
-    assert ds.decoding_workers(workers) == cores and ds.decoding_workers(1) == 1
+    assert images_mod.CORES_PER_DECODING_WORKER == 64
+    assert ds.decoding_workers(workers) == min(workers, -(-cores // 64)) and ds.decoding_workers(1) == 1
+    for rank_cores, n, want in ((2, 8, 1), (64, 8, 1), (65, 8, 2), (256, 8, 4), (256, 2, 2), (1000, 8, 8)):
+        monkeypatch.setattr(images_mod, "rank_cores", lambda c=rank_cores: c)
+        assert ds.decoding_workers(n) == want, (rank_cores, n)
+    monkeypatch.undo()
     out = [
         (int(l), round(im.sum().item(), 3))
         for images, labels in DataLoader(ds, batch_size=None, num_workers=workers)

@@ -520,16 +520,17 @@ def worker_cores(workers: Optional[int] = None) -> int:
 ENGINE_THREADS = 2
 
 
-def fit_engine_to_worker() -> None:
+def fit_engine_to_worker(workers: Optional[int] = None) -> None:
     """Before a process's engine starts, in a DataLoader worker or in one of several ranks on a
     machine: the engine's runtime threads fit the process's share of the cores
     (``RINGTIER_ENGINE_THREADS``, read once when a process's engine starts; a value the user
-    set wins)."""
+    set wins). ``workers``: the workers that share the cores, where not all of them work (see
+    :func:`worker_cores`)."""
     from torch.utils.data import get_worker_info
 
     if "RINGTIER_ENGINE_THREADS" in os.environ or (get_worker_info() is None and local_ranks() == 1):
         return
-    os.environ["RINGTIER_ENGINE_THREADS"] = str(min(ENGINE_THREADS, worker_cores()))
+    os.environ["RINGTIER_ENGINE_THREADS"] = str(min(ENGINE_THREADS, worker_cores(workers)))
 
 
 def dataloader_batches() -> Optional[bool]:

@@ -28,6 +28,15 @@ from ._world import rank_world
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
+#: Cores of a rank per decoding DataLoader worker of :class:`ImageFolder` (with a transform).
+#: One process decodes on as many Rust threads as it has cores; what limits it is the hand-off
+#: of its batches to the main process, one per ``batch_size`` images: 365 us a batch from a
+#: worker's slot by reference, 813 us the torch way (``bench/scale/handoff.py``, on 2 cores),
+#: so 1,200-2,700 batches of 64 (79,000-175,000 images) per second, against about 1,000
+#: images/s a core decodes for the ImageNet training chain. Each further decoding process
+#: costs its own loader, pool and pipeline start every epoch.
+CORES_PER_DECODING_WORKER = 64
+
 
 def default_threads() -> int:
     """Decode threads per process: the cores this process may use, split over DataLoader workers."""
@@ -250,12 +259,15 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
     it yields ``(list of encoded-bytes uint8 tensors, labels)``. JPEG only: other files fail to
     decode and are skipped (``on_bad="skip"``) or raise (``"fail"``).
 
-    With ``transform`` and more DataLoader workers than this rank's cores, only as many
-    workers as cores decode (``active_workers``, default: the cores; each decodes on its own
-    threads) and the others stay idle, yielding nothing: more decoding processes than cores
-    only contend for them (8 workers on 2 cores ran at 0.83x of 0 workers). The epoch is split
-    over the decoding workers (every sample once); one ``RuntimeWarning`` says so. Without
-    ``transform`` (reads only, bound by I/O) every worker reads.
+    With ``transform`` and several DataLoader workers, one worker per
+    :data:`CORES_PER_DECODING_WORKER` cores of this rank decodes (``active_workers`` sets the
+    number; on up to 64 cores, one), on the threads of the cores it is given, and the others
+    stay idle, yielding nothing: the decode already runs on as many Rust threads as there are
+    cores in one process, and each further decoding process only adds its own loader, pool
+    and pipeline to fill (on 2 cores, 8 workers of which 2 decoded ran at 0.86x of 0 workers,
+    with 1 decoding at 0.93x). The epoch is split over the decoding workers (every sample
+    once); one ``RuntimeWarning`` says so. Without ``transform`` (reads only, bound by I/O)
+    every worker reads.
 
     ``materialize=DIR`` stores the transform's split point under ``DIR`` in the first epoch
     and reads it back in later ones, as :class:`ringtier.torch.IterableDataset` does (the whole
@@ -339,11 +351,14 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
 
     def decoding_workers(self, num_workers: int) -> int:
         """Of ``num_workers`` DataLoader workers, how many read and decode (the rest stay
-        idle): all of them without a transform; else ``active_workers`` or this rank's cores,
-        at most ``num_workers``."""
+        idle): all of them without a transform; else ``active_workers``, or one per
+        :data:`CORES_PER_DECODING_WORKER` of this rank's cores; at most ``num_workers``."""
         if self.transform is None or num_workers <= 1:
             return max(1, num_workers)
-        cap = self.active_workers if self.active_workers is not None else rank_cores()
+        if self.active_workers is not None:
+            cap = self.active_workers
+        else:
+            cap = -(-rank_cores() // CORES_PER_DECODING_WORKER)
         return max(1, min(num_workers, cap))
 
     def shard(self) -> Optional[Tuple[int, int]]:
@@ -363,9 +378,9 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             return None
         pid = os.getpid()
         if self._state is None or self._state[0] != pid or self._state[1] != shard:
-            fit_engine_to_worker()
-            keys = [k for k, _ in self.samples]
             info = get_worker_info()
+            fit_engine_to_worker(self.decoding_workers(info.num_workers) if info is not None else None)
+            keys = [k for k, _ in self.samples]
             threads = self.decode_threads
             if threads is None and info is not None:
                 threads = worker_cores(self.decoding_workers(info.num_workers))
@@ -419,9 +434,10 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
                 active = self.decoding_workers(info.num_workers)
                 self._idle_warning.warn(
                     f"ringtier.torch.ImageFolder: {info.num_workers} DataLoader workers on {rank_cores()} cores: "
-                    f"{active} decode (each on its own threads), {info.num_workers - active} stay idle (more "
-                    "decoding processes than cores only contend); num_workers="
-                    f"{active} does the same, active_workers= changes it"
+                    f"{active} decode{'s' if active == 1 else ''} on {worker_cores(active)} threads "
+                    f"{'each ' if active > 1 else ''}and {info.num_workers - active} stay idle (one decoding "
+                    f"process per {CORES_PER_DECODING_WORKER} cores; more only add their start-up); "
+                    f"num_workers={active} does the same without the idle ones, active_workers= changes it"
                 )
             return
         loader, pipe, labels = opened

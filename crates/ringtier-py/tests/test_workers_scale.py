@@ -72,6 +72,76 @@ def test_image_folder_batches_from_workers_match_no_workers(tmp_path: Path):
     assert sorted(out) == ref
 
 
+def test_image_folder_slots_are_made_before_fork_and_reused_across_epochs(tmp_path: Path):
+    """ImageFolder's decoding worker writes its batches into slots the main process made before
+    forking: they cross as a slot index (no descriptor), the next epoch's worker reuses them,
+    batches held past a slot's turn stay intact (the worker falls back to fresh memory), and
+    two DataLoaders over one dataset at once never write into one slot."""
+    write_jpegs(tmp_path / "img", {"a": 36, "b": 36})
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from torch.utils.data import DataLoader
+        import ringtier.torch as rt
+        import ringtier.torch._packed as P
+        from ringtier import transforms as T
+
+        chain = T.Compose([T.RandomResizedCrop(32), T.ToDtype(torch.float32, scale=True)])
+        ds = rt.ImageFolder({str(tmp_path / "img")!r}, chain, batch_size=4, seed=5, pin_memory=False, shuffle=False,
+                            active_workers=1)
+        assert ds._ring.token in P._PREMADE
+        count = {{"premade": 0}}
+        real = P._rebuild_premade
+        def counted(*a):
+            count["premade"] += 1
+            return real(*a)
+        P._rebuild_premade = counted
+        ref = sorted((int(l), round(im.sum().item(), 3)) for images, labels in ds for im, l in zip(images, labels))
+
+        def epoch(**kw):
+            out = []
+            for images, labels in DataLoader(ds, batch_size=None, num_workers=2, **kw):
+                assert type(images) is torch.Tensor and type(labels) is torch.Tensor and labels.dtype == torch.int64
+                out += [(int(l), round(im.sum().item(), 3)) for im, l in zip(images, labels)]
+            return sorted(out)
+
+        for e in range(2):  # the second epoch's worker finds the slots made and free
+            before = count["premade"]
+            assert epoch() == ref, e
+            assert count["premade"] - before == 18, (e, count)
+        # Held: every batch of the epoch kept, more than a worker's slots.
+        held = [(images, labels) for images, labels in DataLoader(ds, batch_size=None, num_workers=2)]
+        assert len(held) == 18 > P.SLOTS_PER_WORKER
+        assert sorted((int(l), round(im.sum().item(), 3)) for images, labels in held for im, l in zip(images, labels)) == ref
+        del held
+        # Two DataLoaders at once, each with its worker 0 on the same slots.
+        a, b = [], []
+        for (ia, la), (ib, lb) in zip(DataLoader(ds, batch_size=None, num_workers=1),
+                                      DataLoader(ds, batch_size=None, num_workers=1)):
+            a += [(int(l), round(im.sum().item(), 3)) for im, l in zip(ia, la)]
+            b += [(int(l), round(im.sum().item(), 3)) for im, l in zip(ib, lb)]
+        assert sorted(a) == ref and sorted(b) == ref
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok", out.stdout
+
+
+def test_inline_tensors_cross_as_their_bytes():
+    import pickle
+
+    from ringtier.torch._packed import InlineTensor
+
+    for t in (torch.arange(7, dtype=torch.int64), torch.zeros((2, 3), dtype=torch.float32) + 1.5,
+              torch.empty(0, dtype=torch.int64), torch.arange(12, dtype=torch.int32).view(3, 4).t()):
+        got = pickle.loads(pickle.dumps(InlineTensor(t)))
+        assert type(got) is torch.Tensor and got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+        got += 1  # writable, its own memory
+        assert not torch.equal(got, t) or t.numel() == 0
+
+
 def test_image_folder_decodes_on_one_worker_per_64_cores_every_sample_once(tmp_path: Path, monkeypatch):
     """Several DataLoader workers: one per 64 cores of the rank decodes (the others yield
     nothing, one warning says so), every sample still once; active_workers= sets how many; no

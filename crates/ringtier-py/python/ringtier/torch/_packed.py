@@ -112,6 +112,10 @@ _RINGS: Dict[str, Any] = {}
 _BY_REFERENCE: Dict[str, Any] = {}
 _tokens = itertools.count()
 
+# Per ring (by token) whose slots were made before fork() (SlotRing.premake): (the one segment
+# holding them, bytes per slot), in the process that made them and every process forked from it.
+_PREMADE: Dict[str, Tuple[torch.Tensor, int]] = {}
+
 
 def _release(token: str, index: int) -> None:
     flags = _RINGS.get(token)
@@ -124,7 +128,12 @@ class SlotRing:
     the main process, before ``fork()``; each worker uses slots ``[id * SLOTS_PER_WORKER, (id + 1)
     * SLOTS_PER_WORKER)``. Pickled (a spawned worker, a copy of the dataset) it keeps only its
     token: the flags (and ``by_reference``, whether its slots cross by reference) are shared by
-    inheritance through ``fork()`` alone."""
+    inheritance through ``fork()`` alone.
+
+    Slots are made by each worker, or (:meth:`premake`, for batches of a known size) by the
+    main process before it forks: those outlive the workers, so a worker of the next epoch
+    finds them made and faulted in, its exit frees nothing, and a batch in one crosses as its
+    slot's index (the main process views its own mapping of the slot)."""
 
     def __init__(self) -> None:
         self.token = f"{os.getpid()}-{next(_tokens)}"
@@ -134,6 +143,10 @@ class SlotRing:
         _BY_REFERENCE[self.token] = self.by_reference
         self._slots: List[Optional[torch.Tensor]] = []
         self._pid = -1
+        self._premade: Optional[torch.Tensor] = None
+        self._premade_bytes = 0
+        self._premade_workers = 0
+        self._lock: Any = None
 
     def __getstate__(self) -> dict:
         return {"token": self.token}
@@ -143,6 +156,34 @@ class SlotRing:
         self.flags = None
         self.by_reference = None
         self._slots, self._pid = [], -1
+        self._premade, self._premade_bytes, self._premade_workers, self._lock = None, 0, 0, None
+
+    def premake(self, slot_bytes: int, workers: int) -> None:
+        """In the main process, before a DataLoader forks: the slots of workers ``[0,
+        workers)``, ``slot_bytes`` each, as one shared segment (virtual memory: a page costs
+        only once a batch is written to it, and then stays for the next epoch's worker; at most
+        ``SLOTS_PER_WORKER x slot_bytes`` per worker, the ring's own bound). Batches larger than
+        a slot, and further workers, get slots of their own as before."""
+        workers = min(int(workers), MAX_RING_WORKERS)
+        if self.flags is None or self._premade is not None or slot_bytes <= 0 or workers <= 0:
+            return
+        self._premade = _shared_bytes(slot_bytes * SLOTS_PER_WORKER * workers)
+        self._premade_bytes, self._premade_workers = int(slot_bytes), workers
+        # Two processes with one worker id (two DataLoaders over one dataset at once) share
+        # these slots: a slot is claimed under this lock, never by both.
+        self._lock = multiprocessing.Lock()
+        _PREMADE[self.token] = (self._premade, self._premade_bytes)
+
+    def _take_premade(self, worker: int) -> Optional[Tuple[torch.Tensor, int]]:
+        assert self._premade is not None and self._lock is not None
+        with self._lock:
+            for j in range(SLOTS_PER_WORKER):
+                index = worker * SLOTS_PER_WORKER + j
+                if not self.flags[index]:
+                    self.flags[index] = 1
+                    at = index * self._premade_bytes
+                    return self._premade[at : at + self._premade_bytes], index
+        return None
 
     def take(self, worker: int, nbytes: int, headroom: bool = True) -> Optional[Tuple[torch.Tensor, int]]:
         """A free slot of ``worker`` holding at least ``nbytes`` (grown when smaller: by a
@@ -155,6 +196,8 @@ class SlotRing:
         is 38 MB: 9,400 page faults); taken in turn, all of them were, in every worker."""
         if self.flags is None or worker >= MAX_RING_WORKERS:
             return None
+        if worker < self._premade_workers and nbytes <= self._premade_bytes:
+            return self._take_premade(worker)
         if self._pid != os.getpid():  # a new worker: its own segments
             self._slots, self._pid = [None] * SLOTS_PER_WORKER, os.getpid()
         for j in range(SLOTS_PER_WORKER):
@@ -426,6 +469,31 @@ class PackedBatch:
         return f"ringtier.torch.PackedBatch(samples={len(self)}, bytes={self.data.numel()}{shape})"
 
 
+def _premade_slot(token: str, index: int, nbytes: int) -> Optional[torch.Tensor]:
+    """This process's view of the first ``nbytes`` of slot ``index`` of a ring whose slots were
+    made before fork(); None when they were not (or not that slot)."""
+    made = _PREMADE.get(token)
+    if made is None:
+        return None
+    segment, slot_bytes = made
+    at = index * slot_bytes
+    if nbytes > slot_bytes or at + slot_bytes > segment.numel():
+        return None
+    return segment[at : at + nbytes]
+
+
+def _rebuild_premade(token: str, index: int, nbytes: int, dtype: str, shape: Tuple[int, ...]) -> torch.Tensor:
+    """The main process's side of a :class:`LeasedTensor` in a slot made before fork(): its own
+    mapping of the slot, freed for the worker when the last view of it is gone."""
+    data = _premade_slot(token, index, nbytes)
+    if data is None:
+        raise RuntimeError(
+            f"ringtier: a worker's batch is in slot {index} of ring {token}, which this process does not share "
+            "(the batch was sent to a process not forked from the dataset's)"
+        )
+    return _rebuild_leased(data, token, index, dtype, shape)
+
+
 def _rebuild_leased(data: torch.Tensor, token: str, index: int, dtype: str, shape: Tuple[int, ...]) -> torch.Tensor:
     """The main process's side of :class:`LeasedTensor`: a plain tensor over the worker's slot,
     the slot freed for the worker when the last view of it is gone."""
@@ -450,11 +518,41 @@ class LeasedTensor:
         self.data, self.token, self.index, self.dtype, self.shape = data, token, index, dtype, tuple(shape)
 
     def __reduce__(self) -> Any:
+        nbytes = self.data.numel()
+        made = _premade_slot(self.token, self.index, nbytes)
+        if made is not None and nbytes > 0 and made.data_ptr() == self.data.data_ptr():
+            # A slot made before fork(): the main process has it mapped already.
+            return (_rebuild_premade, (self.token, self.index, nbytes, self.dtype, self.shape))
         return (_rebuild_leased, (self.data, self.token, self.index, self.dtype, self.shape))
 
     def tensor(self) -> torch.Tensor:
         """The batch as a tensor (in the worker: a view of the slot)."""
         return self.data.view(getattr(torch, self.dtype)).view(self.shape)
+
+
+def _rebuild_inline(data: bytes, dtype: str, shape: Tuple[int, ...]) -> torch.Tensor:
+    kind = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(bytearray(data), dtype=kind).view(shape)
+
+
+class InlineTensor:
+    """A small tensor (a batch's labels) on its way from a DataLoader worker, carried inside the
+    message as its bytes; it unpickles as a plain tensor. torch would instead move it into a
+    shared-memory segment of its own and pass the segment's descriptor through
+    multiprocessing's resource sharer: a server thread each worker starts for its first batch
+    (30-50 ms before the first batch reached the main process on 2 cores) and a connection
+    with an authentication handshake for every tensor."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> Any:
+        t = self.tensor.detach().contiguous()
+        return (_rebuild_inline, (t.numpy().tobytes(), str(t.dtype).replace("torch.", ""), tuple(t.shape)))
 
 
 def lease(ring: Optional[SlotRing], worker: int, dtype: torch.dtype, shape: Tuple[int, ...]) -> Optional[Tuple[torch.Tensor, Any]]:
@@ -550,6 +648,7 @@ def dataloader_batches() -> Optional[bool]:
 
 
 __all__ = [
+    "InlineTensor",
     "LeasedTensor",
     "PackedBatch",
     "SlotRing",

@@ -22,7 +22,7 @@ from .._fields import image_of, label_of_record
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
-from ._packed import SlotRing, WarnOnce, fit_engine_to_worker, lease, rank_cores, worker_cores
+from ._packed import InlineTensor, SlotRing, WarnOnce, fit_engine_to_worker, lease, rank_cores, worker_cores
 from ._world import rank_world
 
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
@@ -319,9 +319,10 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self.samples = make_dataset(self.root, self.class_to_idx, extensions, is_valid_file)
         self.targets = [t for _, t in self.samples]
         self.transform = transform
+        compiled = None
         if transform is not None:
             # Fails here, in the constructor, for a chain ringtier cannot run.
-            compile_transform(transform, seed=seed, threads=1)
+            compiled = compile_transform(transform, seed=seed, threads=1)
         self.batch_size, self.seed, self.depth = batch_size, seed, depth
         self.decode_threads, self.pin_memory, self.on_bad = decode_threads, pin_memory, on_bad
         self.rank, self.world_size = rank, world_size
@@ -344,6 +345,12 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         self._skipped_warning = WarnOnce("skipped")
         self._idle_warning = WarnOnce("idle workers")
         self._ring = SlotRing()  # the workers' reusable shared memory for batches
+        if compiled is not None:
+            # The decoding workers' slots, made now (before a DataLoader forks): they outlive
+            # the workers, so each epoch's workers find them made (see SlotRing.premake).
+            item = 4 if compiled.dtype == "float32" else 1
+            decoding = self.active_workers or -(-rank_cores() // CORES_PER_DECODING_WORKER)
+            self._ring.premake(batch_size * 3 * compiled.size * compiled.size * item, decoding)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
@@ -454,7 +461,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         for images, kept, _ in transformed(
             pipe, raw, epoch, depth=self.depth, pin_memory=pin, on_bad=self.on_bad, pixels=pixels, ring=ring
         ):
-            yield images, labels[kept]
+            # From a worker, the labels ride in the message (InlineTensor), the images in a slot.
+            yield images, (InlineTensor(labels[kept]) if ring is not None else labels[kept])
 
     def __repr__(self) -> str:
         return (

@@ -13,9 +13,11 @@ import textwrap
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import ringtier
 import ringtier.torch as rt
 from ringtier import transforms as T
 from ringtier.torch import _packed
@@ -129,6 +131,24 @@ def test_image_folder_slots_are_made_before_fork_and_reused_across_epochs(tmp_pa
     assert out.stdout.strip() == "ok", out.stdout
 
 
+def test_premade_slots_go_with_their_dataset_and_batches_keep_their_memory():
+    import gc
+
+    from ringtier.torch import _packed as P
+
+    ring = P.SlotRing()
+    ring.premake(1 << 20, 2)
+    token = ring.token
+    slot, index = ring.take(1, 4096)
+    assert index == P.SLOTS_PER_WORKER and token in P._PREMADE
+    slot[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    view = P._rebuild_premade(token, index, 4, "uint8", (4,))
+    del ring, slot
+    gc.collect()
+    assert token not in P._PREMADE  # the ring's segment is no longer the module's
+    assert view.tolist() == [1, 2, 3, 4]  # the batch still views its memory
+
+
 def test_inline_tensors_cross_as_their_bytes():
     import pickle
 
@@ -178,6 +198,68 @@ def test_image_folder_decodes_on_one_worker_per_64_cores_every_sample_once(tmp_p
             assert "active_workers" in str(e)
         else:
             raise AssertionError(f"active_workers={bad!r} accepted")
+
+
+def test_file_and_record_transforms_decode_on_one_worker_every_sample_once(tmp_path: Path):
+    """IterableDataset(transform=) and RecordDataset(transform=) under more workers than decode:
+    one worker per 64 cores decodes, the rest stay idle (one warning per dataset), every sample
+    once with the pixels of 0 workers; active_workers= makes them all decode."""
+    import io
+    import tarfile
+
+    write_jpegs(tmp_path / "img", {"a": 14, "b": 13})
+    shards = tmp_path / "wds"
+    shards.mkdir()
+    files = sorted(p for p in (tmp_path / "img").rglob("*.jpg"))
+    for s in range(3):
+        with tarfile.open(shards / f"shard-{s}.tar", "w") as tar:
+            for i, f in enumerate(files[s::3]):
+                key = f"{f.parent.name}-{f.stem}"
+                for name, data in ((f"{key}.jpg", f.read_bytes()), (f"{key}.cls", f"{i % 4}\n".encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        from torch.utils.data import DataLoader
+        import ringtier.torch as rt
+        from ringtier import transforms as T
+        from ringtier.torch._packed import rank_cores
+
+        chain = T.Compose([T.RandomResizedCrop(24), T.ToDtype(torch.float32, scale=True)])
+        workers = rank_cores() + 2
+        def files(**kw):
+            return rt.IterableDataset({str(tmp_path / "img")!r}, transform=chain, batch_size=4, with_keys=True,
+                                      seed=2, pin_memory=False, **kw)
+        def records(**kw):
+            return rt.RecordDataset({str(shards)!r}, format="wds", transform=chain, batch_size=4, with_keys=True,
+                                    seed=2, pin_memory=False, **kw)
+        def items(ds, n):
+            out = []
+            for b in DataLoader(ds, batch_size=None, num_workers=n):
+                keys, images = b[0], b[1]
+                out += [(k, round(im.sum().item(), 3)) for k, im in zip(keys, images)]
+            return sorted(out)
+        for make in (files, records):
+            ref = items(make(), 0)
+            assert len(ref) == 27 and len(set(k for k, _ in ref)) == 27, ref
+            assert items(make(), workers) == ref, make.__name__
+            assert items(make(active_workers=workers), workers) == ref, make.__name__
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    assert out.stderr.count("ringtier.torch.IterableDataset:") == 1, out.stderr
+    assert out.stderr.count("ringtier.torch.RecordDataset:") == 1, out.stderr
+    assert out.stderr.count("stay idle") == 2, out.stderr
+    for bad in (0, -1, 2.5, True, "2"):
+        with pytest.raises(ringtier.InvalidInputError, match="active_workers"):
+            rt.IterableDataset(tmp_path / "img", transform=chain(), batch_size=4, active_workers=bad)
+        with pytest.raises(ringtier.InvalidInputError, match="active_workers"):
+            rt.RecordDataset(shards, format="wds", transform=chain(), batch_size=4, active_workers=bad)
 
 
 def test_idle_workers_are_named_in_one_warning(tmp_path: Path):

@@ -201,6 +201,8 @@ class SlotRing:
         # these slots: a slot is claimed under this lock, never by both.
         self._lock = multiprocessing.Lock()
         _PREMADE[self.token] = (self._premade, self._premade_bytes)
+        # Gone with the ring (its dataset); a batch still viewing a slot keeps the mapping.
+        weakref.finalize(self, _PREMADE.pop, self.token, None)
 
     def _take_premade(self, worker: int) -> Optional[Tuple[torch.Tensor, int]]:
         assert self._premade is not None and self._lock is not None

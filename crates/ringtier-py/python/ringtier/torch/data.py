@@ -46,8 +46,11 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
 
     ``transform``: a :class:`ringtier.transforms.Compose` (or torchvision transforms it
     compiles): the dataset yields ``(n, 3, S, S)`` image tensors per batch (``(keys, images)``
-    with ``with_keys``), JPEGs decoded and transformed in Rust threads (this process's cores,
-    split over DataLoader workers), in pinned memory when CUDA is available (``pin_memory=None``); ``decode`` must be None.
+    with ``with_keys``), JPEGs decoded and transformed in Rust threads (this process's cores),
+    in pinned memory when CUDA is available (``pin_memory=None``); ``decode`` must be None.
+    Under DataLoader workers one worker per 64 cores of the rank decodes, on the threads of
+    the cores it is given, and the others stay idle (one ``RuntimeWarning``;
+    ``active_workers=N`` sets the number), as :class:`ringtier.torch.ImageFolder` does.
 
     ``num_workers=0`` is the fast setting: the engine reads (and decodes) on its own threads.
     In ``DataLoader`` workers (``num_workers > 0``, warned once) each batch of ``batch_size``
@@ -106,14 +109,19 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         pin_memory: Optional[bool] = None,
         stat_files: bool = False,
         listing_cache: bool = True,
+        active_workers: Optional[int] = None,
     ) -> None:
         super().__init__()
+        from .images import check_active_workers
+
         # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
         self.transform, self.pin_memory = transform, pin_memory
+        self.active_workers = check_active_workers(active_workers)
+        compiled = None
         if transform is not None:
             from .images import check_transform
 
-            hold = check_transform(transform, decode, batch_size or read_batch, hold, seed)
+            hold, compiled = check_transform(transform, decode, batch_size or read_batch, hold, seed)
         self.path = tier_path(path)
         if not is_s3_url(self.path) and not os.path.isdir(self.path) and not os.path.isfile(self.path):
             raise NotFoundError(f"dataset directory {self.path} does not exist")
@@ -151,16 +159,27 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
         self._workers_warning = WarnOnce()
         self._skipped_warning = WarnOnce("skipped")  # the listing's left-out entries, once per dataset
         self._ring = SlotRing()  # the workers' reusable shared memory for packed batches
+        self._idle_warning = WarnOnce("idle workers")
+        if compiled is not None:
+            from .images import premake_slots
+
+            # The decoding workers' slots, made before a DataLoader forks (SlotRing.premake).
+            premake_slots(self._ring, compiled, self.read_batch, self.active_workers)
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this shard on."""
         self.epoch, self.position = epoch, position
 
     def shard(self) -> Tuple[int, int]:
-        """(this process's shard, number of shards): rank x workers."""
+        """(this process's shard, number of shards): rank x workers; with ``transform``, rank x
+        decoding workers (``ringtier.torch.images.decoding_workers_of``: the others stay idle)."""
         rank, world = rank_world(self.rank, self.world_size)
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if self.transform is not None and info is not None:
+            from .images import decoding_workers_of
+
+            workers = decoding_workers_of(workers, self.active_workers)
         return rank * workers + worker, world * workers
 
     def loader(self) -> Loader:
@@ -182,7 +201,13 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             # fit its share of the cores.
             in_worker = get_worker_info() is not None
             options["lazy_pool"] = in_worker
-            fit_engine_to_worker()
+            info = get_worker_info()
+            if self.transform is not None and info is not None:
+                from .images import decoding_workers_of
+
+                fit_engine_to_worker(decoding_workers_of(info.num_workers, self.active_workers))
+            else:
+                fit_engine_to_worker()
             if in_worker:
                 options["decode_threads"] = min(int(options["decode_threads"]), worker_cores())
             loader = Loader(

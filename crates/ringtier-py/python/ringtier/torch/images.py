@@ -38,6 +38,58 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 CORES_PER_DECODING_WORKER = 64
 
 
+def check_active_workers(active_workers: Optional[int]) -> Optional[int]:
+    """``active_workers`` (a positive int or None), checked."""
+    if active_workers is not None and (
+        isinstance(active_workers, bool) or not isinstance(active_workers, int) or active_workers < 1
+    ):
+        raise InvalidInputError(f"active_workers must be a positive int or None, not {active_workers!r}")
+    return active_workers
+
+
+def decoding_workers_of(num_workers: int, active_workers: Optional[int]) -> int:
+    """Of ``num_workers`` DataLoader workers of a dataset with a transform, how many decode (the
+    rest stay idle): ``active_workers``, or one per :data:`CORES_PER_DECODING_WORKER` of this
+    rank's cores; at most ``num_workers``."""
+    if num_workers <= 1:
+        return max(1, num_workers)
+    cap = active_workers if active_workers is not None else -(-rank_cores() // CORES_PER_DECODING_WORKER)
+    return max(1, min(num_workers, cap))
+
+
+def premake_slots(ring: SlotRing, pipeline: TransformPipeline, batch: int, active_workers: Optional[int]) -> None:
+    """The decoding workers' slots for ``batch`` images from ``pipeline``, made now, in the
+    main process before a DataLoader forks (see :meth:`SlotRing.premake`)."""
+    item = 4 if pipeline.dtype == "float32" else 1
+    workers = active_workers if active_workers is not None else -(-rank_cores() // CORES_PER_DECODING_WORKER)
+    ring.premake(batch * 3 * pipeline.size * pipeline.size * item, workers)
+
+
+def warn_idle(flag: WarnOnce, what: str, num_workers: int, active: int) -> None:
+    """The one warning that ``num_workers - active`` of a dataset's workers stay idle."""
+    flag.warn(
+        f"{what}: {num_workers} DataLoader workers on {rank_cores()} cores: "
+        f"{active} decode{'s' if active == 1 else ''} on {worker_cores(active)} threads "
+        f"{'each ' if active > 1 else ''}and {num_workers - active} stay idle (one decoding "
+        f"process per {CORES_PER_DECODING_WORKER} cores; more only add their start-up); "
+        f"num_workers={active} does the same without the idle ones, active_workers= changes it"
+    )
+
+
+def stays_idle(ds: Any, what: str) -> bool:
+    """In a DataLoader worker of ``ds`` (a dataset with a transform): whether this worker stays
+    idle (its id past the decoding workers); the first idle worker warns, once per dataset."""
+    info = get_worker_info()
+    if info is None:
+        return False
+    active = decoding_workers_of(info.num_workers, ds.active_workers)
+    if info.id < active:
+        return False
+    if info.id == active:
+        warn_idle(ds._idle_warning, what, info.num_workers, active)
+    return True
+
+
 def default_threads() -> int:
     """Decode threads per process: the cores this process may use, split over DataLoader workers."""
     return worker_cores()
@@ -130,21 +182,26 @@ def transformed(
             yield got
 
 
-def check_transform(transform: Any, decode: Optional[int], batch: int, hold: Optional[int], seed: int) -> int:
+def check_transform(
+    transform: Any, decode: Optional[int], batch: int, hold: Optional[int], seed: int
+) -> Tuple[int, TransformPipeline]:
     """Checks a file dataset's ``transform=`` (compiles it once) and returns the loader's
-    ``hold``: the raw samples Python keeps while batches decode."""
+    ``hold`` (the raw samples Python keeps while batches decode) and the compiled pipeline."""
     if decode is not None:
         raise InvalidInputError("transform= decodes the images itself: leave decode=None")
-    compile_transform(transform, seed=seed, threads=1)
-    return hold if hold is not None else batch * 3
+    pipeline = compile_transform(transform, seed=seed, threads=1)
+    return (hold if hold is not None else batch * 3), pipeline
 
 
 def process_pipeline(ds: Any) -> TransformPipeline:
-    """The file dataset ``ds``'s pipeline in this process (made here, after any fork)."""
+    """The dataset ``ds``'s pipeline in this process (made here, after any fork), on this
+    process's share of the cores (in a worker: split over the decoding workers)."""
     pid = os.getpid()
     cached = getattr(ds, "_pipeline", None)
     if cached is None or cached[0] != pid:
-        cached = (pid, pipeline_for(ds.transform, int(ds.options["seed"]), None))
+        info = get_worker_info()
+        threads = worker_cores(decoding_workers_of(info.num_workers, ds.active_workers)) if info is not None else None
+        cached = (pid, pipeline_for(ds.transform, int(ds.options.get("seed", 0)), threads))
         ds._pipeline = cached
     return cached[1]
 
@@ -153,6 +210,8 @@ def iterate_files(ds: Any) -> Iterator[Any]:
     """``ringtier.torch.IterableDataset.__iter__`` with ``transform=``: image batches (with
     ``with_keys``, ``(keys, images)``). With ``materialize=``, the loader yields the split
     point's pixels (stored, or decoded and stored now) and the pipeline runs the rest."""
+    if stays_idle(ds, "ringtier.torch.IterableDataset"):
+        return
     pipeline = process_pipeline(ds)
     loader = ds.loader()
     keys = loader.keys() if ds.with_keys else None
@@ -166,22 +225,20 @@ def iterate_files(ds: Any) -> Iterator[Any]:
 
 
 
-def check_record_transform(transform: Any, batch_size: int, seed: int) -> None:
-    """Checks a record dataset's ``transform=`` and ``batch_size``."""
+def check_record_transform(transform: Any, batch_size: int, seed: int) -> TransformPipeline:
+    """Checks a record dataset's ``transform=`` and ``batch_size``; the compiled pipeline."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidInputError(f"batch_size must be a positive int, not {batch_size!r}")
-    compile_transform(transform, seed=seed, threads=1)
+    return compile_transform(transform, seed=seed, threads=1)
 
 
 def iterate_records(ds: Any) -> Iterator[Any]:
     """``ringtier.torch.RecordDataset.__iter__`` with ``transform=``: ``(images, labels)``
     batches of WebDataset samples, image batches of TFRecords (keys first with ``with_keys``)."""
+    if stays_idle(ds, "ringtier.torch.RecordDataset"):
+        return
     loader = ds.loader()
-    pid = os.getpid()
-    cached = getattr(ds, "_pipeline", None)
-    if cached is None or cached[0] != pid:
-        cached = (pid, pipeline_for(ds.transform, int(ds.options.get("seed", 0)), None))
-        ds._pipeline = cached
+    cached = (os.getpid(), process_pipeline(ds))
     wds = ds.format != "tfrecord"
     labelled = wds and ds.label_field is not None
 
@@ -300,11 +357,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
     ) -> None:
         super().__init__()
         self.root = os.fspath(root)
-        if active_workers is not None and (
-            isinstance(active_workers, bool) or not isinstance(active_workers, int) or active_workers < 1
-        ):
-            raise InvalidInputError(f"active_workers must be a positive int or None, not {active_workers!r}")
-        self.active_workers = active_workers
+        self.active_workers = check_active_workers(active_workers)
         if not os.path.isdir(self.root):
             raise NotFoundError(f"image folder {self.root} does not exist or is not a directory")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -348,9 +401,7 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         if compiled is not None:
             # The decoding workers' slots, made now (before a DataLoader forks): they outlive
             # the workers, so each epoch's workers find them made (see SlotRing.premake).
-            item = 4 if compiled.dtype == "float32" else 1
-            decoding = self.active_workers or -(-rank_cores() // CORES_PER_DECODING_WORKER)
-            self._ring.premake(batch_size * 3 * compiled.size * compiled.size * item, decoding)
+            premake_slots(self._ring, compiled, batch_size, self.active_workers)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
@@ -360,13 +411,9 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         """Of ``num_workers`` DataLoader workers, how many read and decode (the rest stay
         idle): all of them without a transform; else ``active_workers``, or one per
         :data:`CORES_PER_DECODING_WORKER` of this rank's cores; at most ``num_workers``."""
-        if self.transform is None or num_workers <= 1:
+        if self.transform is None:
             return max(1, num_workers)
-        if self.active_workers is not None:
-            cap = self.active_workers
-        else:
-            cap = -(-rank_cores() // CORES_PER_DECODING_WORKER)
-        return max(1, min(num_workers, cap))
+        return decoding_workers_of(num_workers, self.active_workers)
 
     def shard(self) -> Optional[Tuple[int, int]]:
         """(this process's shard, number of shards): rank x decoding workers; None in a worker
@@ -438,13 +485,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
         if opened is None:
             info = get_worker_info()
             if info is not None and info.id == self.decoding_workers(info.num_workers):
-                active = self.decoding_workers(info.num_workers)
-                self._idle_warning.warn(
-                    f"ringtier.torch.ImageFolder: {info.num_workers} DataLoader workers on {rank_cores()} cores: "
-                    f"{active} decode{'s' if active == 1 else ''} on {worker_cores(active)} threads "
-                    f"{'each ' if active > 1 else ''}and {info.num_workers - active} stay idle (one decoding "
-                    f"process per {CORES_PER_DECODING_WORKER} cores; more only add their start-up); "
-                    f"num_workers={active} does the same without the idle ones, active_workers= changes it"
+                warn_idle(
+                    self._idle_warning, "ringtier.torch.ImageFolder", info.num_workers, self.decoding_workers(info.num_workers)
                 )
             return
         loader, pipe, labels = opened

@@ -58,6 +58,10 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
     labels)``, labels int64 (``label_field=None``: images only). A TFRecord's bytes are the
     image (images only). ``with_keys=True`` puts the keys first: ``(keys, images[, labels])``.
     A record's random crop and flip depend on (seed, epoch, ``shard << 40 | offset``).
+    Under DataLoader workers one worker per 64 cores of the rank decodes (the shards are split
+    over the decoding workers), on the threads of the cores it is given, and the others stay
+    idle (one ``RuntimeWarning``; ``active_workers=N`` sets the number), as
+    :class:`ringtier.torch.ImageFolder` does.
 
     ``batched=True`` (without ``transform``): batches of ``batch_size`` records, for
     ``DataLoader(ds, batch_size=None, num_workers=N)``. In a worker a batch crosses to the main
@@ -89,9 +93,13 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         label_field: Optional[str] = "cls",
         pin_memory: Optional[bool] = None,
         batched: bool = False,
+        active_workers: Optional[int] = None,
         **options: Any,
     ) -> None:
         super().__init__()
+        from .images import check_active_workers
+
+        self.active_workers = check_active_workers(active_workers)
         if batched and transform is not None:
             raise ValueError("batched=True is for raw records: transform= already yields batches")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -99,10 +107,11 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         # transform=: decoded and transformed batches (ringtier.torch.images); checked here.
         self.transform, self.batch_size, self.pin_memory = transform, batch_size, pin_memory
         self.image_field, self.label_field = image_field, label_field
+        compiled = None
         if transform is not None:
             from .images import check_record_transform
 
-            check_record_transform(transform, batch_size, int(options.get("seed", 0)))
+            compiled = check_record_transform(transform, batch_size, int(options.get("seed", 0)))
         self.path = tier_path(path)
         if not is_s3_url(self.path) and not os.path.isdir(self.path):
             raise NotFoundError(f"shard directory {self.path} does not exist")
@@ -127,17 +136,29 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         self._loader: Optional[Tuple[int, Tuple[int, int, int, int], RecordLoader]] = None
         self.batched = batched
         self._workers_warning = WarnOnce()
+        self._idle_warning = WarnOnce("idle workers")
         self._ring = SlotRing()
+        if compiled is not None:
+            from .images import premake_slots
+
+            # The decoding workers' slots, made before a DataLoader forks (SlotRing.premake).
+            premake_slots(self._ring, compiled, batch_size, self.active_workers)
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this reader on."""
         self.epoch, self.position = epoch, position
 
     def reader(self) -> Tuple[int, int, int, int]:
-        """(rank, world_size, worker, workers) of this process."""
+        """(rank, world_size, worker, workers) of this process; with ``transform``, workers are
+        the decoding workers (``ringtier.torch.images.decoding_workers_of``: the others stay
+        idle)."""
         rank, world = rank_world(self.rank, self.world_size)
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if self.transform is not None and info is not None:
+            from .images import decoding_workers_of
+
+            workers = decoding_workers_of(workers, self.active_workers)
         return rank, world, worker, workers
 
     def loader(self) -> RecordLoader:
@@ -146,7 +167,7 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
         pid = os.getpid()
         if self._loader is None or self._loader[0] != pid or self._loader[1] != reader:
             rank, world, worker, workers = reader
-            fit_engine_to_worker()
+            fit_engine_to_worker(workers if get_worker_info() is not None else None)
             loader = RecordLoader(
                 self.path,
                 format=self.format,

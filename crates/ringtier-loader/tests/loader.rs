@@ -97,6 +97,17 @@ async fn ranks_shard_exactly_once_and_resume_gives_the_rest() {
     assert_eq!(all, (0..31).collect::<Vec<u32>>());
 }
 
+/// The first error of epoch 0 (a loader that must fail).
+async fn first_error(loader: &Loader) -> ringtier_core::Error {
+    let mut e = loader.epoch(0, 0).expect("epoch");
+    while let Some(b) = e.next().await {
+        if let Err(err) = b {
+            return err;
+        }
+    }
+    panic!("an error for the bad sample");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_samples_are_skipped_and_counted_or_fail() {
     let dir = dataset_dir(20);
@@ -118,15 +129,7 @@ async fn bad_samples_are_skipped_and_counted_or_fail() {
     assert!(skipped.iter().any(|s| s.contains(&m.entries[5].key) && s.contains("JPEG")), "{skipped:?}");
 
     let loader = Loader::new(dataset(dir.path()).await, cfg.with_on_bad(OnBadSample::Fail)).expect("loader");
-    let mut e = loader.epoch(0, 0).expect("epoch");
-    let mut failed = None;
-    while let Some(b) = e.next().await {
-        if let Err(err) = b {
-            failed = Some(err);
-            break;
-        }
-    }
-    let err = failed.expect("an error for the bad sample");
+    let err = first_error(&loader).await;
     assert!(err.to_string().contains(".jpg"), "names the sample: {err}");
 }
 
@@ -148,15 +151,7 @@ async fn a_bad_sample_fails_with_its_own_kind() {
             .with_decode(DecodeConfig::default())
             .with_on_bad(OnBadSample::Fail);
         let loader = Loader::new(dataset(dir.path()).await, cfg).expect("loader");
-        let mut e = loader.epoch(0, 0).expect("epoch");
-        let mut failed = None;
-        while let Some(b) = e.next().await {
-            if let Err(err) = b {
-                failed = Some(err);
-                break;
-            }
-        }
-        let err = failed.expect("an error for the bad sample");
+        let err = first_error(&loader).await;
         assert_eq!(err.kind(), want, "{case}: {err}");
         assert!(err.to_string().contains(&key), "{case} names the sample: {err}");
     }

@@ -149,6 +149,25 @@ def test_premade_slots_go_with_their_dataset_and_batches_keep_their_memory():
     assert view.tolist() == [1, 2, 3, 4]  # the batch still views its memory
 
 
+def test_without_memfd_workers_make_their_own_slots(monkeypatch):
+    """Where memfd_create is refused (a seccomp filter), premake makes nothing and a worker's
+    slots are its own segments, as before."""
+    import errno
+
+    from ringtier.torch import _packed as P
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EPERM, "memfd_create refused")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    ring = P.SlotRing()
+    ring.premake(1 << 20, 1)
+    assert ring._premade is None and ring.token not in P._PREMADE
+    slot, index = ring.take(0, 4096)
+    assert index == 0 and slot.numel() >= 4096
+    assert P._premade_slot(ring.token, index, 4096) is None  # crosses the torch way
+
+
 def test_inline_tensors_cross_as_their_bytes():
     import pickle
 

@@ -571,38 +571,6 @@ def test_record_op_errors_keep_their_kind(tmp_path, monkeypatch):
     assert _ringtier._tf_open_epochs() == before
 
 
-def test_the_first_epoch_opens_with_the_dataset(tmp_path, monkeypatch):
-    """The batch op's first epoch is opened when the dataset is made (its reads run while
-    TensorFlow builds the pipeline); the first iteration takes it, a set_epoch() before it
-    leaves it unread (the set epoch is read), and close() releases it."""
-    from ringtier import _ringtier
-
-    monkeypatch.setenv("RINGTIER_TF_OP", "on")
-    write_tfrecords(tmp_path / "tfr", 3, 40)
-
-    def records(ds):
-        return [r for b in ds for r in b.numpy().tolist()]
-
-    before = _ringtier._tf_open_epochs()
-    src = rtf.Source(tmp_path / "tfr", format="tfrecord", batch_size=8, seed=4)
-    ds = src.dataset()
-    assert _ringtier._tf_open_epochs() == before + 1 and src._warm is not None
-    e0, e1 = records(ds), records(ds)
-    assert src._warm is None and _ringtier._tf_open_epochs() == before
-    assert sorted(e0) == sorted(e1) and e0 != e1, "two epochs in one order: the check below would be void"
-    other = rtf.Source(tmp_path / "tfr", format="tfrecord", batch_size=8, seed=4)
-    ds = other.dataset()
-    other.set_epoch(1)
-    assert records(ds) == e1  # the opened epoch 0 went unread
-    assert _ringtier._tf_open_epochs() == before
-    assert records(rtf.dataset(tmp_path / "tfr", format="tfrecord", batch_size=8, seed=4)) == e0
-    third = rtf.Source(tmp_path / "tfr", format="tfrecord", batch_size=8, seed=4)
-    third.dataset()
-    assert _ringtier._tf_open_epochs() == before + 1
-    third.close()
-    assert _ringtier._tf_open_epochs() == before
-
-
 def test_record_op_epochs_are_released(tmp_path, monkeypatch):
     """An epoch read to its end leaves the table; iterators dropped early leave at most
     MAX_OPEN_EPOCHS open per source, and none after Source.close()."""

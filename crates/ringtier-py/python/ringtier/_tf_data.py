@@ -369,9 +369,6 @@ class Source:
         # close() or when the source goes.
         self._tokens: Deque[int] = collections.deque()
         weakref.finalize(self, _release_tokens, self._tokens)
-        # The batch op's epoch opened when the dataset was made (see _warm_start): (pid,
-        # (epoch, position), token), taken by the first iteration if it reads that epoch.
-        self._warm: Optional[Tuple[int, Tuple[int, int], int]] = None
 
     # -- epochs ---------------------------------------------------------------------------
 
@@ -611,23 +608,8 @@ class Source:
     # -- TFRecord and raw files through the batch op ------------------------------------------
 
     def _open_epoch_token(self) -> Any:
-        """The next epoch as a token of the batch op (one per iteration of the dataset): the
-        epoch opened when the dataset was made, where it is this one."""
+        """The next epoch as a token of the batch op (one per iteration of the dataset)."""
         epoch, position = self._next_epoch()
-        with self._lock:
-            warm, self._warm = self._warm, None
-        token = None
-        if warm is not None and warm[0] == os.getpid():
-            if warm[1] == (epoch, position) and warm[2] in self._tokens:
-                token = warm[2]
-            else:  # set_epoch() since, or evicted: not this iteration's epoch
-                _release_token(warm[2])
-        if token is None:
-            token = self._open_token(epoch, position)
-        yield np.int64(token)
-
-    def _open_token(self, epoch: int, position: int) -> int:
-        """Opens ``epoch`` from ``position`` for the batch op; its token, kept for release."""
         token = self._loader()._tf_epoch(epoch, position)
         with self._lock:
             self._tokens.append(token)
@@ -635,23 +617,7 @@ class Source:
                 # An iterator dropped before the end of its epoch leaves its epoch open (the op
                 # releases an epoch at its end or first error): the oldest go here.
                 _release_token(self._tokens.popleft())
-        return token
-
-    def _warm_start(self) -> None:
-        """Opens the epoch the dataset's first iteration will read, now, so that its reads run
-        while TensorFlow builds the pipeline and its iterator (about 0.1 s before the op's first
-        call here). The first iteration takes it if it reads that epoch from that position;
-        otherwise (``set_epoch`` since) it is released unread. Until then it holds what an
-        epoch reads ahead (the loader's prefetch bound), as an iterator would; ``close()``
-        releases it."""
-        with self._lock:
-            key = (self._epoch, self._position)
-            old, self._warm = self._warm, None
-        if old is not None and old[0] == os.getpid():
-            _release_token(old[2])
-        token = self._open_token(*key)
-        with self._lock:
-            self._warm = (os.getpid(), key, token)
+        yield np.int64(token)
 
     def _op_chunk(self) -> int:
         """Samples per op call: the file loader's batch, or ``read_batch`` records."""
@@ -694,7 +660,6 @@ class Source:
             # threads, which glibc gives back between batches unless told not to (see
             # keep_heap_for): set once here, for the batch this pipeline holds.
             keep_heap_for(self._op_batch_bytes())
-        self._warm_start()  # the first epoch reads while the pipeline below is built
         tokens = tf.data.Dataset.from_generator(self._open_epoch_token, output_signature=tf.TensorSpec((), tf.int64))
         keys = tf.constant(self._keys) if files and self.with_keys else None
         labels = tf.constant(self._label_of) if files and self._label_of is not None else None
@@ -743,12 +708,10 @@ class Source:
 
     def close(self) -> None:
         """Ends the batch-op epochs this source still has open (iterators dropped before the
-        end of their epoch, and the first epoch opened with the dataset if no iteration took it;
-        an epoch read to its end is closed already). An iterator still
+        end of their epoch; an epoch read to its end is closed already). An iterator still
         reading one then fails. Also done when the source is garbage-collected, which
         ``tf.data`` may put off for as long as it keeps the dataset's functions."""
         with self._lock:
-            self._warm = None
             _release_tokens(self._tokens)
 
     def uses_op(self) -> bool:

@@ -199,9 +199,9 @@ class IterableDataset(_TorchIterable):  # type: ignore[type-arg]
             # Its engine and decode threads fit its share of the cores.
             # In a worker, or one of several ranks on the machine, its engine and decode threads
             # fit its share of the cores.
-            in_worker = get_worker_info() is not None
-            options["lazy_pool"] = in_worker
             info = get_worker_info()
+            in_worker = info is not None
+            options["lazy_pool"] = in_worker
             if self.transform is not None and info is not None:
                 from .images import decoding_workers_of
 

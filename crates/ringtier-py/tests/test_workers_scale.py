@@ -281,6 +281,41 @@ def test_file_and_record_transforms_decode_on_one_worker_every_sample_once(tmp_p
             rt.RecordDataset(shards, format="wds", transform=chain(), batch_size=4, active_workers=bad)
 
 
+def test_datasets_used_in_this_process_go_to_spawned_workers(tmp_path: Path):
+    """A dataset iterated in the main process first (its loader made) still pickles for a
+    DataLoader whose workers are spawned (multiprocessing_context="spawn"): each process makes
+    its own loader, and the batches are those of the main process."""
+    write_jpegs(tmp_path / "img", {"a": 6, "b": 6})
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from torch.utils.data import DataLoader
+        import ringtier.torch as rt
+        from ringtier import transforms as T
+
+        if __name__ == "__main__":
+            chain = T.Compose([T.RandomResizedCrop(16), T.ToDtype(torch.float32, scale=True)])
+            images = rt.ImageFolder({str(tmp_path / "img")!r}, chain, batch_size=4, seed=1, shuffle=False,
+                                    pin_memory=False)
+            raw = rt.IterableDataset({str(tmp_path / "img")!r}, batch_size=4, shuffle=False, with_keys=True)
+            def pairs(loader):
+                return sorted((int(l), round(im.sum().item(), 3)) for x, y in loader for im, l in zip(x, y))
+            def keys(loader):
+                return sorted(k for b in loader for k, _ in b)
+            ref, ref_keys = pairs(images), keys(raw)
+            assert len(ref) == 12 and len(ref_keys) == 12
+            assert pairs(DataLoader(images, batch_size=None, num_workers=1, multiprocessing_context="spawn")) == ref
+            assert keys(DataLoader(raw, batch_size=None, num_workers=1, multiprocessing_context="spawn")) == ref_keys
+            print("ok")
+        """
+    )
+    path = tmp_path / "spawned.py"
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok", out.stdout
+
+
 def test_idle_workers_are_named_in_one_warning(tmp_path: Path):
     write_jpegs(tmp_path / "img", {"a": 12})
     script = textwrap.dedent(

@@ -69,7 +69,12 @@ class WarnOnce:
         from multiprocessing import context
 
         # Inherited by a spawned worker: keep the shared byte; any other pickle: a fresh flag.
-        return {"_flag": self._flag if context.get_spawning_popen() is not None else None, "_kind": self._kind}
+        flag = self._flag if context.get_spawning_popen() is not None else None
+        if flag is not None and getattr(flag.get_lock(), "_is_fork_ctx", False):
+            # Made in a fork context, for a worker a spawn or forkserver context starts, which
+            # cannot share it: that worker warns for itself (once per process).
+            flag = None
+        return {"_flag": flag, "_kind": self._kind}
 
     def __setstate__(self, state: dict) -> None:
         self._flag = state["_flag"]

@@ -403,6 +403,14 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
             # the workers, so each epoch's workers find them made (see SlotRing.premake).
             premake_slots(self._ring, compiled, batch_size, self.active_workers)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickled (a worker a ``spawn`` or ``forkserver`` DataLoader starts, a copy): without
+        this process's loader and pipeline, which every process makes for itself."""
+        state = dict(self.__dict__)
+        state["_state"] = None
+        state.pop("_pipeline", None)
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
         self.epoch = epoch

@@ -144,6 +144,14 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
             # The decoding workers' slots, made before a DataLoader forks (SlotRing.premake).
             premake_slots(self._ring, compiled, batch_size, self.active_workers)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickled (a worker a ``spawn`` or ``forkserver`` DataLoader starts, a copy): without
+        this process's loader and pipeline, which every process makes for itself."""
+        state = dict(self.__dict__)
+        state["_loader"] = None
+        state.pop("_pipeline", None)
+        return state
+
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this reader on."""
         self.epoch, self.position = epoch, position

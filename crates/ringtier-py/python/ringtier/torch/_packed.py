@@ -614,6 +614,16 @@ def lease(ring: Optional[SlotRing], worker: int, dtype: torch.dtype, shape: Tupl
     return out, finish
 
 
+def picklable_state(obj: Any, loader_attr: str) -> Dict[str, Any]:
+    """A dataset's ``__getstate__``: its attributes without this process's loader (set to
+    None) and transform pipeline, which every process (a spawned worker, a copy) makes for
+    itself."""
+    state = dict(obj.__dict__)
+    state[loader_attr] = None
+    state.pop("_pipeline", None)
+    return state
+
+
 def local_ranks() -> int:
     """The ranks of this job on this machine (``LOCAL_WORLD_SIZE``, as torchrun sets it; 1
     without it)."""
@@ -692,6 +702,7 @@ __all__ = [
     "dataloader_batches",
     "fit_engine_to_worker",
     "local_ranks",
+    "picklable_state",
     "lease",
     "rank_cores",
     "worker_cores",

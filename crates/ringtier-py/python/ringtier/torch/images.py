@@ -22,7 +22,16 @@ from .._fields import image_of, label_of_record
 from .._types import PathLike
 from ..errors import CorruptError, InvalidInputError, NotFoundError
 from ..transforms import compile_transform
-from ._packed import InlineTensor, SlotRing, WarnOnce, fit_engine_to_worker, lease, rank_cores, worker_cores
+from ._packed import (
+    InlineTensor,
+    SlotRing,
+    WarnOnce,
+    fit_engine_to_worker,
+    lease,
+    picklable_state,
+    rank_cores,
+    worker_cores,
+)
 from ._world import rank_world
 
 #: torchvision's ``IMG_EXTENSIONS``: the files ``ImageFolder`` lists (ringtier decodes JPEG).
@@ -405,11 +414,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
 
     def __getstate__(self) -> Dict[str, Any]:
         """Pickled (a worker a ``spawn`` or ``forkserver`` DataLoader starts, a copy): without
-        this process's loader and pipeline, which every process makes for itself."""
-        state = dict(self.__dict__)
-        state["_state"] = None
-        state.pop("_pipeline", None)
-        return state
+        this process's loader and pipeline (:func:`picklable_state`)."""
+        return picklable_state(self, "_state")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""

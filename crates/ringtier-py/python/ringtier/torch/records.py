@@ -14,7 +14,14 @@ from .._ringtier import RecordBatch, RecordLoader
 from .._types import PathLike, is_s3_url, tier_path
 from ..errors import NotFoundError
 from ..errors import InvalidInputError
-from ._packed import PackedBatch, SlotRing, WarnOnce, dataloader_batches, fit_engine_to_worker
+from ._packed import (
+    PackedBatch,
+    SlotRing,
+    WarnOnce,
+    dataloader_batches,
+    fit_engine_to_worker,
+    picklable_state,
+)
 from ._world import rank_world
 
 
@@ -146,11 +153,8 @@ class RecordDataset(_TorchIterable):  # type: ignore[type-arg]
 
     def __getstate__(self) -> Dict[str, Any]:
         """Pickled (a worker a ``spawn`` or ``forkserver`` DataLoader starts, a copy): without
-        this process's loader and pipeline, which every process makes for itself."""
-        state = dict(self.__dict__)
-        state["_loader"] = None
-        state.pop("_pipeline", None)
-        return state
+        this process's loader and pipeline (:func:`picklable_state`)."""
+        return picklable_state(self, "_loader")
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         """The epoch the next iteration reads, from ``position`` of this reader on."""

@@ -62,16 +62,19 @@ def decoding_workers_of(num_workers: int, active_workers: Optional[int]) -> int:
     rank's cores; at most ``num_workers``."""
     if num_workers <= 1:
         return max(1, num_workers)
-    cap = active_workers if active_workers is not None else -(-rank_cores() // CORES_PER_DECODING_WORKER)
-    return max(1, min(num_workers, cap))
+    return max(1, min(num_workers, wanted_decoding_workers(active_workers)))
+
+
+def wanted_decoding_workers(active_workers: Optional[int]) -> int:
+    """``active_workers``, or one per :data:`CORES_PER_DECODING_WORKER` of this rank's cores."""
+    return active_workers if active_workers is not None else -(-rank_cores() // CORES_PER_DECODING_WORKER)
 
 
 def premake_slots(ring: SlotRing, pipeline: TransformPipeline, batch: int, active_workers: Optional[int]) -> None:
     """The decoding workers' slots for ``batch`` images from ``pipeline``, made now, in the
     main process before a DataLoader forks (see :meth:`SlotRing.premake`)."""
     item = 4 if pipeline.dtype == "float32" else 1
-    workers = active_workers if active_workers is not None else -(-rank_cores() // CORES_PER_DECODING_WORKER)
-    ring.premake(batch * 3 * pipeline.size * pipeline.size * item, workers)
+    ring.premake(batch * 3 * pipeline.size * pipeline.size * item, wanted_decoding_workers(active_workers))
 
 
 def warn_idle(flag: WarnOnce, what: str, num_workers: int, active: int) -> None:
@@ -247,7 +250,7 @@ def iterate_records(ds: Any) -> Iterator[Any]:
     if stays_idle(ds, "ringtier.torch.RecordDataset"):
         return
     loader = ds.loader()
-    cached = (os.getpid(), process_pipeline(ds))
+    pipeline = process_pipeline(ds)
     wds = ds.format != "tfrecord"
     labelled = wds and ds.label_field is not None
 
@@ -269,7 +272,7 @@ def iterate_records(ds: Any) -> Iterator[Any]:
 
     pin = resolve_pin(ds.pin_memory)
     ring = ds._ring if get_worker_info() is not None else None
-    for images, kept, extra in transformed(cached[1], batches(), ds.epoch, pin_memory=pin, ring=ring):
+    for images, kept, extra in transformed(pipeline, batches(), ds.epoch, pin_memory=pin, ring=ring):
         out: List[Any] = [images]
         if labelled:
             out.append(torch.tensor([extra[i][1] for i in kept], dtype=torch.int64))
@@ -496,12 +499,8 @@ class ImageFolder(_TorchIterable):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Tuple[Any, torch.Tensor]]:
         opened = self._open()
-        if opened is None:
-            info = get_worker_info()
-            if info is not None and info.id == self.decoding_workers(info.num_workers):
-                warn_idle(
-                    self._idle_warning, "ringtier.torch.ImageFolder", info.num_workers, self.decoding_workers(info.num_workers)
-                )
+        if opened is None:  # a worker past the decoding ones (the first of them warns)
+            stays_idle(self, "ringtier.torch.ImageFolder")
             return
         loader, pipe, labels = opened
         epoch = self.epoch

@@ -20,6 +20,13 @@ result touched, wall time from the call to the last page touched):
              (MADV_POPULATE_WRITE, 4 KiB pages), the CPU floor of any loader whose tensors live
              in memory of their own (ringtier, fastsafetensors, runai, torch.load) rather than
              in the page cache's pages of the file (safetensors' mmap)
+  *-reload   into a model already in memory (a torch.nn.Module of the shards' names, dtypes
+             and shapes, every page written before the clock starts: a restart or a trainer's
+             weight update): ringtier-reload ringtier.safetensors.load_model(model, index);
+             safetensors-reload safetensors.torch.load_model(model, shard, strict=False) per
+             shard; fastsafetensors-reload and runai-reload their loads above, each tensor
+             copied into the model's with Tensor.copy_ (load_state_dict's copy); peak RSS is
+             then beyond the model's
   ringtier-s3  ringtier.safetensors.load_file("s3://BUCKET/model.safetensors.index.json?endpoint=...")
              from an S3 server on loopback (--s3-server: the test kit's ringtier-s3-server, s3s-fs
              over DIR's parent, DIR's name the bucket), --s3-depth range GETs of --chunk in flight
@@ -45,6 +52,7 @@ import platform
 import resource
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -149,10 +157,43 @@ def touch(tensors) -> int:
     return s
 
 
+def header_of(path: str) -> dict:
+    """The JSON header of a safetensors file (its tensors' dtypes and shapes)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            raise SystemExit(f"{path}: header of {n} bytes")
+        head = json.loads(f.read(n))
+    head.pop("__metadata__", None)
+    return head
+
+
+def model_in_memory(files):
+    """A torch.nn.Module whose state_dict has the shards' names, dtypes and shapes, every page
+    of it written (faulted in): a model already in memory, as at a restart or a weight update."""
+    import torch
+
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
+    root = torch.nn.Module()
+    for f in files:
+        for name, info in header_of(f).items():
+            *path, leaf = name.split(".")
+            mod = root
+            for part in path:
+                if not hasattr(mod, part):
+                    mod.add_module(part, torch.nn.Module())
+                mod = getattr(mod, part)
+            t = torch.empty(info["shape"], dtype=dtypes[info["dtype"]])
+            t.view(torch.uint8 if t.element_size() == 1 else torch.int16 if t.element_size() == 2 else torch.int32).fill_(1)
+            mod.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    return root
+
+
 def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
     import torch  # noqa: F401  (imported before the baseline, as every side needs it)
 
     files = shard_files(dirpath)
+    model = model_in_memory(files) if side.endswith("-reload") else None
     base_rss = rss_mark()
     c0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -187,6 +228,37 @@ def child_load(side: str, dirpath: Path, depth: int, chunk: int) -> dict:
             s.stream_files(files)
             for name, t in s.get_tensors():
                 tensors[name] = t
+    elif side == "ringtier-reload":
+        from ringtier import safetensors as rs
+
+        rs.load_model(model, dirpath / "model.safetensors.index.json", depth=depth, chunk_bytes=chunk)
+        tensors = model.state_dict()
+    elif side == "safetensors-reload":
+        from safetensors.torch import load_model
+
+        for f in files:
+            load_model(model, f, strict=False)
+        tensors = model.state_dict()
+    elif side == "fastsafetensors-reload":
+        from fastsafetensors import SafeTensorsFileLoader
+
+        loader = SafeTensorsFileLoader(None, "cpu", nogds=True)
+        loader.add_filenames({0: files})
+        fb = loader.copy_files_to_device()
+        tensors = model.state_dict()
+        with torch.no_grad():
+            for k in loader.get_keys():
+                tensors[k].copy_(fb.get_tensor(k))
+        fb.close()
+        loader.close()
+    elif side == "runai-reload":
+        from runai_model_streamer import SafetensorsStreamer
+
+        tensors = model.state_dict()
+        with SafetensorsStreamer() as s, torch.no_grad():
+            s.stream_files(files)
+            for name, t in s.get_tensors():
+                tensors[name].copy_(t)
     elif side == "torch.load":
         tensors = torch.load(dirpath / "model.pt", weights_only=True)
     elif side == "populate":
@@ -485,6 +557,8 @@ def run(args) -> None:
         for s, runs in table.items():
             if s == ours or s.endswith("-s3") != ours.endswith("-s3"):
                 continue
+            if s != "fio" and s.endswith("-reload") != ours.endswith("-reload"):
+                continue  # a load into fresh memory and one into a model's are different work
             pairs = [(a, b) for a, b in zip(table[ours], runs) if "error" not in a and "error" not in b]
             if pairs:
                 out[s] = {
@@ -510,11 +584,12 @@ def run(args) -> None:
         "load_ratios": ratios(load) if "ringtier" in load else {},
         "s3_load_ratios": ratios(load, "ringtier-s3") if "ringtier-s3" in load else {},
         "mmap_load_ratios": ratios(load, "ringtier-mmap") if "ringtier-mmap" in load else {},
+        "reload_ratios": ratios(load, "ringtier-reload") if "ringtier-reload" in load else {},
         "save": {s: side_summary(v) for s, v in save.items()},
         "save_ratios": ratios(save) if "ringtier" in save else {},
         "raw": {"load": load, "save": save},
     }
-    text = json.dumps({k: report[k] for k in ("config", "load", "load_ratios", "s3_load_ratios", "mmap_load_ratios", "save",
+    text = json.dumps({k: report[k] for k in ("config", "load", "load_ratios", "s3_load_ratios", "mmap_load_ratios", "reload_ratios", "save",
                                               "save_ratios")},
                       indent=1)
     print(text)

@@ -6,8 +6,9 @@ against the ``safetensors`` package both ways.
 Makes a transformer-shaped state dict (bf16 weights, fp32 norms), saves it sharded
 (``model-0000i-of-0000N.safetensors`` and ``model.safetensors.index.json``, durable), loads the
 whole model with one ``ringtier.safetensors.load_file`` (every shard read at depth, tensors
-are views of one page-aligned buffer per file), reads one tensor lazily with ``safe_open``,
-and checks that ``safetensors.torch`` reads ringtier's shards and that ringtier's save of one
+are views of one page-aligned buffer per file), reloads it into a ``torch.nn.Module`` already
+in memory with ``load_model`` (the chunks copied into the model's own parameters), reads one
+tensor lazily with ``safe_open``, and checks that ``safetensors.torch`` reads ringtier's shards and that ringtier's save of one
 file is byte-identical to ``safetensors.torch.save_file``'s. The last line printed is one JSON
 object.
 """
@@ -37,6 +38,25 @@ def make_model(mib: int) -> dict:
     return sd
 
 
+class Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.attn = torch.nn.Module()
+        self.attn.qkv = torch.nn.Linear(width, 3 * width, bias=False, dtype=torch.bfloat16)
+        self.mlp = torch.nn.Module()
+        self.mlp.up = torch.nn.Linear(width, 4 * width, bias=False, dtype=torch.bfloat16)
+        self.norm = torch.nn.RMSNorm(width)
+
+
+class Model(torch.nn.Module):
+    """The module whose state dict ``make_model`` makes."""
+
+    def __init__(self, layers: int, width: int = 512):
+        super().__init__()
+        self.embed = torch.nn.Embedding(8192, width, dtype=torch.bfloat16)
+        self.layers = torch.nn.ModuleList(Block(width) for _ in range(layers))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
@@ -60,6 +80,14 @@ def main() -> None:
     assert set(loaded) == set(sd)
     for k, v in sd.items():
         assert torch.equal(loaded[k], v), k
+
+    model = Model(layers=(len(sd) - 1) // 3)
+    t0 = time.perf_counter()
+    missing, unexpected = rs.load_model(model, args.dir / "model")  # strict: every name matches
+    reload_s = time.perf_counter() - t0
+    assert (missing, unexpected) == ([], [])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sd[k]), k
 
     with rs.safe_open(args.dir / "model" / files[0], framework="pt") as f:
         name = f.keys()[0]
@@ -88,6 +116,7 @@ def main() -> None:
                 "files": files,
                 "save_s": round(save_s, 4),
                 "load_s": round(load_s, 4),
+                "load_model_s": round(reload_s, 4),
                 "checked_with_safetensors": checked_with_safetensors,
             }
         )

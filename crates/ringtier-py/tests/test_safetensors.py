@@ -346,3 +346,91 @@ def test_s3_load_and_save(tmp_path, monkeypatch):
             rs.load_file(url, mmap=True)
     finally:
         gen.close()
+
+
+class _Tied(torch.nn.Module):
+    """A small model with a tied weight, a float64 buffer and a non-contiguous parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 64)
+        self.proj = torch.nn.Linear(64, 300, bias=True)
+        self.proj.weight = self.embed.weight  # tied: one memory under two names
+        self.norm = torch.nn.LayerNorm(64)
+        self.register_buffer("scale", torch.zeros(5, dtype=torch.float64))
+        self.t = torch.nn.Parameter(torch.zeros(16, 8).t())  # a transposed view: not contiguous
+
+
+def test_load_model_fills_the_models_own_memory_as_safetensors_does(tmp_path):
+    """load_model against safetensors.torch.load_model on the same file: the same tensors, the
+    same (missing, unexpected), the model's memory reused (no fresh tensors), tied names loaded
+    once, a non-contiguous parameter and one of another dtype copied in, sharded files too."""
+    src = _Tied()
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(torch.randn_like(p))
+        src.scale.copy_(torch.arange(5, dtype=torch.float64))
+    st.save_model(src, str(tmp_path / "m.safetensors"))  # drops the tied duplicate as HF does
+    want = {k: v.clone() for k, v in src.state_dict().items()}
+
+    ours, theirs = _Tied(), _Tied()
+    ptrs = {k: v.data_ptr() for k, v in ours.state_dict().items()}
+    got = rs.load_model(ours, tmp_path / "m.safetensors", chunk_bytes=65536, depth=3)
+    exp = st.load_model(theirs, str(tmp_path / "m.safetensors"))
+    assert (sorted(got[0]), sorted(got[1])) == (sorted(exp[0]), sorted(exp[1])) == ([], [])
+    for k, v in ours.state_dict().items():
+        assert v.data_ptr() == ptrs[k], k
+        same(v, want[k])
+        same(v, theirs.state_dict()[k])
+    assert ours.proj.weight is ours.embed.weight
+
+    # Another dtype in the model than in the file: copied with conversion, as load_state_dict does.
+    half = _Tied().to(torch.float64)
+    rs.load_model(half, tmp_path / "m.safetensors")
+    assert half.norm.weight.dtype == torch.float64
+    assert torch.equal(half.norm.weight, want["norm.weight"].to(torch.float64))
+
+    # Sharded, through the index, into a model already in memory.
+    rs.save_sharded(dict(st.load_file(str(tmp_path / "m.safetensors"))), tmp_path / "sh", max_shard_size=40_000)
+    again = _Tied()
+    assert rs.load_model(again, tmp_path / "sh") == ([], [])
+    for k, v in again.state_dict().items():
+        same(v, want[k])
+
+
+def test_load_model_refuses_before_touching_the_model(tmp_path):
+    """Missing and unexpected names under strict, a shape that differs, the meta device and a
+    wrong type are each an InvalidInputError raised before a byte is read: the model keeps its
+    weights. strict=False loads the names both have and says what it left."""
+    src = _Tied()
+    st.save_model(src, str(tmp_path / "m.safetensors"))
+    sd = dict(st.load_file(str(tmp_path / "m.safetensors")))
+    sd["extra"] = torch.ones(3)
+    del sd["norm.bias"]
+    st.save_file(sd, str(tmp_path / "odd.safetensors"))
+
+    m = _Tied()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(ringtier.InvalidInputError, match=r"missing \['norm.bias'\].*unexpected \['extra'\]"):
+        rs.load_model(m, tmp_path / "odd.safetensors")
+    for k, v in m.state_dict().items():
+        same(v, before[k])
+    exp = st.load_model(_Tied(), str(tmp_path / "odd.safetensors"), strict=False)
+    assert rs.load_model(m, tmp_path / "odd.safetensors", strict=False) == (list(exp[0]), list(exp[1]))
+    same(m.norm.bias, before["norm.bias"])
+    same(m.embed.weight, src.embed.weight.detach())
+
+    small = _Tied()
+    small.norm = torch.nn.LayerNorm(32)
+    with pytest.raises(ringtier.InvalidInputError, match=r"'norm.weight' is \[32\] in the model, \[64\] in the file"):
+        rs.load_model(small, tmp_path / "m.safetensors")
+    with torch.device("meta"):
+        meta = _Tied()
+    with pytest.raises(ringtier.InvalidInputError, match="meta device"):
+        rs.load_model(meta, tmp_path / "m.safetensors")
+    with pytest.raises(ringtier.InvalidInputError, match="torch.nn.Module"):
+        rs.load_model(dict(sd), tmp_path / "m.safetensors")
+    with pytest.raises(ringtier.InvalidInputError, match="strict"):
+        rs.load_model(_Tied(), tmp_path / "m.safetensors", strict="yes")
+    with pytest.raises(ringtier.NotFoundError):
+        rs.load_model(_Tied(), tmp_path / "ghost.safetensors")

@@ -235,6 +235,96 @@ def _load_into(model, entries, into: Dict[str, object], depth, chunk_bytes) -> D
     return into
 
 
+def load_model(
+    model,
+    filename: PathLike,
+    strict: bool = True,
+    *,
+    engine: str = "auto",
+    depth: Optional[int] = None,
+    chunk_bytes: Optional[int] = None,
+) -> Tuple[List[str], List[str]]:
+    """Loads a safetensors file, a sharded model (its index or directory) or an ``s3://`` URL
+    into ``model``'s own parameters and buffers, in place: what
+    ``safetensors.torch.load_model(model, filename, strict)`` does, without loading a second
+    copy of the model first. Returns ``(missing, unexpected)`` as it does: the model's names the
+    file lacks (a name tied to a loaded tensor's memory is not missing) and the file's names the
+    model lacks.
+
+    The reads are :func:`load_file`'s (O_DIRECT at ``depth`` chunks of ``chunk_bytes``, all
+    shards at once), each chunk copied straight into the tensors it overlaps: no memory is
+    allocated for the tensors, so a model already in memory (a restart, a weight update from a
+    trainer) reloads at the cost of the reads and one copy. A tensor on the CPU, contiguous and
+    of the file's dtype is filled where it lives; any other (another dtype, a GPU, not
+    contiguous) is read into a staging tensor of its own and copied with ``Tensor.copy_``, as
+    ``load_state_dict`` would (page-locked staging for a GPU).
+
+    Checked before anything is read, so a refused load leaves the model as it was: with
+    ``strict``, missing or unexpected names are an :class:`~ringtier.InvalidInputError`
+    (``safetensors`` raises ``RuntimeError`` after loading); a shape that differs from the file's,
+    or a tensor on the ``meta`` device, is one whatever ``strict`` says. The module's
+    ``load_state_dict`` hooks are not run: for a module that needs them, use :func:`load_file`
+    and ``model.load_state_dict``. Do not touch the model while this runs.
+    """
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidInputError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(strict, bool):
+        raise InvalidInputError(f"strict must be True or False, not {strict!r}")
+    root, key = _split(filename)
+    st = _ringtier.SafetensorsModel(root, key, engine)
+    entries = {e[0]: e for e in st.tensors()}
+    own = model.state_dict()
+    unexpected = [n for n in entries if n not in own]
+    loaded, wrong = {}, []
+    for name, t in own.items():
+        e = entries.get(name)
+        if e is None:
+            continue
+        _, _, dtype, shape, _, _ = e
+        if t.device.type == "meta":
+            wrong.append(f"{name!r} is on the meta device (load_file, then model.load_state_dict(..., assign=True))")
+        elif list(t.shape) != _storage_shape(dtype, list(shape)):
+            wrong.append(f"{name!r} is {list(t.shape)} in the model, {list(shape)} in the file")
+        else:
+            loaded[name] = t
+    if wrong:
+        raise InvalidInputError(f"cannot load {filename} into {type(model).__name__}: " + "; ".join(wrong))
+    spans = {_memory_span(t) for t in loaded.values()}
+    missing = [n for n, t in own.items() if n not in entries and _memory_span(t) not in spans]
+    if strict and (missing or unexpected):
+        raise InvalidInputError(
+            f"cannot load {filename} into {type(model).__name__} strictly: "
+            f"missing {missing[:8]}{'...' if len(missing) > 8 else ''} ({len(missing)}), "
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)}); "
+            "strict=False loads the names both have"
+        )
+    into, staged, seen = {}, [], set()
+    for name, t in loaded.items():
+        dtype = entries[name][2]
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == _torch_dtype(dtype):
+            if _memory_span(t) not in seen:  # tied names: their memory is filled once
+                seen.add(_memory_span(t))
+                into[name] = t
+            continue
+        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        buf = torch.empty(_storage_shape(dtype, list(entries[name][3])), dtype=_torch_dtype(dtype), pin_memory=pin)
+        into[name] = buf
+        staged.append((t, buf))
+    _load_into(st, list(entries.values()), into, depth, chunk_bytes)
+    if staged:
+        with torch.no_grad():
+            for t, buf in staged:
+                t.copy_(buf, non_blocking=buf.is_pinned())
+        if any(t.device.type == "cuda" for t, _ in staged):
+            torch.cuda.synchronize()
+    return missing, unexpected
+
+
+def _memory_span(t) -> Tuple[str, int, int]:
+    return (str(t.device), t.data_ptr(), t.numel() * t.element_size())
+
+
 class safe_open:
     """Lazy access by name, as ``safetensors.safe_open``: only the header is read when it
     opens; :meth:`get_tensor` reads one tensor (its own aligned read).
@@ -410,4 +500,4 @@ def save_sharded(
     )
 
 
-__all__ = ["INDEX_FILE", "load_file", "safe_open", "save_file", "save_sharded"]
+__all__ = ["INDEX_FILE", "load_file", "load_model", "safe_open", "save_file", "save_sharded"]

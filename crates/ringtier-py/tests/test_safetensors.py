@@ -344,8 +344,35 @@ def test_s3_load_and_save(tmp_path, monkeypatch):
             same(got[k], t[k])
         with pytest.raises(ringtier.UnsupportedError, match="mmap=True maps files"):
             rs.load_file(url, mmap=True)
+        module = _module_of({k: torch.zeros_like(v) for k, v in t.items()})
+        assert rs.load_model(module, url) == ([], [])
+        for k, v in module.state_dict().items():
+            same(v, t[k])
     finally:
         gen.close()
+
+
+def _module_of(tensors):
+    """A torch.nn.Module whose state_dict is ``tensors`` (as buffers: any dtype), named alike."""
+    root = torch.nn.Module()
+    for name, t in tensors.items():
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        mod.register_buffer(leaf, t)
+    return root
+
+
+def test_load_model_every_dtype(tmp_path):
+    t = {f"d.{name}": random_bytes_tensor(dt, (6, 4), i) for i, (name, dt) in enumerate(DTYPES.items()) if dt is not None}
+    st.save_file(t, str(tmp_path / "all.safetensors"))
+    module = _module_of({k: torch.zeros_like(v) for k, v in t.items()})
+    assert rs.load_model(module, tmp_path / "all.safetensors", chunk_bytes=4096, depth=2) == ([], [])
+    for k, v in module.state_dict().items():
+        same(v, t[k])
 
 
 class _Tied(torch.nn.Module):

@@ -264,7 +264,9 @@ def load_model(
     (``safetensors`` raises ``RuntimeError`` after loading); a shape that differs from the file's,
     or a tensor on the ``meta`` device, is one whatever ``strict`` says. The module's
     ``load_state_dict`` hooks are not run: for a module that needs them, use :func:`load_file`
-    and ``model.load_state_dict``. Do not touch the model while this runs.
+    and ``model.load_state_dict``. A read that fails part way (a file cut short since its header
+    was read, an S3 server gone past the retries) raises its error and leaves the model partly
+    loaded. Do not touch the model while this runs.
     """
     torch = _torch()
     if not isinstance(model, torch.nn.Module):

@@ -31,6 +31,11 @@ ringtier, then tf.data at each parallelism of the sweep, so drift hits all alike
 generator). --epochs K: K epochs per pass process (the dataset built once, a new iterator each,
 cold before each); epochs 2..K are reported as "later epochs".
 
+--ceiling adds the disk's ceiling to every repeat: fio reading the same files with O_DIRECT
+(io_uring, 16 reads in flight, 1 MiB blocks; files under --opendir), cold like the others
+(side "disk (fio)"; not a tf.data side). Reported: each side's rate over it, pair by pair; a
+tf.data side at r of the ceiling leaves room for at most 1/r times its speed.
+
 --malloc-parallel K runs tf.data at parallelism K once more per repeat with the glibc malloc
 settings ringtier.tensorflow makes for its tf.string batches (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_): the same heap policy on both sides. The best tf.data side is the best
@@ -159,6 +164,25 @@ def timed(cmd, env):
     return res, res["proc_cpu"], res["peak_rss"]
 
 
+FIO_SIDE = "disk (fio)"
+
+
+def fio_pass(d, fmt, total):
+    """One cold read of the dataset's files by fio, O_DIRECT io_uring at depth 16: MB/s (of
+    every file under `d`, which are at least the dataset's bytes)."""
+    bs = "1M" if fmt == "tfrecord" else "128k"
+    cmd = ["fio", "--name=ceiling", "--rw=read", "--direct=1", "--ioengine=io_uring", "--iodepth=16",
+           f"--bs={bs}", f"--opendir={d}", "--iomem_align=4096", "--output-format=json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {out.stderr[-2000:]}")
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["read"]
+    # fio leaves out each file's last partial block (a shard's last < 1 MiB): a few % of the bytes.
+    if job["io_bytes"] < 0.9 * total:
+        sys.exit(f"fio read {job['io_bytes']} of {total} bytes")
+    return job["io_bytes"] / (job["runtime"] / 1000) / 1e6, cmd
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -174,6 +198,8 @@ def main():
                          "epoch, cold before each; the epochs after the first are reported as 'later'")
     ap.add_argument("--python-crossing", action="store_true",
                     help="files, tfrecord: also ringtier with RINGTIER_TF_OP=off (side 'ringtier python')")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also fio's O_DIRECT read of the same files each repeat (the disk's ceiling)")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.format == "tfrecord":
@@ -203,7 +229,12 @@ def main():
             sides.insert(1, "ringtier python")
             side_env["ringtier python"] = dict(env, RINGTIER_TF_OP="off")
     runs = {s: [] for s in sides}
+    ceiling, fio_cmd = [], None
     for r in range(a.repeats):
+        if a.ceiling:
+            cold(files, a.drop_caches)
+            mb_per_sec, fio_cmd = fio_pass(a.dir, a.format, total)
+            ceiling.append(mb_per_sec)
         for s in sides:
             cold(files, a.drop_caches)
             side, k = ("ringtier", "0") if s.startswith("ringtier") else ("tf", s.split()[1])
@@ -223,7 +254,7 @@ def main():
                                               "pass_cpu_seconds_per_gib": e["pass_cpu"] / (total / 2**30)}
                                              for e in res["later"]],
                             "record_op": res["record_op"], "samples": res["samples"], "payload_bytes": res["payload_bytes"], "peak_rss_bytes": rss})
-        print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
+        print(f"repeat {r + 1}/{a.repeats}: " + (f"{FIO_SIDE} {ceiling[-1]:.0f} MB/s, " if ceiling else "") + ", ".join(f"{s} {v[-1]['mb_per_sec']:.0f} MB/s" for s, v in runs.items()),
               file=sys.stderr, flush=True)
     tf_sides = [s for s in sides if s.startswith("tf.data")]
     best = max(tf_sides, key=lambda s: statistics.median(x["mb_per_sec"] for x in runs[s]))
@@ -263,6 +294,11 @@ def main():
                           "delivered_mb_per_sec": summary(lat(s, "delivered_mb_per_sec")),
                           "pass_cpu_seconds_per_gib": summary(lat(s, "pass_cpu_seconds_per_gib"))} for s in sides},
         }
+    over_ceiling = None
+    if ceiling:
+        # Each side's first pass over the disk's ceiling in the same repeat.
+        over_ceiling = {"command": " ".join(fio_cmd), "mb_per_sec": summary(ceiling),
+                        "sides": {s: summary([x["mb_per_sec"] / c for x, c in zip(v, ceiling)]) for s, v in runs.items()}}
     import ringtier
 
     report = {
@@ -283,6 +319,7 @@ def main():
         "ringtier_over_best_tf_data_delivered_mb_per_sec": summary(ratio_delivered),
         "ringtier_batch_op": batch_op,
         "later_epochs": later,
+        "over_disk_ceiling": over_ceiling,
         "malloc_env_of_malloc_sides": tuned_malloc_env() if a.malloc_parallel else None,
         "sides": {s: {"mb_per_sec": summary([x["mb_per_sec"] for x in v]),
                       "delivered_mb_per_sec": summary([x["delivered_mb_per_sec"] for x in v]),
@@ -303,6 +340,10 @@ def main():
     print("to the last batch (no iterator teardown), median MB/s: " + ", ".join(f"{s} {m:.0f}" for s, m in dm.items()))
     print(f"ringtier / {best_delivered} to the last batch: {summary(ratio_delivered)['median']:.2f}x "
           f"(min {min(ratio_delivered):.2f}, max {max(ratio_delivered):.2f})")
+    if over_ceiling is not None:
+        m = over_ceiling["mb_per_sec"]
+        print(f"{FIO_SIDE}: {m['min']:.0f} {m['median']:.0f} {m['max']:.0f} MB/s; first pass over it, pair by pair: "
+              + ", ".join(f"{s} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for s, v in over_ceiling["sides"].items()))
     if later is not None:
         print(f"epochs 2..{a.epochs} of each process (a new iterator each, cold), MB/s min / median / max "
               "(to the last batch), pass CPU s/GiB:")

@@ -20,7 +20,7 @@ use ringtier_core::error::{Error, ErrorKind, Result};
 use ringtier_core::{AlignedBuf, Tier};
 use ringtier_migrate::{PartInfo, ReadTargets};
 use ringtier_safetensors::{
-    read_chunks, read_into_targets, save, save_sharded, DataTargets, Dtype, Layout, Model, ReadOptions, SaveOptions,
+    read_chunks_of, read_into_targets, save, save_sharded, DataTargets, Dtype, Layout, Model, ReadOptions, SaveOptions,
     TensorRef, TensorSpec,
 };
 
@@ -370,7 +370,15 @@ impl SafetensorsModel {
             }
             Ok(())
         };
-        let res = wait_plain(py, &st.engine, read_chunks(files, &opts, sink))?;
+        // Only the part of each file the targets cover is read.
+        let wanted: Vec<std::ops::Range<u64>> = per_file
+            .iter()
+            .map(|v| match (v.iter().map(|d| d.0).min(), v.iter().map(|d| d.1).max()) {
+                (Some(b), Some(e)) => b..e,
+                _ => 0..0,
+            })
+            .collect();
+        let res = wait_plain(py, &st.engine, read_chunks_of(files, &wanted, &opts, sink))?;
         drop(held);
         res.py_err()
     }

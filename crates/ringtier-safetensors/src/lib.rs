@@ -13,5 +13,7 @@ pub use dtype::Dtype;
 pub use header::{Header, Layout, TensorInfo, TensorSpec, LEN_BYTES, MAX_HEADER_BYTES, METADATA_KEY};
 pub use index::{ShardIndex, MAX_INDEX_BYTES};
 pub use model::Model;
-pub use read::{read_alignment, read_chunks, read_into_targets, DataSpan, DataTargets, ReadOptions, SafetensorsFile};
+pub use read::{
+    read_alignment, read_chunks, read_chunks_of, read_into_targets, DataSpan, DataTargets, ReadOptions, SafetensorsFile,
+};
 pub use write::{plan_shards, save, save_sharded, SaveOptions, ShardedSave, TensorRef, INDEX_FILE};

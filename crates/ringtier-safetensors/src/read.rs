@@ -3,6 +3,7 @@
 //! chunks with many reads in flight, into memory the caller chooses.
 
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -223,18 +224,30 @@ pub trait DataTargets: Send + Sync {
 
 type ReadFuture = Pin<Box<dyn Future<Output = (usize, u64, usize, (Result<usize>, AlignedBuf))> + Send>>;
 
-/// The chunk reads of `files`' spans: (file, offset in the file, length), in order.
-fn requests(
-    files: &[SafetensorsFile],
+/// The chunk reads of `files`' spans: (file, offset in the file, offset in its span, length),
+/// in order; with `wanted`, of each file only the aligned chunks covering `wanted[i]` (a range
+/// of its data region; empty: none of it).
+fn requests<'a>(
+    files: &'a [SafetensorsFile],
+    wanted: Option<&'a [Range<u64>]>,
     align: usize,
     chunk: usize,
-) -> impl Iterator<Item = (usize, u64, u64, usize)> + '_ {
+) -> impl Iterator<Item = (usize, u64, u64, usize)> + 'a {
     files.iter().enumerate().flat_map(move |(i, f)| {
         let span = f.data_span(align);
-        let n = span.len.div_ceil(chunk as u64);
+        let (from, to) = match wanted.and_then(|w| w.get(i)) {
+            None if wanted.is_some() => (0, 0),
+            None => (0, span.len),
+            Some(r) if r.start >= r.end || span.len == 0 => (0, 0),
+            Some(r) => {
+                let from = align_down(span.data_offset + r.start, align as u64).min(span.len);
+                (from, align_up(span.data_offset + r.end, align as u64).min(span.len))
+            }
+        };
+        let n = (to - from).div_ceil(chunk as u64);
         (0..n).map(move |c| {
-            let off = c * chunk as u64;
-            (i, span.base + off, off, (span.len - off).min(chunk as u64) as usize)
+            let off = from + c * chunk as u64;
+            (i, span.base + off, off, (to - off).min(chunk as u64) as usize)
         })
     })
 }
@@ -244,6 +257,7 @@ fn requests(
 /// (file, offset in its span, the buffer with the bytes as its window) in completion order.
 async fn drive<B, D>(
     files: &[SafetensorsFile],
+    wanted: Option<&[Range<u64>]>,
     opts: &ReadOptions,
     align: usize,
     mut buffer: B,
@@ -254,7 +268,7 @@ where
     D: FnMut(usize, u64, AlignedBuf) -> Result<()>,
 {
     let chunk = align_up(opts.chunk_bytes.max(align) as u64, align as u64) as usize;
-    let mut todo = requests(files, align, chunk);
+    let mut todo = requests(files, wanted, align, chunk);
     let mut flight: FuturesUnordered<ReadFuture> = FuturesUnordered::new();
     let depth = opts.depth.max(1);
     loop {
@@ -307,6 +321,7 @@ pub async fn read_into_targets(
     targets.prepare(&spans.iter().map(|s| s.len).collect::<Vec<_>>(), align)?;
     drive(
         files,
+        None,
         opts,
         align,
         |i, off, len| targets.window(i, off, len, align),
@@ -323,7 +338,35 @@ pub async fn read_into_targets(
 /// (bounded memory), handing each chunk to `sink` as (file, offset in its span, bytes) in
 /// completion order: the way to fill memory the caller already has (tensors given to load
 /// into). Subtract [`DataSpan::data_offset`] for offsets in the data region.
-pub async fn read_chunks<S>(files: &[SafetensorsFile], opts: &ReadOptions, mut sink: S) -> Result<()>
+pub async fn read_chunks<S>(files: &[SafetensorsFile], opts: &ReadOptions, sink: S) -> Result<()>
+where
+    S: FnMut(usize, u64, &[u8]) -> Result<()>,
+{
+    read_chunks_inner(files, None, opts, sink).await
+}
+
+/// [`read_chunks`] of only part of each file: `wanted[i]` is the range of file `i`'s data
+/// region to read (an empty range: none of it; `wanted` shorter than `files`: none of the
+/// files past its end). The chunks read are the aligned ones covering each range, so a sink
+/// sees bytes before and after it within the first and last chunk: clip to what you want.
+pub async fn read_chunks_of<S>(
+    files: &[SafetensorsFile],
+    wanted: &[Range<u64>],
+    opts: &ReadOptions,
+    sink: S,
+) -> Result<()>
+where
+    S: FnMut(usize, u64, &[u8]) -> Result<()>,
+{
+    read_chunks_inner(files, Some(wanted), opts, sink).await
+}
+
+async fn read_chunks_inner<S>(
+    files: &[SafetensorsFile],
+    wanted: Option<&[Range<u64>]>,
+    opts: &ReadOptions,
+    mut sink: S,
+) -> Result<()>
 where
     S: FnMut(usize, u64, &[u8]) -> Result<()>,
 {
@@ -337,7 +380,7 @@ where
             None => AlignedBuf::new(chunk + align, align),
         }
     };
-    drive(files, opts, align, take, |i, off, mut buf| {
+    drive(files, wanted, opts, align, take, |i, off, mut buf| {
         sink(i, off, buf.as_slice())?;
         buf.clear();
         free.lock().unwrap_or_else(|p| p.into_inner()).push(buf);

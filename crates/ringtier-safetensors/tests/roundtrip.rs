@@ -100,6 +100,31 @@ async fn round_trip(tier: Arc<dyn Tier>) {
     .await
     .expect("chunks");
     check_all(&m, f.header(), &copy[span.data_offset as usize..]);
+    // Part of the file: one tensor's range, read by the aligned chunks covering it and no more.
+    let t = &m[m.len() / 2];
+    let info = f.header().get(&t.name).expect("tensor").clone();
+    let align = read_alignment(tier.as_ref()) as u64;
+    let (lo, hi) = (info.data_offsets.0 + span.data_offset, info.data_offsets.1 + span.data_offset);
+    let mut seen = 0u64;
+    let mut got = vec![0u8; t.data.len()];
+    let wanted = [std::ops::Range { start: info.data_offsets.0, end: info.data_offsets.1 }];
+    read_chunks_of(std::slice::from_ref(&f), &wanted, &opts, |_, at, b| {
+        assert!(at >= lo / align * align && at + b.len() as u64 <= hi.div_ceil(align) * align, "{at}+{}", b.len());
+        seen += b.len() as u64;
+        let (from, to) = (lo.max(at), hi.min(at + b.len() as u64));
+        if from < to {
+            got[(from - lo) as usize..(to - lo) as usize].copy_from_slice(&b[(from - at) as usize..(to - at) as usize]);
+        }
+        Ok(())
+    })
+    .await
+    .expect("chunks of");
+    assert_eq!(got, t.data, "{}", t.name);
+    assert_eq!(seen, (hi.div_ceil(align) * align).min(span.len) - lo / align * align);
+    // Nothing wanted: nothing read.
+    let nothing = [std::ops::Range { start: 5u64, end: 5 }];
+    read_chunks_of(std::slice::from_ref(&f), &nothing, &opts, |_, _, _| panic!("read")).await.expect("empty");
+    read_chunks_of(std::slice::from_ref(&f), &[], &opts, |_, _, _| panic!("read")).await.expect("none");
     // Targets.
     let targets = CopyTargets::default();
     let spans = read_into_targets(std::slice::from_ref(&f), &targets, &opts).await.expect("targets");

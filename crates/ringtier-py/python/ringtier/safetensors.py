@@ -18,6 +18,7 @@ UTF-8 or JSON are each a :class:`ringtier.CorruptError` before anything large is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
@@ -165,6 +166,7 @@ def load_file(
     depth: Optional[int] = None,
     chunk_bytes: Optional[int] = None,
     mmap: bool = False,
+    staging_bytes: Optional[int] = None,
 ) -> Dict[str, object]:
     """Loads a safetensors file, a sharded model's index (or a directory holding either), or an
     ``s3://bucket/key?endpoint=...`` URL into a dict of torch tensors: what
@@ -172,9 +174,9 @@ def load_file(
 
     On the CPU the tensors are views of one page-aligned buffer per file, which the reads
     filled directly (``depth`` reads of ``chunk_bytes`` in flight, over all shards: default 16
-    of 8 MiB, 64 from an S3 URL); the buffer lives as long as any of its tensors. ``device="cuda"`` copies them to
-    the GPU from that buffer, page-locked for the copies; without CUDA it raises
-    :class:`~ringtier.UnsupportedError`.
+    of 8 MiB, 64 from an S3 URL); the buffer lives as long as any of its tensors.
+    ``device="cuda"`` streams them to the GPU through page-locked staging buffers (below);
+    without CUDA it raises :class:`~ringtier.UnsupportedError`.
 
     ``mmap=True`` (files only): the tensors are views of each file mapped private
     (copy-on-write) instead, its pages read into the page cache ahead of use by ``depth // 2``
@@ -185,11 +187,21 @@ def load_file(
     with ``SIGBUS``, as with any mapped file). A tensor written is copied page by page.
 
     ``into``: a dict of CPU tensors to fill in place (each contiguous, of the file's dtype and
-    shape); only those are loaded, through ``depth`` buffers of one chunk (the memory used
-    beyond them), and ``into`` is returned. Do not touch them while this runs.
+    shape); only those are loaded (only the parts of the files they cover are read), through
+    ``depth`` buffers of one chunk (the memory used beyond them), and ``into`` is returned. Do
+    not touch them while this runs.
+
+    ``device="cuda"`` (or another device): the tensors are made on the device and filled
+    through two page-locked staging buffers of ``staging_bytes`` (default
+    :data:`DEVICE_STAGING_BYTES`; a tensor larger than that gets buffers of its size): while one
+    buffer's tensors are copied to the device asynchronously, the next tensors are read into
+    the other, so reads and copies overlap and host memory stays bounded (the two buffers and
+    ``depth`` chunks), whatever the model's size.
     """
     root, key = _split(filename)
     dev = _device(device)
+    if staging_bytes is not None and (isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes < 1):
+        raise InvalidInputError(f"staging_bytes must be a positive int, not {staging_bytes!r}")
     model = _ringtier.SafetensorsModel(root, key, engine)
     entries = model.tensors()
     if into is not None:
@@ -199,6 +211,8 @@ def load_file(
     torch = _torch()
     if not isinstance(mmap, bool):
         raise InvalidInputError(f"mmap must be True or False, not {mmap!r}")
+    if dev.type != "cpu" and not mmap:
+        return _stream_to_device(model, entries, dev, staging_bytes or DEVICE_STAGING_BYTES, depth, chunk_bytes)
     if mmap:
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
             raise InvalidInputError(f"depth must be a positive int, not {depth!r}")
@@ -210,6 +224,94 @@ def load_file(
     for name, file, dtype, shape, begin, end in entries:
         out[name] = _view(bases[file], buffers[file][1] + begin, end - begin, dtype, list(shape))
     return _to_device(out, bases, dev)
+
+
+DEVICE_STAGING_BYTES = 256 << 20
+"""Bytes of each of the two page-locked buffers a load to a device reads through."""
+
+
+_SLOT_ALIGN = 64  # each tensor's place in a staging buffer: any dtype can be viewed there
+
+
+def _slot(nbytes: int) -> int:
+    return -(-nbytes // _SLOT_ALIGN) * _SLOT_ALIGN
+
+
+def _windows(entries, limit: int) -> List[list]:
+    """``entries`` (with bytes) in consecutive groups whose slots take at most ``limit`` bytes
+    (a larger tensor is a group of its own), in file and data order."""
+    out: List[list] = []
+    cur: list = []
+    size = 0
+    for e in entries:
+        n = _slot(e[5] - e[4])
+        if cur and size + n > limit:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _stream_into(model, entries, dests: Dict[str, object], staging_bytes: int, depth, chunk_bytes) -> None:
+    """Fills ``dests[name]`` (tensors on any device, of any dtype and layout: ``copy_``'s
+    rules) with the file's tensors through two staging buffers in turn (page-locked where a
+    destination is on a GPU): window ``k + 1`` is read by a pool thread (the GIL released)
+    while window ``k``'s tensors are copied out of the other buffer (asynchronously to a GPU);
+    a buffer is read into again once the copies out of it are done."""
+    torch = _torch()
+    windows = _windows([e for e in entries if e[0] in dests and e[5] > e[4]], staging_bytes)
+    if not windows:
+        return
+    cuda = any(dests[e[0]].device.type == "cuda" for w in windows for e in w)
+    size = max(sum(_slot(e[5] - e[4]) for e in w) for w in windows)
+    staging = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda) for _ in range(min(2, len(windows)))]
+    copied: List[list] = [[] for _ in staging]  # per buffer: events of the copies out of it
+
+    def read(k: int) -> None:
+        buf, at, targets = staging[k % len(staging)], 0, []
+        for name, _, _, _, begin, end in windows[k]:
+            targets.append((name, buf[at : at + end - begin].numpy()))
+            at += _slot(end - begin)
+        model.read_into(targets, depth, chunk_bytes)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(staging), thread_name_prefix="ringtier-staging") as pool:
+        pending = {k: pool.submit(read, k) for k in range(len(staging))}
+        for k in range(len(windows)):
+            pending.pop(k).result()
+            b = k % len(staging)
+            buf, at, devices = staging[b], 0, set()
+            with torch.no_grad():
+                for name, _, dtype, shape, begin, end in windows[k]:
+                    src = buf[at : at + end - begin].view(_torch_dtype(dtype)).reshape(_storage_shape(dtype, list(shape)))
+                    dest = dests[name]
+                    dest.copy_(src, non_blocking=dest.device.type == "cuda")
+                    if dest.device.type == "cuda":
+                        devices.add(dest.device)
+                    at += _slot(end - begin)
+            copied[b] = [torch.cuda.current_stream(d).record_event() for d in devices]
+            nxt = k + len(staging)
+            if nxt < len(windows):
+                for ev in copied[b]:
+                    ev.synchronize()  # the copies out of this buffer, before it is read into
+                pending[nxt] = pool.submit(read, nxt)
+    for evs in copied:
+        for ev in evs:
+            ev.synchronize()
+
+
+def _stream_to_device(model, entries, dev, staging_bytes: int, depth, chunk_bytes) -> Dict[str, object]:
+    """The file's tensors made on ``dev`` and filled by :func:`_stream_into`."""
+    torch = _torch()
+    out: Dict[str, object] = {}
+    for name, _, dtype, shape, _, _ in entries:
+        out[name] = torch.empty(_storage_shape(dtype, list(shape)), dtype=_torch_dtype(dtype), device=dev)
+    _stream_into(model, entries, out, staging_bytes, depth, chunk_bytes)
+    return out
 
 
 def _load_into(model, entries, into: Dict[str, object], depth, chunk_bytes) -> Dict[str, object]:
@@ -255,9 +357,10 @@ def load_model(
     shards at once), each chunk copied straight into the tensors it overlaps: no memory is
     allocated for the tensors, so a model already in memory (a restart, a weight update from a
     trainer) reloads at the cost of the reads and one copy. A tensor on the CPU, contiguous and
-    of the file's dtype is filled where it lives; any other (another dtype, a GPU, not
-    contiguous) is read into a staging tensor of its own and copied with ``Tensor.copy_``, as
-    ``load_state_dict`` would (page-locked staging for a GPU).
+    of the file's dtype is filled where it lives; the others (another dtype, a GPU, not
+    contiguous) are read through two staging buffers of :data:`DEVICE_STAGING_BYTES` in turn
+    (page-locked for a GPU, the copies out of one overlapping the reads into the other) and
+    copied with ``Tensor.copy_``, as ``load_state_dict`` would.
 
     Checked before anything is read, so a refused load leaves the model as it was: with
     ``strict``, missing or unexpected names are an :class:`~ringtier.InvalidInputError`
@@ -301,25 +404,19 @@ def load_model(
             f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''} ({len(unexpected)}); "
             "strict=False loads the names both have"
         )
-    into, staged, seen = {}, [], set()
+    into, staged, seen = {}, {}, set()
     for name, t in loaded.items():
-        dtype = entries[name][2]
-        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == _torch_dtype(dtype):
-            if _memory_span(t) not in seen:  # tied names: their memory is filled once
-                seen.add(_memory_span(t))
-                into[name] = t
+        if _memory_span(t) in seen:  # tied names: their memory is filled once
             continue
-        pin = t.device.type == "cuda" and torch.cuda.is_available()
-        buf = torch.empty(_storage_shape(dtype, list(entries[name][3])), dtype=_torch_dtype(dtype), pin_memory=pin)
-        into[name] = buf
-        staged.append((t, buf))
-    _load_into(st, list(entries.values()), into, depth, chunk_bytes)
+        seen.add(_memory_span(t))
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype == _torch_dtype(entries[name][2]):
+            into[name] = t
+        else:
+            staged[name] = t
+    if into:
+        _load_into(st, list(entries.values()), into, depth, chunk_bytes)
     if staged:
-        with torch.no_grad():
-            for t, buf in staged:
-                t.copy_(buf, non_blocking=buf.is_pinned())
-        if any(t.device.type == "cuda" for t, _ in staged):
-            torch.cuda.synchronize()
+        _stream_into(st, list(entries.values()), staged, DEVICE_STAGING_BYTES, depth, chunk_bytes)
     return missing, unexpected
 
 
@@ -502,4 +599,4 @@ def save_sharded(
     )
 
 
-__all__ = ["INDEX_FILE", "load_file", "load_model", "safe_open", "save_file", "save_sharded"]
+__all__ = ["DEVICE_STAGING_BYTES", "INDEX_FILE", "load_file", "load_model", "safe_open", "save_file", "save_sharded"]

@@ -261,6 +261,8 @@ def test_device_streaming_through_two_staging_buffers(tmp_path, staging):
     assert all(len(w) == 1 or sum(e[5] - e[4] for e in w) <= staging for w in windows)
     with pytest.raises(ringtier.InvalidInputError, match="staging_bytes"):
         rs.load_file(tmp_path / "sh", staging_bytes=0)
+    with pytest.raises(ringtier.InvalidInputError, match="meta"):
+        rs.load_file(tmp_path / "sh", device="meta")
 
 
 def test_into_reads_only_what_its_tensors_cover(tmp_path):

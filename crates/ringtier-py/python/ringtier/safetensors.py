@@ -105,6 +105,10 @@ def _device(device: Device):
     if isinstance(device, int):
         device = f"cuda:{device}"
     dev = torch.device(device)
+    if dev.type == "meta":
+        raise InvalidInputError(
+            "device='meta' holds no data: load to 'cpu' or a GPU (safe_open(...).keys() lists the names alone)"
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UnsupportedError(
             f"device={str(device)!r}: CUDA is not available here (torch.cuda.is_available() is False; no GPU, "

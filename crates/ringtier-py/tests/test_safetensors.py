@@ -484,6 +484,51 @@ def test_load_model_fills_the_models_own_memory_as_safetensors_does(tmp_path):
         same(v, want[k])
 
 
+def test_save_model_writes_what_safetensors_writes_and_load_model_reads_it(tmp_path):
+    """save_model of a model with a tied weight and a non-contiguous parameter: the bytes
+    safetensors.torch.save_model writes, with and without the caller's metadata (the caller's
+    dict left as it was); load_model fills a fresh model from it, tied names included; memory
+    shared in part only is refused as safetensors refuses it."""
+    m = _Tied()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    rs.save_model(m, tmp_path / "ours.safetensors")
+    st.save_model(m, str(tmp_path / "theirs.safetensors"))
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    mine = {"format": "pt", "proj.weight": "mine"}
+    rs.save_model(m, tmp_path / "ours-meta.safetensors", metadata=mine)
+    assert mine == {"format": "pt", "proj.weight": "mine"}
+    st.save_model(m, str(tmp_path / "theirs-meta.safetensors"), metadata=dict(mine))
+    # Several metadata keys: safetensors writes them in its process's hash order (random per
+    # process), ringtier sorted; the same metadata, tensors and data bytes either way.
+    ours, theirs = (tmp_path / "ours-meta.safetensors").read_bytes(), (tmp_path / "theirs-meta.safetensors").read_bytes()
+    (n_ours,), (n_theirs,) = struct.unpack("<Q", ours[:8]), struct.unpack("<Q", theirs[:8])
+    assert json.loads(ours[8 : 8 + n_ours]) == json.loads(theirs[8 : 8 + n_theirs])
+    assert json.loads(ours[8 : 8 + n_ours])["__metadata__"] == {"format": "pt", "proj.weight": "mine"}
+    assert ours[8 + n_ours :] == theirs[8 + n_theirs :]
+
+    back = _Tied()
+    assert rs.load_model(back, tmp_path / "ours.safetensors") == ([], [])
+    for k, v in back.state_dict().items():
+        same(v, m.state_dict()[k].contiguous())
+
+    class Sliced(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            base = torch.arange(10.0)
+            self.register_buffer("a", base[:6])
+            self.register_buffer("b", base[4:])
+
+    with pytest.raises(ringtier.InvalidInputError, match="none of them covers all of it"):
+        rs.save_model(Sliced(), tmp_path / "sliced.safetensors")
+    with pytest.raises(RuntimeError):
+        st.save_model(Sliced(), str(tmp_path / "sliced-theirs.safetensors"))
+    assert not (tmp_path / "sliced.safetensors").exists()
+    with pytest.raises(ringtier.InvalidInputError, match="torch.nn.Module"):
+        rs.save_model({"a": torch.ones(1)}, tmp_path / "x.safetensors")
+
+
 def test_load_model_refuses_before_touching_the_model(tmp_path):
     """Missing and unexpected names under strict, a shape that differs, the meta device and a
     wrong type are each an InvalidInputError raised before a byte is read: the model keeps its

@@ -560,6 +560,90 @@ def save_file(
     _ringtier.safetensors_save(root, key, _check_tensors(tensors), _check_metadata(metadata), engine, None, "model", chunk_bytes)
 
 
+def save_model(
+    model,
+    filename: PathLike,
+    metadata: Optional[Mapping[str, str]] = None,
+    force_contiguous: bool = True,
+    *,
+    engine: str = "auto",
+) -> None:
+    """Saves ``model``'s state dict as ``filename`` (a path or an ``s3://`` URL), durable as
+    :func:`save_file`: the bytes ``safetensors.torch.save_model`` writes for the same model.
+    Names that share memory (tied weights) are saved once, under the first in sorted order of
+    those covering the whole memory; each other name goes into the metadata as
+    ``{other: kept}`` (a key the caller's ``metadata`` already has is left as it is), and
+    :func:`load_model` fills both again. Memory shared in part only (one name a slice of
+    another's, neither covering it all) is an :class:`~ringtier.InvalidInputError`, as
+    ``safetensors`` refuses it. ``force_contiguous``: non-contiguous tensors saved as their
+    contiguous copies (else refused)."""
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidInputError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(force_contiguous, bool):
+        raise InvalidInputError(f"force_contiguous must be True or False, not {force_contiguous!r}")
+    state = dict(model.state_dict())
+    meta = dict(_check_metadata(metadata) or {})
+    dropped = False
+    for kept, others in _tied_names(state).items():
+        for other in others:
+            meta.setdefault(other, kept)
+            del state[other]
+            dropped = True
+    if force_contiguous:
+        state = {k: v.contiguous() for k, v in state.items()}
+    save_file(state, filename, meta if (metadata is not None or dropped) else None, engine=engine)
+
+
+def _tied_names(state: Dict[str, object]) -> Dict[str, List[str]]:
+    """Of each group of names whose tensors overlap in memory: the name kept (the first in
+    sorted order of those covering their whole storage) and the others, sorted."""
+    torch = _torch()
+    by_storage: Dict[tuple, List[str]] = {}
+    for name, t in state.items():
+        if t.device.type == "meta":
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() == 0 or storage.nbytes() == 0:
+            continue
+        by_storage.setdefault((str(t.device), storage.data_ptr(), storage.nbytes()), []).append(name)
+    out: Dict[str, List[str]] = {}
+    for names in by_storage.values():
+        if len(names) < 2:
+            continue
+        # Names whose byte ranges overlap form a group; ranges that only share a storage do not.
+        spans = []
+        for n in names:
+            t = state[n]
+            size = t.element_size()
+            end = t.data_ptr() + ((t.reshape(-1)[-1].data_ptr() - t.data_ptr()) + size if t.numel() else 0)
+            spans.append((t.data_ptr(), end, n))
+        spans.sort()
+        groups: List[List[str]] = [[spans[0][2]]]
+        last_end = spans[0][1]
+        for begin, end, n in spans[1:]:
+            if begin >= last_end:
+                groups.append([n])
+            else:
+                groups[-1].append(n)
+            last_end = end
+        for group in groups:
+            if len(group) < 2:
+                continue
+            whole = sorted(
+                n for n in group
+                if state[n].data_ptr() == state[n].untyped_storage().data_ptr()
+                and state[n].numel() * state[n].element_size() == state[n].untyped_storage().nbytes()
+            )
+            if not whole:
+                raise InvalidInputError(
+                    f"{sorted(group)} share memory and none of them covers all of it: save each as its own "
+                    "tensor (.clone()), so that the file does not hold more than they show"
+                )
+            out[whole[0]] = sorted(n for n in group if n != whole[0])
+    return out
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
 
 
@@ -603,4 +687,4 @@ def save_sharded(
     )
 
 
-__all__ = ["DEVICE_STAGING_BYTES", "INDEX_FILE", "load_file", "load_model", "safe_open", "save_file", "save_sharded"]
+__all__ = ["DEVICE_STAGING_BYTES", "INDEX_FILE", "load_file", "load_model", "safe_open", "save_model", "save_file", "save_sharded"]

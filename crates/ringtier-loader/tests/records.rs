@@ -674,3 +674,71 @@ async fn a_dangling_link_among_the_shards_is_named_or_left_out() {
     assert_eq!(skipped[0].key, "train-99999.tfrecord");
     assert_eq!(skipped[0].error.kind(), ErrorKind::NotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_sharing_the_read_buffers_never_wait_on_each_other() {
+    // One loader's epochs share its pool of 2 x depth read buffers. (1) An epoch taken from
+    // once and then left alive (an iterator dropped while its epoch stays open) fills its
+    // queue and keeps the buffers of its reads in flight: the next epoch, streamed or global,
+    // still reads every record. (2) Two epochs taken from in turn, a record each (zip of two
+    // iterators), both finish. Before, an epoch's oldest read could wait for a buffer that
+    // another epoch's finished, unparsed read held, and a global epoch waited for `depth`
+    // buffers at once: neither moved again.
+    use ringtier_loader::records::{RecordEpoch, RecordIndex};
+    let (dir, all) = tfrecord_shards();
+    let (tier, shards, _) = uring(dir.path()).await;
+    let c =
+        cfg().with_read_size(256 << 10).with_depth(2).with_prefetch(2).with_prefetch_bytes(1).with_shuffle_buffer(0);
+    let loader = RecordLoader::new(Arc::clone(&tier), shards.clone(), RecordFormat::TfRecord, c).expect("loader");
+    let mut indexes = Vec::new();
+    for i in 0..shards.len() {
+        indexes.push(loader.build_index(i).await.expect("index"));
+    }
+    let indexes: Arc<Vec<RecordIndex>> = Arc::new(indexes);
+    let limit = std::time::Duration::from_secs(60);
+    async fn drain(mut e: RecordEpoch) -> usize {
+        let mut n = 0;
+        while let Some(r) = e.next().await {
+            r.expect("record");
+            n += 1;
+        }
+        n
+    }
+    for global_left in [false, true] {
+        let mut left = if global_left {
+            loader.global_epoch(Arc::clone(&indexes), 1, 0).expect("global")
+        } else {
+            loader.epoch(1, 0)
+        };
+        left.next().await.expect("a record").expect("record");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await; // its queue fills
+        let streamed = tokio::time::timeout(limit, drain(loader.epoch(2, 0))).await.expect("the streamed epoch ended");
+        assert_eq!(streamed, all.len());
+        let global = loader.global_epoch(Arc::clone(&indexes), 2, 0).expect("global");
+        assert_eq!(tokio::time::timeout(limit, drain(global)).await.expect("the global epoch ended"), all.len());
+        drop(left);
+    }
+    for two_global in [false, true] {
+        let mut a = loader.epoch(3, 0);
+        let mut b = if two_global {
+            loader.global_epoch(Arc::clone(&indexes), 3, 0).expect("global")
+        } else {
+            loader.epoch(4, 0)
+        };
+        let (mut na, mut nb) = (0, 0);
+        tokio::time::timeout(limit, async {
+            loop {
+                let ra = a.next().await;
+                let rb = b.next().await;
+                na += usize::from(ra.is_some());
+                nb += usize::from(rb.is_some());
+                if ra.is_none() && rb.is_none() {
+                    break;
+                }
+            }
+        })
+        .await
+        .expect("both epochs ended");
+        assert_eq!((na, nb), (all.len(), all.len()));
+    }
+}

@@ -199,7 +199,8 @@ unsafe fn next_records(
             -1,
             format!(
                 "ringtier: TensorFlow epoch {token} is not open in this process (it ended, was released by its \
-                 dataset, or was opened in another process)"
+                 dataset when a newer iteration of it began or by Source.close(), or was opened in another \
+                 process); to iterate one dataset twice at once, make a second dataset from the same path"
             ),
         )
     })?;

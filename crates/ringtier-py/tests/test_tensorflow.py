@@ -571,6 +571,40 @@ def test_record_op_errors_keep_their_kind(tmp_path, monkeypatch):
     assert _ringtier._tf_open_epochs() == before
 
 
+def test_an_iterator_dropped_early_does_not_hold_up_the_next(tmp_path):
+    """A first batch taken and the iterator dropped, then whole epochs: every record each time
+    (its epoch, open with its reads done, is released by the next iteration: before, the next
+    epoch could wait for ever for the read buffers it held). Two iterators at once: the newer
+    reads everything, the older fails saying what happened. In a process of its own, with a
+    time limit: a hang fails the test instead of the run."""
+    want = write_tfrecords(tmp_path / "tfr", 3, 300)
+    out = run_python(
+        f"""
+        import tensorflow as tf
+        import ringtier.tensorflow as rtf
+        ds = rtf.dataset({str(tmp_path / "tfr")!r}, format="tfrecord", batch_size=8, shuffle=False, read_size=4096)
+        for _ in range(3):
+            it = iter(ds)
+            next(it)
+            del it
+            assert sum(int(b.shape[0]) for b in ds) == {len(want)}
+        older = iter(ds)
+        next(older)
+        assert sum(int(b.shape[0]) for b in ds) == {len(want)}
+        try:
+            for _ in older:
+                pass
+            raise SystemExit("the older iterator read on")
+        except tf.errors.InvalidArgumentError as e:
+            assert "newer iteration" in str(e), e
+        print("ok")
+        """,
+        {"RINGTIER_TF_OP": "on"},
+        timeout=180,
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 def test_record_op_epochs_are_released(tmp_path, monkeypatch):
     """An epoch read to its end leaves the table; iterators dropped early leave at most
     MAX_OPEN_EPOCHS open per source, and none after Source.close()."""

@@ -42,7 +42,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ringtier_core::error::{Error, ErrorKind, Result};
-use ringtier_core::{BufferPool, ListOptions, PoolConfig, ReadBatch, Skipped, Tier};
+use ringtier_core::{AlignedBuf, BufferPool, ListOptions, PoolConfig, ReadBatch, Skipped, Tier};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -448,22 +448,46 @@ async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, q: 
         let s = starts.partition_point(|&st| st <= g as usize) - 1;
         (s, indexes[s].entries[g as usize - starts[s]])
     };
-    let submit = |chunk: &[u32]| {
+    // A chunk takes its buffers here, before its reads are spawned: up to `depth` of those free
+    // now, and the chunk is as long as the buffers it got. It waits for one only when this
+    // epoch holds none (its current chunk parsed): waiting while holding buffers whose reads
+    // are done would let two epochs sharing the pool each hold what the other waits for, and
+    // waiting for `depth` at once would starve beside an epoch holding all but a few.
+    let submit = |chunk: &[u32], bufs: Vec<AlignedBuf>| {
         let reqs: Vec<(usize, u64, u64)> = chunk.iter().map(|&g| locate(g)).map(|(s, (o, l))| (s, o, l)).collect();
-        let (tier, pool) = (Arc::clone(&inner.tier), inner.pool.clone());
+        let tier = Arc::clone(&inner.tier);
         let keys: Vec<String> = reqs.iter().map(|r| inner.shards[r.0].key.clone()).collect();
         tokio::spawn(async move {
             let mut batch = ReadBatch::with_capacity(reqs.len(), reqs.len() * 32);
-            for (r, k) in reqs.iter().zip(&keys) {
-                batch.push(k, r.1, r.2 as usize, pool.acquire().await);
+            for ((r, k), buf) in reqs.iter().zip(&keys).zip(bufs) {
+                batch.push(k, r.1, r.2 as usize, buf);
             }
             (reqs, tier.read_batch(batch).await)
         })
     };
-    let mut chunks = order.chunks(inner.cfg.depth);
-    let mut pending = chunks.next().map(submit);
+    let depth = inner.cfg.depth.max(1);
+    let free_now = |n: usize| -> Vec<AlignedBuf> { (0..n).map_while(|_| inner.pool.try_acquire()).collect() };
+    let mut at = 0usize;
+    let mut pending = None;
+    if !order.is_empty() {
+        let mut bufs = free_now(depth.min(order.len()));
+        if bufs.is_empty() {
+            bufs.push(inner.pool.acquire().await);
+        }
+        let n = bufs.len();
+        pending = Some(submit(&order[at..at + n], bufs));
+        at += n;
+    }
     while let Some(h) = pending.take() {
-        pending = chunks.next().map(submit);
+        let left = order.len() - at;
+        if left > 0 {
+            let bufs = free_now(depth.min(left));
+            if !bufs.is_empty() {
+                let n = bufs.len();
+                pending = Some(submit(&order[at..at + n], bufs));
+                at += n;
+            }
+        }
         let (reqs, mut batch) =
             h.await.map_err(|e| Error::new(ErrorKind::Shutdown, format!("a read task failed: {e}")))?;
         for ((key, _, res, buf), &(s, off, len)) in batch.drain().zip(&reqs) {
@@ -505,6 +529,16 @@ async fn run_global(inner: &Inner, indexes: &[RecordIndex], order: Vec<u32>, q: 
             if !sent {
                 return Ok(());
             }
+        }
+        if pending.is_none() && at < order.len() {
+            // The current chunk's buffers are back: this epoch holds none while it waits.
+            let mut bufs = free_now(depth.min(order.len() - at));
+            if bufs.is_empty() {
+                bufs.push(inner.pool.acquire().await);
+            }
+            let n = bufs.len();
+            pending = Some(submit(&order[at..at + n], bufs));
+            at += n;
         }
     }
     Ok(())

@@ -168,6 +168,49 @@ pub(super) async fn hand_on(
     Some(Ok(()))
 }
 
+/// Submits the next reads of `shards` until `window` are in flight (or none is left), each
+/// with its buffer taken here, in order. It waits for a buffer only when none of this epoch's
+/// reads is in flight; otherwise it takes the free ones and leaves the rest for later (the
+/// oldest read, once parsed, gives its buffer back). Waiting while holding buffers whose reads
+/// are done but not parsed would let two epochs sharing the pool (two iterators of one
+/// dataset, one of them dropped with its queue full) each hold what the other waits for.
+async fn refill(
+    inner: &Inner,
+    shards: &[usize],
+    next: &mut (usize, u64),
+    inflight: &mut VecDeque<Pending>,
+    window: usize,
+) {
+    let read = inner.cfg.read_size as u64;
+    while inflight.len() < window {
+        while next.0 < shards.len() && next.1 >= inner.shards[shards[next.0]].size {
+            *next = (next.0 + 1, 0);
+        }
+        let (pos, off) = *next;
+        let Some(shard) = shards.get(pos).and_then(|&i| inner.shards.get(i)) else { return };
+        let buf = if inflight.is_empty() {
+            inner.pool.acquire().await
+        } else {
+            match inner.pool.try_acquire() {
+                Some(b) => b,
+                None => return,
+            }
+        };
+        next.1 += read;
+        let len = read.min(shard.size - off) as usize;
+        let (tier, key) = (Arc::clone(&inner.tier), shard.key.clone());
+        inflight.push_back((
+            pos,
+            off,
+            tokio::spawn(async move {
+                let mut batch = ReadBatch::with_capacity(1, key.len());
+                batch.push(&key, off, len, buf);
+                tier.read_batch(batch).await
+            }),
+        ));
+    }
+}
+
 /// Streams `shards` (indexes into the shard list), in order, through their parsers. The reads
 /// form one sliding window over all of them: `2 x depth - 1` requests of `read_size` bytes in
 /// flight while one buffer is parsed, the next request submitted as soon as a buffer is done,
@@ -178,32 +221,8 @@ pub(super) async fn read_shards(inner: &Inner, shards: &[usize], out: &mut Out<'
     let window = inner.pool.count().saturating_sub(1).max(1);
     // The next request to submit: (position in `shards`, offset).
     let mut next = (0usize, 0u64);
-    let submit = |next: &mut (usize, u64)| -> Option<Pending> {
-        while next.0 < shards.len() && next.1 >= inner.shards[shards[next.0]].size {
-            *next = (next.0 + 1, 0);
-        }
-        let (pos, off) = *next;
-        let shard = inner.shards.get(*shards.get(pos)?)?;
-        next.1 += read;
-        let len = read.min(shard.size - off) as usize;
-        let (tier, pool, key) = (Arc::clone(&inner.tier), inner.pool.clone(), shard.key.clone());
-        Some((
-            pos,
-            off,
-            tokio::spawn(async move {
-                let mut batch = ReadBatch::with_capacity(1, key.len());
-                batch.push(&key, off, len, pool.acquire().await);
-                tier.read_batch(batch).await
-            }),
-        ))
-    };
     let mut inflight: VecDeque<Pending> = VecDeque::with_capacity(window);
-    while inflight.len() < window {
-        match submit(&mut next) {
-            Some(p) => inflight.push_back(p),
-            None => break,
-        }
-    }
+    refill(inner, shards, &mut next, &mut inflight, window).await;
     let mut parsed = Vec::new();
     for (pos, &index) in shards.iter().enumerate() {
         let shard = &inner.shards[index];
@@ -242,9 +261,7 @@ pub(super) async fn read_shards(inner: &Inner, shards: &[usize], out: &mut Out<'
             // The buffer back to the pool, and its successor in flight, before the records
             // are handed on (which may wait for the consumer).
             drop(data);
-            if let Some(p) = submit(&mut next) {
-                inflight.push_back(p);
-            }
+            refill(inner, shards, &mut next, &mut inflight, window).await;
             if let Err(e) = hand_on(inner, &mut parsed, &mut fatal, out).await? {
                 return Some(Err(e));
             }

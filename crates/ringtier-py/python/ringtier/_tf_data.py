@@ -204,10 +204,13 @@ LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("bytes", "uint8")
 
 
-#: Batch-op epochs one source keeps open at once: iterators dropped before their epoch's end
-#: leave theirs open, and the oldest beyond this many are released (an iterator still reading
-#: one then fails with ``InvalidArgumentError``: that many iterators of one dataset at once).
-MAX_OPEN_EPOCHS = 8
+#: Batch-op epochs one source keeps open at once: a new iteration of the dataset releases the
+#: epochs before it. An iterator dropped before its epoch's end (a first batch looked at, a
+#: ``take``) leaves the epoch open, its reads done and its queue full, holding read buffers of
+#: the loader that the next epoch shares; released, they come back. An older iterator still
+#: reading then fails with ``InvalidArgumentError`` (iterate a second dataset made from the
+#: same path for two iterations at once).
+MAX_OPEN_EPOCHS = 1
 
 
 def _release_token(token: int) -> None:
@@ -615,9 +618,9 @@ class Source:
             self._tokens.append(token)
             while len(self._tokens) > MAX_OPEN_EPOCHS:
                 # An iterator dropped before the end of its epoch leaves its epoch open (the op
-                # releases an epoch at its end or first error): the oldest go here.
+                # releases an epoch at its end or first error): the older go here.
                 _release_token(self._tokens.popleft())
-        yield np.int64(token)
+        return np.int64(token)
 
     def _op_chunk(self) -> int:
         """Samples per op call: the file loader's batch, or ``read_batch`` records."""
@@ -660,12 +663,20 @@ class Source:
             # threads, which glibc gives back between batches unless told not to (see
             # keep_heap_for): set once here, for the batch this pipeline holds.
             keep_heap_for(self._op_batch_bytes())
-        tokens = tf.data.Dataset.from_generator(self._open_epoch_token, output_signature=tf.TensorSpec((), tf.int64))
         keys = tf.constant(self._keys) if files and self.with_keys else None
         labels = tf.constant(self._label_of) if files and self._label_of is not None else None
 
         # Plain graph code: autograph's conversion (about 60 ms per dataset) is not needed.
         plain = tf.autograph.experimental.do_not_convert
+
+        @plain
+        def open_epoch(_: Any) -> Any:
+            token = tf.numpy_function(self._open_epoch_token, [], tf.int64, stateful=True, name="ringtier_open_epoch")
+            return tf.ensure_shape(token, ())
+
+        # One token per iteration of the dataset: a Python call in a map over one element (a
+        # third of from_generator's cost to build and to start each epoch).
+        tokens = tf.data.Dataset.from_tensors(np.int64(0)).map(open_epoch)
 
         @plain
         def next_chunk(token: Any) -> Any:

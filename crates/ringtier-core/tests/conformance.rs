@@ -121,3 +121,12 @@ async fn posix_empty_dirs_on_disk() {
     })
     .await;
 }
+
+/// A writer killed mid-write leaves a staged file: the tier's first write removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_staging_swept_by_first_write() {
+    ringtier_testkit::conformance::staging_swept_by_first_write(|root| {
+        Arc::new(PosixTier::new(PosixConfig::new(root)).expect("posix"))
+    })
+    .await;
+}

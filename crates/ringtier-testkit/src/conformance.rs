@@ -607,6 +607,36 @@ where
     assert_eq!(snapshot(&outside), before, "{}: the lock wrote through a link", tier.name());
 }
 
+/// A writer killed mid-write leaves its staged file; a tier's first write (no lock taken, as a
+/// plain save takes none) removes it, and leaves a staged file whose lock is held.
+pub async fn staging_swept_by_first_write<F>(open: F)
+where
+    F: Fn(&std::path::Path) -> Arc<dyn Tier>,
+{
+    let base = scratch_dir("staging-swept");
+    let root = base.path().join("root");
+    let staging = root.join(ringtier_core::fs::STAGING_DIR);
+    std::fs::create_dir_all(&staging).expect("staging");
+    let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+    let dead = child.id();
+    child.wait().expect("wait");
+    std::fs::write(staging.join(format!("{dead}-0")), vec![7u8; 1 << 16]).expect("dead writer's file");
+    std::fs::write(staging.join(format!("{dead}-1")), b"held").expect("held file");
+    let held = std::fs::File::open(staging.join(format!("{dead}-1"))).expect("open held");
+    let held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockShared).map_err(|(_, e)| e).expect("flock");
+    let tier = open(&root);
+    let started = std::time::Instant::now();
+    put(tier.as_ref(), "saved.bin", &pattern(2, 4096)).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "{}: the sweep waited on a held lock", tier.name());
+    let names: Vec<String> = std::fs::read_dir(&staging)
+        .expect("read staging")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, [format!("{dead}-1")], "{}: only the held file stays", tier.name());
+    drop(held);
+}
+
 /// Staging hygiene of a file tier: staged files of a dead writer (a pid no longer running,
 /// nobody holding the file's lock) are removed when the tier is next locked; a live
 /// writer's are kept. `open(root)` opens the tier under test over an existing directory.

@@ -135,3 +135,12 @@ mod across_engines {
         ringtier_testkit::conformance::same_files_across_engines(open(Engine::Posix), open(Engine::Uring)).await;
     }
 }
+
+/// A writer killed mid-write leaves a staged file: the tier's first write removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_staging_swept_by_first_write() {
+    ringtier_testkit::conformance::staging_swept_by_first_write(|root| {
+        Arc::new(ringtier_uring::UringTier::new(root, ringtier_uring::UringConfig::default()).expect("uring"))
+    })
+    .await;
+}

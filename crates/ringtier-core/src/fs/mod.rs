@@ -9,7 +9,8 @@
 //! Staged (uncommitted) objects live in `ROOT/.ringtier-staging/`, which listing skips, and
 //! become visible only through [`FsRoot::commit_staged`]: data fsync, atomic rename, directory
 //! fsync. A staged file carries its writer's pid in its name and a shared `flock` for its
-//! life: [`FsRoot::lock`] removes those of dead writers (pid gone, lock free). A file that a
+//! life: [`FsRoot::lock`] removes those of dead writers (pid gone, lock free), and so does a
+//! root's first [`FsRoot::create_staged`]. A file that a
 //! program wrote under the root itself becomes an object without a copy through
 //! [`FsRoot::adopt`]: moved into staging, then the same commit.
 //!
@@ -65,6 +66,9 @@ pub struct FsRoot {
     /// directory another commit created but has not fsynced into its parent yet must not
     /// look durable to a concurrent commit that renames into it.
     dirs: std::sync::Mutex<()>,
+    /// Whether this root's staging directory was swept of dead writers' files (see
+    /// [`FsRoot::create_staged`]).
+    staging_swept: std::sync::atomic::AtomicBool,
     #[cfg(feature = "fail-points")]
     fail: Option<Arc<FsFailPoints>>,
     #[cfg(feature = "fs-trace")]
@@ -118,6 +122,7 @@ impl FsRoot {
             durable,
             follow_links: false,
             dirs: std::sync::Mutex::default(),
+            staging_swept: std::sync::atomic::AtomicBool::new(false),
             #[cfg(feature = "fail-points")]
             fail: None,
             #[cfg(feature = "fs-trace")]

@@ -132,6 +132,18 @@ impl FsRoot {
     /// nothing stays behind.
     pub fn create_staged(&self, extra_flags: i32) -> Result<(File, StagedFile)> {
         self.check_writable(Operation::Create, STAGING_DIR)?;
+        if !self.staging_swept.swap(true, Ordering::Relaxed) {
+            // Once per root, before its first staged file: what writers killed mid-write left
+            // here goes (a plain save takes no lock, whose taking also sweeps). A held lock
+            // keeps its file without a wait.
+            match self.remove_stale_staging_within(std::time::Duration::ZERO) {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(root = %self.root.display(), removed = n, "removed staged files of dead writers")
+                }
+                Err(e) => tracing::debug!(root = %self.root.display(), "sweeping the staging directory: {e}"),
+            }
+        }
         let dir = Arc::new(self.dir_fd(STAGING_DIR, true, false).map_err(|e| e.with_operation(Operation::Create))?);
         let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
         let name = at::c_name(&format!("{}-{seq}", std::process::id())).map_err(Error::from)?;
@@ -295,6 +307,12 @@ impl FsRoot {
     /// file's life, which also covers a writer in another pid namespace). This process's own
     /// files are left to their guards. Returns how many were removed.
     pub fn remove_stale_staging(&self) -> Result<usize> {
+        self.remove_stale_staging_within(STALE_LOCK_WAIT)
+    }
+
+    /// [`FsRoot::remove_stale_staging`], asking a dead pid's held lock again for up to `wait`
+    /// in all (zero: a held lock keeps its file, at once).
+    fn remove_stale_staging_within(&self, wait: std::time::Duration) -> Result<usize> {
         if self.follow_links {
             return Ok(0);
         }
@@ -309,7 +327,7 @@ impl FsRoot {
         // A writer killed a moment ago may still hold its lock while the kernel tears its
         // io_uring down (requests in flight keep files open): a dead pid's held lock is asked
         // again for up to STALE_LOCK_WAIT, in case it is one of those.
-        let deadline = std::time::Instant::now() + STALE_LOCK_WAIT;
+        let deadline = std::time::Instant::now() + wait;
         for name in names {
             let pid = name.to_str().ok().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok());
             if pid.is_none_or(|p| p == me || at::pid_alive(p)) {
